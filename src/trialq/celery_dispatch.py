@@ -1,0 +1,139 @@
+"""The Celery edge on the driver side: sending trials and reading their fate from Redis."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterable
+from typing import Any
+
+import redis
+from celery import Celery
+from kombu.exceptions import OperationalError
+
+from trialq import heartbeat
+from trialq.celery_app import TASK_NAME, create_app, withdrawn_key
+from trialq.dispatch import TaskPhase, TaskStatus
+from trialq.errors import BrokerUnreachable
+from trialq.messages import Outcome, TrialRequest, TrialResult
+from trialq.settings import Settings
+
+_WITHDRAWN_TTL_S = 7 * 24 * 3600
+_FAILURE_OUTCOMES = {
+    "WorkerLostError": Outcome.WORKER_LOST,
+    "TimeLimitExceeded": Outcome.TIMEOUT,
+    "SoftTimeLimitExceeded": Outcome.TIMEOUT,
+    "TaskRevokedError": Outcome.WORKER_LOST,
+}
+
+
+class CeleryDispatcher:
+    """Sends `trialq.run_trial` tasks and reads results, starts and losses from Redis."""
+
+    def __init__(self, settings: Settings, app: Celery | None = None) -> None:
+        self._app = app or create_app(settings)
+        self._broker = redis.Redis.from_url(settings.broker_url, socket_timeout=10)
+        self._backend = self._app.backend
+
+    def check_reachable(self) -> None:
+        """Raise `BrokerUnreachable` unless Redis answers a PING."""
+        try:
+            self._broker.ping()
+        except redis.RedisError as exc:
+            raise BrokerUnreachable(f"broker unreachable: {_without_password(exc)}") from None
+
+    def submit(self, request: TrialRequest, queue: str, hard_limit_s: float) -> str:
+        """Publish the request on the queue with its soft and hard time limits."""
+        task_id = str(uuid.uuid4())
+        try:
+            self._app.send_task(
+                TASK_NAME,
+                args=[request.model_dump(mode="json")],
+                task_id=task_id,
+                queue=queue,
+                soft_time_limit=request.timeout_s,
+                time_limit=hard_limit_s,
+            )
+        except (OperationalError, redis.RedisError) as exc:
+            raise BrokerUnreachable(f"cannot send a trial: {_without_password(exc)}") from None
+        return task_id
+
+    def statuses(self, task_ids: Iterable[str]) -> dict[str, TaskStatus]:
+        """Read every task's result meta with one MGET."""
+        ids = list(task_ids)
+        if not ids:
+            return {}
+        keys = [self._backend.get_key_for_task(task_id) for task_id in ids]
+        raw_metas = self._backend.mget(keys)
+        return {
+            task_id: _status(self._decode(raw))
+            for task_id, raw in zip(ids, raw_metas, strict=False)
+        }
+
+    def _decode(self, raw: Any) -> dict[str, Any] | None:
+        return None if raw is None else self._backend.decode_result(raw)
+
+    def pending_ids(self, queue: str) -> set[str]:
+        """Ids of the queue's waiting messages and of every reserved (unacked) one."""
+        ids = {_message_id(raw) for raw in self._broker.lrange(queue, 0, -1)}
+        for raw in self._broker.hvals("unacked"):
+            ids.add(_message_id(json.loads(raw)[0]))
+        ids.discard(None)
+        return ids  # type: ignore[return-value]
+
+    def worker_alive(self, worker: str) -> bool:
+        """Whether the worker's heartbeat key is still there."""
+        return heartbeat.is_alive(self._broker, worker)
+
+    def withdraw(self, task_ids: Iterable[str], queue: str) -> None:
+        """Mark tasks withdrawn (durably), revoke them, and drop their queued messages."""
+        ids = set(task_ids)
+        if not ids:
+            return
+        pipe = self._broker.pipeline(transaction=False)
+        for task_id in ids:
+            pipe.set(withdrawn_key(task_id), 1, ex=_WITHDRAWN_TTL_S)
+        pipe.execute()
+        self._app.control.revoke(list(ids))
+        queued: list[Any] = self._broker.lrange(queue, 0, -1)
+        for raw in queued:
+            if _message_id(raw) in ids:
+                self._broker.lrem(queue, 1, raw)
+
+    def terminate(self, task_id: str) -> None:
+        """Revoke a running task and kill its process (SIGKILL: the GPU is freed at once)."""
+        self._broker.set(withdrawn_key(task_id), 1, ex=_WITHDRAWN_TTL_S)
+        self._app.control.revoke(task_id, terminate=True, signal="SIGKILL")
+
+    def live_worker_count(self, queue: str) -> int:
+        """Workers whose heartbeat is fresh and who consume the queue."""
+        return sum(queue in beat.queues for beat in heartbeat.live_workers(self._broker))
+
+
+def _status(meta: dict[str, Any] | None) -> TaskStatus:
+    """Map Celery's result meta onto a `TaskStatus`."""
+    state = (meta or {}).get("status", "PENDING")
+    if meta is None or state in {"PENDING", "RECEIVED", "RETRY"}:
+        return TaskStatus(TaskPhase.WAITING)
+    if state == "STARTED":
+        worker = (meta.get("result") or {}).get("hostname")
+        return TaskStatus(TaskPhase.RUNNING, worker=worker)
+    if state == "SUCCESS":
+        return TaskStatus(TaskPhase.FINISHED, result=TrialResult.model_validate(meta["result"]))
+    exc = meta.get("result")
+    name = type(exc).__name__
+    failure = _FAILURE_OUTCOMES.get(name, Outcome.ERROR)
+    return TaskStatus(TaskPhase.FAILED, failure=failure, detail=f"{name}: {exc}")
+
+
+def _message_id(raw: bytes | str | dict[str, Any]) -> str | None:
+    message = json.loads(raw) if isinstance(raw, bytes | str) else raw
+    headers = message.get("headers") or {}
+    task_id = headers.get("id")
+    return str(task_id) if task_id else None
+
+
+def _without_password(exc: BaseException) -> str:
+    """An error text safe to print: Redis errors may echo the URL they failed on."""
+    text = str(exc)
+    return text.split("@")[-1] if "@" in text else text

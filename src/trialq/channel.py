@@ -1,0 +1,90 @@
+"""The reporting channel: intermediate values up to the driver, the prune flag back down.
+
+One Redis stream per trial attempt (bounded, read incrementally by the driver) and one flag
+key the driver sets when Optuna's pruner says stop. The attempt is part of every key, so the
+reports of a retried attempt never mix with the earlier one's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+MAX_REPORTS_KEPT = 10_000
+"""A trial that reports every step of a long run keeps only this many values in Redis."""
+
+KEY_TTL_S = 7 * 24 * 3600
+"""Channel keys vanish a week after their last write, even if nobody cleans them."""
+
+
+@dataclass(frozen=True)
+class TrialAddress:
+    """Which attempt of which trial of which study."""
+
+    study: str
+    number: int
+    attempt: int
+
+    def key(self, suffix: str) -> str:
+        """A Redis key that belongs to this attempt."""
+        return f"trialq:trial:{self.study}:{self.number}:{self.attempt}:{suffix}"
+
+
+@dataclass(frozen=True)
+class Report:
+    """One intermediate value, with the id the stream gave it."""
+
+    stream_id: str
+    step: int
+    value: float
+
+
+class ReportChannel:
+    """Both ends of the channel; the trial writes reports, the driver reads them."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self._client = client
+
+    def report(self, address: TrialAddress, step: int, value: float) -> None:
+        """Append one intermediate value (called by the trial, maybe every epoch)."""
+        key = address.key("reports")
+        pipe = self._client.pipeline(transaction=False)
+        pipe.xadd(key, {"step": step, "value": repr(value)}, maxlen=MAX_REPORTS_KEPT)
+        pipe.expire(key, KEY_TTL_S)
+        pipe.execute()
+
+    def prune_requested(self, address: TrialAddress) -> bool:
+        """Whether the driver has asked this attempt to stop."""
+        return bool(self._client.exists(address.key("prune")))
+
+    def request_prune(self, address: TrialAddress) -> None:
+        """Raise the flag that `trial.should_prune()` reads (called by the driver)."""
+        self._client.set(address.key("prune"), 1, ex=KEY_TTL_S)
+
+    def read_new(self, positions: dict[TrialAddress, str]) -> dict[TrialAddress, list[Report]]:
+        """Reports after each address's last seen stream id ('0' for none), in one call."""
+        if not positions:
+            return {}
+        by_key = {address.key("reports"): address for address in positions}
+        streams = {address.key("reports"): last for address, last in positions.items()}
+        found: dict[TrialAddress, list[Report]] = {}
+        answer: Any = self._client.xread(streams)  # type: ignore[arg-type]
+        for key, entries in answer or []:
+            address = by_key[_text(key)]
+            found[address] = [_to_report(entry_id, fields) for entry_id, fields in entries]
+        return found
+
+    def forget(self, address: TrialAddress) -> None:
+        """Delete an attempt's keys once its trial is told."""
+        self._client.delete(address.key("reports"), address.key("prune"))
+
+
+def _to_report(entry_id: bytes | str, fields: dict[bytes | str, bytes | str]) -> Report:
+    decoded = {_text(k): _text(v) for k, v in fields.items()}
+    return Report(_text(entry_id), int(decoded["step"]), float(decoded["value"]))
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

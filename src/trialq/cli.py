@@ -1,0 +1,197 @@
+"""The command line: `submit-study` and `trialq worker | status | health`.
+
+Errors of the user's making become one line on stderr and an exit code (DESIGN.md):
+0 done with a complete trial, 1 done with none, 2 bad spec or arguments, 3 broker or
+storage unreachable, 130 interrupted. Heavy imports wait until a command needs them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+from trialq.errors import Interrupted, TrialqError, UsageError
+from trialq.settings import Settings
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises `UsageError` instead of printing usage and exiting."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{self.prog}: {message}")
+
+
+def submit_study_main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of `submit-study`."""
+    return _run(lambda: _submit_study(_submit_parser().parse_args(argv)))
+
+
+def trialq_main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of `trialq`."""
+    args = _trialq_parser().parse_known_args(argv)
+    return _run(lambda: _dispatch_trialq(*args))
+
+
+def _run(command: Callable[[], int]) -> int:
+    """Run a command, turning trialq's errors into one line and an exit code."""
+    signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+    try:
+        return command()
+    except TrialqError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return Interrupted.exit_code
+
+
+def _raise_keyboard_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+# --- submit-study -------------------------------------------------------------------------
+
+
+def _submit_parser() -> _Parser:
+    parser = _Parser(prog="submit-study", description="Run an Optuna study as a queue of trials.")
+    parser.add_argument("spec", type=Path, help="the study spec (TOML, or YAML with the same keys)")
+    parser.add_argument("--local", action="store_true", help="start Redis and workers here")
+    parser.add_argument("--workers", type=_positive_int, help="local workers (with --local)")
+    parser.add_argument("--broker", help="broker URL (default: TRIALQ_BROKER_URL)")
+    parser.add_argument("--storage", help="Optuna storage URL (overrides the spec)")
+    parser.add_argument("--n-trials", type=_positive_int, help="finished trials to reach")
+    parser.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return parser
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _submit_study(args: argparse.Namespace) -> int:
+    from trialq import submit
+
+    if args.workers and not args.local:
+        raise UsageError("submit-study: --workers needs --local")
+    if args.local and args.broker:
+        raise UsageError("submit-study: --broker and --local exclude each other")
+    settings = Settings()
+    if args.broker:
+        settings = settings.model_copy(update={"broker_url": args.broker})
+    summary = submit.submit_study(
+        spec_path=args.spec,
+        settings=settings,
+        storage_override=args.storage,
+        n_trials=args.n_trials,
+        local_workers=(args.workers or 2) if args.local else None,
+        show_progress=not args.no_progress,
+    )
+    if args.json:
+        json.dump(summary, sys.stdout, default=str)
+        sys.stdout.write("\n")
+    else:
+        _print_outcome(summary)
+    return 0 if summary["n_complete"] > 0 else 1
+
+
+def _print_outcome(summary: dict[str, Any]) -> None:
+    print(
+        f"study {summary['study']}: {summary['n_complete']} complete, "
+        f"{summary['n_pruned']} pruned, {summary['n_failed']} failed; "
+        f"best value {summary['best_value']} with {summary['best_params']}",
+        file=sys.stderr,
+    )
+
+
+# --- trialq -------------------------------------------------------------------------------
+
+
+def _trialq_parser() -> _Parser:
+    parser = _Parser(prog="trialq", description="trialq workers, status and health.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    worker = commands.add_parser("worker", help="run a Celery worker: one trial per process")
+    worker.add_argument("--queue", "-Q", default="gpu")
+    worker.add_argument("--gpu", help="GPU index this worker's trials see (CUDA_VISIBLE_DEVICES)")
+    worker.add_argument("--concurrency", "-c", type=_positive_int, default=1)
+    worker.add_argument("--hostname", "-n", help="Celery node name (default trialq-PID@HOST)")
+    worker.add_argument("--loglevel", "-l", default="INFO")
+    status = commands.add_parser("status", help="a study's trials and the live workers")
+    status.add_argument("study")
+    status.add_argument("--storage", help="Optuna storage URL (default TRIALQ_STORAGE)")
+    status.add_argument("--broker", help="broker URL, for live workers")
+    status.add_argument("--json", action="store_true")
+    health = commands.add_parser("health", help="exit 0 if a worker on this host beats")
+    health.add_argument("--max-age", type=float, help="seconds since the last beat")
+    return parser
+
+
+def _dispatch_trialq(args: argparse.Namespace, rest: list[str]) -> int:
+    if args.command != "worker" and rest:
+        raise UsageError(f"trialq {args.command}: unrecognized arguments: {' '.join(rest)}")
+    if args.command == "worker":
+        return _worker(args, rest)
+    if args.command == "health":
+        return _health(args)
+    return _status(args)
+
+
+def _worker(args: argparse.Namespace, rest: list[str]) -> int:
+    """Start the Celery worker in this process, with the design's settings pinned."""
+    if args.gpu is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = args.gpu  # read by the trial's process only
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # Celery's own warm shutdown
+    from trialq.worker import app
+
+    hostname = args.hostname or f"trialq-{os.getpid()}@%h"
+    app.worker_main(
+        [
+            "worker",
+            "--queues", args.queue,
+            "--concurrency", str(args.concurrency),
+            "--max-tasks-per-child", "1",
+            "--prefetch-multiplier", "1",
+            "--hostname", hostname,
+            "--loglevel", args.loglevel,
+            *rest,
+        ]
+    )  # fmt: skip
+    return 0
+
+
+def _health(args: argparse.Namespace) -> int:
+    import redis
+
+    from trialq.heartbeat import local_worker_alive
+
+    client = redis.Redis.from_url(Settings().broker_url, socket_timeout=5)
+    try:
+        alive = local_worker_alive(client, args.max_age)
+    except redis.RedisError as exc:
+        print(f"unhealthy: broker unreachable: {type(exc).__name__}", file=sys.stderr)
+        return 1
+    print("healthy" if alive else "unhealthy: no worker heartbeat on this host", file=sys.stderr)
+    return 0 if alive else 1
+
+
+def _status(args: argparse.Namespace) -> int:
+    from trialq.status import show_status
+
+    settings = Settings()
+    broker = args.broker or settings.broker_url
+    return show_status(args.study, args.storage or settings.storage, broker, as_json=args.json)
+
+
+__all__ = ["submit_study_main", "trialq_main"]

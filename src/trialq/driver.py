@@ -1,0 +1,342 @@
+"""The driver: Optuna's ask/tell loop over a queue of trial processes.
+
+The driver is the single writer of trial states: it asks the study for params, sends each
+trial through a `Dispatcher`, and tells each trial exactly once when its fate is known. It
+retries only what was lost (a worker gone), re-attaches after a restart to trials it had in
+flight, and relays intermediate values to Optuna's pruner.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import optuna
+from optuna.trial import TrialState
+
+from trialq.channel import Report, ReportChannel, TrialAddress
+from trialq.dispatch import Dispatcher, TaskPhase, TaskStatus
+from trialq.errors import Interrupted, SpecError
+from trialq.messages import Outcome, TrialRequest, TrialResult
+from trialq.progress import Counts, ProgressSink
+from trialq.spec import StudySpec
+from trialq.study import distributions
+
+FINISHED_STATES = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+_STATE_OF = {Outcome.OK: TrialState.COMPLETE, Outcome.PRUNED: TrialState.PRUNED}
+
+
+@dataclass
+class InFlight:
+    """A trial the driver has sent and not yet told."""
+
+    trial: optuna.Trial
+    request: TrialRequest
+    task_id: str
+    reports_seen: str = "0"
+    prune_requested_at: float | None = None
+    terminated: bool = False
+    unknown_checks: int = 0
+
+    @property
+    def address(self) -> TrialAddress:
+        """The channel address of the attempt in flight."""
+        return TrialAddress(self.request.study, self.request.number, self.request.attempt)
+
+
+@dataclass
+class DriverOptions:
+    """How the loop paces itself; the defaults suit GPU trials of seconds to hours."""
+
+    max_in_flight: int
+    poll_interval_s: float = 0.05
+    lost_check_interval_s: float = 5.0
+    prune_grace_s: float = 30.0
+    search_paths: tuple[str, ...] = ()
+    clock: Callable[[], float] = time.monotonic
+
+
+@dataclass
+class StudyDriver:
+    """Runs one study to `n_trials` finished trials through a dispatcher."""
+
+    spec: StudySpec
+    study: optuna.Study
+    dispatcher: Dispatcher
+    channel: ReportChannel | None
+    progress: ProgressSink
+    options: DriverOptions
+    in_flight: dict[str, InFlight] = field(default_factory=dict)
+    counts: Counts = field(default_factory=Counts)
+    _last_lost_check: float = -math.inf
+
+    def run(self, n_trials: int) -> None:
+        """Ask, send, collect and tell until `n_trials` trials have finished."""
+        self._count_finished()
+        self._reattach()
+        try:
+            while self._fill(n_trials) or self.in_flight:
+                self._collect()
+                self._relay_reports()
+                self.progress.update(self.counts, self._best_value(), len(self.in_flight))
+                if self.in_flight:
+                    time.sleep(self.options.poll_interval_s)
+        except KeyboardInterrupt:
+            self._withdraw_waiting()
+            raise Interrupted("interrupted: queued trials withdrawn; rerun to resume") from None
+        except SpecError:
+            self._withdraw_waiting()
+            raise
+
+    # --- sending -----------------------------------------------------------------------
+
+    def _fill(self, n_trials: int) -> bool:
+        """Send new trials while there is room; True while more remain to be sent."""
+        while (
+            len(self.in_flight) < self.options.max_in_flight
+            and self.counts.finished + len(self.in_flight) < n_trials
+        ):
+            self._send(self._ask(), attempt=1)
+        return self.counts.finished + len(self.in_flight) < n_trials
+
+    def _ask(self) -> optuna.Trial:
+        if self.spec.space:
+            return self.study.ask(distributions(self.spec))
+        assert self.spec.study.search_space is not None
+        trial = self.study.ask()
+        define = self.spec.study.search_space.load()
+        define(trial)
+        return trial
+
+    def _send(self, trial: optuna.Trial, attempt: int) -> None:
+        request = TrialRequest(
+            study=self.study.study_name,
+            number=trial.number,
+            attempt=attempt,
+            params=dict(trial.params),
+            entrypoint=self.spec.trial.entrypoint.resolved(self.spec.directory),
+            timeout_s=self.spec.trial.timeout_s,
+            memory_limit_mb=self.spec.trial.memory_limit_mb,
+            search_paths=self.options.search_paths,
+        )
+        task_id = self.dispatcher.submit(
+            request, self.spec.trial.queue, self.spec.trial.hard_limit_s
+        )
+        trial.set_user_attr("task_id", task_id)
+        trial.set_user_attr("attempts", attempt)
+        self.in_flight[task_id] = InFlight(trial, request, task_id)
+
+    def _reattach(self) -> None:
+        """Take back trials a previous driver left RUNNING: wait for them or resend them."""
+        for frozen in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            trial = optuna.Trial(self.study, frozen._trial_id)
+            task_id = frozen.user_attrs.get("task_id")
+            attempt = int(frozen.user_attrs.get("attempts", 1))
+            if task_id is None:
+                self._send(trial, attempt=attempt)
+                continue
+            request = TrialRequest(
+                study=self.study.study_name,
+                number=frozen.number,
+                attempt=attempt,
+                params=dict(frozen.params),
+                entrypoint=self.spec.trial.entrypoint.resolved(self.spec.directory),
+                timeout_s=self.spec.trial.timeout_s,
+                memory_limit_mb=self.spec.trial.memory_limit_mb,
+                search_paths=self.options.search_paths,
+            )
+            self.in_flight[task_id] = InFlight(trial, request, task_id)
+
+    # --- collecting ----------------------------------------------------------------------
+
+    def _collect(self) -> None:
+        statuses = self.dispatcher.statuses(self.in_flight)
+        check_lost = self._lost_check_due()
+        pending: set[str] | None = None
+        for task_id, status in statuses.items():
+            entry = self.in_flight[task_id]
+            if status.phase is TaskPhase.FINISHED:
+                assert status.result is not None
+                self._finish(entry, status.result)
+            elif status.phase is TaskPhase.FAILED:
+                self._fail_from_outside(entry, status)
+            elif status.phase is TaskPhase.RUNNING:
+                self._check_running(entry, status)
+            elif check_lost:
+                if pending is None:
+                    pending = self.dispatcher.pending_ids(self.spec.trial.queue)
+                self._check_waiting(entry, pending)
+
+    def _lost_check_due(self) -> bool:
+        now = self.options.clock()
+        if now - self._last_lost_check < self.options.lost_check_interval_s:
+            return False
+        self._last_lost_check = now
+        return True
+
+    def _check_running(self, entry: InFlight, status: TaskStatus) -> None:
+        entry.unknown_checks = 0
+        if self._prune_overdue(entry):
+            self.dispatcher.terminate(entry.task_id)
+            entry.terminated = True
+        elif status.worker and not self.dispatcher.worker_alive(status.worker):
+            self._lost(entry, f"worker {status.worker} stopped beating")
+
+    def _check_waiting(self, entry: InFlight, pending: set[str]) -> None:
+        """A task neither queued, reserved nor started on two checks in a row was lost."""
+        if entry.task_id in pending:
+            entry.unknown_checks = 0
+            return
+        entry.unknown_checks += 1
+        if entry.unknown_checks >= 2:
+            del self.in_flight[entry.task_id]
+            self.dispatcher.withdraw([entry.task_id], self.spec.trial.queue)
+            self._send(entry.trial, attempt=entry.request.attempt)
+
+    def _fail_from_outside(self, entry: InFlight, status: TaskStatus) -> None:
+        """The process ended without a result: killed, out of time, or stopped by us."""
+        if entry.terminated:
+            note = "stopped from outside: the trial did not honour should_prune() in time"
+            self._finish(entry, self._synthetic(entry, Outcome.PRUNED, note))
+        elif status.failure is Outcome.WORKER_LOST:
+            self._lost(entry, status.detail)
+        else:
+            outcome = status.failure or Outcome.ERROR
+            self._finish(entry, self._synthetic(entry, outcome, status.detail))
+
+    def _lost(self, entry: InFlight, detail: str) -> None:
+        """Resend the same trial (same number and params) or give up after max_retries."""
+        if entry.request.attempt <= self.spec.trial.max_retries:
+            del self.in_flight[entry.task_id]
+            self.dispatcher.withdraw([entry.task_id], self.spec.trial.queue)
+            self._forget_reports(entry)
+            self._send(entry.trial, attempt=entry.request.attempt + 1)
+        else:
+            self._finish(entry, self._synthetic(entry, Outcome.WORKER_LOST, detail))
+
+    def _synthetic(self, entry: InFlight, outcome: Outcome, detail: str) -> TrialResult:
+        return TrialResult(
+            study=entry.request.study,
+            number=entry.request.number,
+            attempt=entry.request.attempt,
+            outcome=outcome,
+            error=detail,
+        )
+
+    # --- telling -------------------------------------------------------------------------
+
+    def _finish(self, entry: InFlight, result: TrialResult) -> None:
+        """Record the result on the trial and tell Optuna, once."""
+        del self.in_flight[entry.task_id]
+        try:
+            result, values = self._objective(result)
+        except SpecError as exc:
+            self._finish(
+                entry, result.model_copy(update={"outcome": Outcome.ERROR, "error": str(exc)})
+            )
+            raise
+        attrs = {**result.user_attrs(), "attempts": entry.request.attempt, "task_id": entry.task_id}
+        for key, value in attrs.items():
+            entry.trial.set_user_attr(key, value)
+        state = _STATE_OF.get(result.outcome, TrialState.FAIL)
+        self.study.tell(
+            entry.trial,
+            values=values if state is TrialState.COMPLETE else None,
+            state=state,
+            skip_if_finished=True,
+        )
+        self.counts.record(state)
+        self._forget_reports(entry)
+
+    def _objective(self, result: TrialResult) -> tuple[TrialResult, list[float] | None]:
+        """The objective values of an ok result, or the result turned into an error."""
+        if result.outcome is not Outcome.OK:
+            return result, None
+        try:
+            values = objective_values(result.metrics, self.spec.study.objective_metrics)
+        except KeyError as exc:
+            error = str(exc.args[0])
+            return result.model_copy(update={"outcome": Outcome.ERROR, "error": error}), None
+        if not all(math.isfinite(v) for v in values):
+            error = f"objective is not finite: {values}"
+            return result.model_copy(update={"outcome": Outcome.ERROR, "error": error}), None
+        return result, values
+
+    def _forget_reports(self, entry: InFlight) -> None:
+        if self.channel is not None:
+            self.channel.forget(entry.address)
+
+    # --- pruning -------------------------------------------------------------------------
+
+    def _relay_reports(self) -> None:
+        """Hand new intermediate values to Optuna and raise the prune flag when it says so."""
+        if self.channel is None or len(self.spec.study.objective_directions) > 1:
+            return
+        by_address = {entry.address: entry for entry in self.in_flight.values()}
+        positions = {address: entry.reports_seen for address, entry in by_address.items()}
+        for address, reports in self.channel.read_new(positions).items():
+            self._relay(by_address[address], reports)
+
+    def _relay(self, entry: InFlight, reports: list[Report]) -> None:
+        for report in reports:
+            entry.trial.report(report.value, report.step)
+            entry.reports_seen = report.stream_id
+        if entry.prune_requested_at is None and entry.trial.should_prune():
+            assert self.channel is not None
+            self.channel.request_prune(entry.address)
+            entry.prune_requested_at = self.options.clock()
+
+    def _prune_overdue(self, entry: InFlight) -> bool:
+        asked = entry.prune_requested_at
+        return (
+            asked is not None
+            and not entry.terminated
+            and self.options.clock() - asked > self.options.prune_grace_s
+        )
+
+    # --- bookkeeping ---------------------------------------------------------------------
+
+    def _count_finished(self) -> None:
+        for frozen in self.study.get_trials(deepcopy=False, states=FINISHED_STATES):
+            self.counts.record(frozen.state)
+
+    def _best_value(self) -> float | None:
+        if len(self.spec.study.objective_directions) > 1 or self.counts.complete == 0:
+            return None
+        try:
+            return float(self.study.best_value)
+        except ValueError:
+            return None
+
+    def _withdraw_waiting(self) -> None:
+        """On interrupt: trials not yet started never will; running ones stay re-attachable."""
+        statuses = self.dispatcher.statuses(self.in_flight)
+        waiting = [tid for tid, s in statuses.items() if s.phase is TaskPhase.WAITING]
+        self.dispatcher.withdraw(waiting, self.spec.trial.queue)
+
+
+def objective_values(metrics: dict[str, float], names: tuple[str, ...] | None) -> list[float]:
+    """Pick the objectives out of a trial's metrics (raise KeyError naming what is missing)."""
+    if set(metrics) == {"value"} and (names is None or len(names) == 1):
+        return [metrics["value"]]  # the trial returned a bare number
+    if names is None:
+        if len(metrics) == 1:
+            return list(metrics.values())
+        raise SpecError(
+            f"the trial returned several metrics ({', '.join(sorted(metrics))}) "
+            "but the spec names none: set study.metric"
+        )
+    missing = [name for name in names if name not in metrics]
+    if missing:
+        raise KeyError(
+            f"metric {', '.join(missing)} not returned (got {', '.join(sorted(metrics))})"
+        )
+    return [metrics[name] for name in names]
+
+
+def search_paths_for(spec: StudySpec) -> tuple[str, ...]:
+    """Folders a local worker needs on sys.path: the spec's and the current directory."""
+    return (str(spec.directory), str(Path.cwd()))

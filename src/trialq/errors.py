@@ -1,0 +1,57 @@
+"""trialq's errors: one hierarchy, each class says when it is raised.
+
+The CLI maps `TrialqError.exit_code` to the process's exit status and prints the message
+as one line; a traceback is only ever shown for a bug of ours.
+"""
+
+from __future__ import annotations
+
+
+class TrialqError(Exception):
+    """Base of every error trialq raises on purpose."""
+
+    exit_code = 1
+
+
+class UsageError(TrialqError):
+    """Raised when command-line arguments are wrong or contradict each other."""
+
+    exit_code = 2
+
+
+class SpecError(UsageError):
+    """Raised when a study spec is unreadable or has a wrong, missing or unknown key."""
+
+
+class EntrypointError(SpecError):
+    """Raised when a trial entrypoint cannot be imported, is not callable or is not allowed."""
+
+
+class ServiceUnreachable(TrialqError):
+    """Raised when the broker or the Optuna storage does not answer."""
+
+    exit_code = 3
+
+
+class BrokerUnreachable(ServiceUnreachable):
+    """Raised when Redis (the broker or result backend) does not answer."""
+
+
+class StorageUnreachable(ServiceUnreachable):
+    """Raised when the Optuna storage cannot be opened."""
+
+
+class LocalClusterError(TrialqError):
+    """Raised when `--local` cannot start its embedded Redis or its workers."""
+
+    exit_code = 3
+
+
+class Interrupted(TrialqError):
+    """Raised when the user interrupts a run (Ctrl-C, SIGTERM to the driver)."""
+
+    exit_code = 130
+
+
+class TrialPruned(Exception):
+    """Raised by a trial's own code when `trial.should_prune()` said so."""

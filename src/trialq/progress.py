@@ -1,0 +1,80 @@
+"""Showing a study's progress: counts of finished trials and the best value so far."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Protocol
+
+from optuna.trial import TrialState
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+
+@dataclass
+class Counts:
+    """Finished trials by state."""
+
+    complete: int = 0
+    pruned: int = 0
+    failed: int = 0
+
+    @property
+    def finished(self) -> int:
+        """Trials that count towards `n_trials`."""
+        return self.complete + self.pruned + self.failed
+
+    def record(self, state: TrialState) -> None:
+        """Count one more finished trial."""
+        if state is TrialState.COMPLETE:
+            self.complete += 1
+        elif state is TrialState.PRUNED:
+            self.pruned += 1
+        else:
+            self.failed += 1
+
+
+class ProgressSink(Protocol):
+    """Where the driver reports progress."""
+
+    def update(self, counts: Counts, best: float | None, running: int) -> None:
+        """Called after every collection pass."""
+
+
+class NoProgress:
+    """For --no-progress and for scripts."""
+
+    def update(self, counts: Counts, best: float | None, running: int) -> None:
+        """Show nothing."""
+
+
+class RichProgress:
+    """A progress bar on stderr: done / running / failed, best value, elapsed time."""
+
+    def __init__(self, study_name: str, n_trials: int) -> None:
+        self._progress = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total} done"),
+            TextColumn("{task.fields[detail]}"),
+            TimeElapsedColumn(),
+            console=Console(file=sys.stderr),
+            transient=False,
+        )
+        self._task = self._progress.add_task(study_name, total=n_trials, detail="")
+
+    def __enter__(self) -> RichProgress:
+        self._progress.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._progress.stop()
+
+    def update(self, counts: Counts, best: float | None, running: int) -> None:
+        """Redraw with the latest counts."""
+        best_text = "-" if best is None else f"{best:.6g}"
+        detail = (
+            f"running {running} | pruned {counts.pruned} | failed {counts.failed} "
+            f"| best {best_text}"
+        )
+        self._progress.update(self._task, completed=counts.finished, detail=detail)

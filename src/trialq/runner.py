@@ -1,0 +1,115 @@
+"""The per-trial runner: one attempt of one trial, inside the process that will exit after it.
+
+It knows nothing of Celery: the task hands it a request and gets a result back, whatever
+happened in between. Every failure of the trial becomes an outcome here.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import os
+import resource
+import socket
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from trialq import failures
+from trialq.channel import ReportChannel, TrialAddress
+from trialq.context import TrialContext
+from trialq.device import Device
+from trialq.entrypoint import importable_from
+from trialq.errors import TrialPruned
+from trialq.messages import Outcome, TrialRequest, TrialResult
+
+
+def run_trial(
+    request: TrialRequest,
+    *,
+    channel: ReportChannel | None,
+    device: Device,
+    allowed_modules: tuple[str, ...],
+    timeout_errors: tuple[type[BaseException], ...] = (),
+) -> TrialResult:
+    """Run the request's entrypoint once and describe how it ended."""
+    address = TrialAddress(request.study, request.number, request.attempt)
+    context = TrialContext(address, request.params, channel)
+    started = time.monotonic()
+    outcome, metrics, error = Outcome.OK, {}, None
+    try:
+        metrics = _call_entrypoint(request, context, device, allowed_modules)
+    except TrialPruned:
+        outcome = Outcome.PRUNED
+    except timeout_errors:
+        outcome, error = Outcome.TIMEOUT, f"soft time limit of {request.timeout_s:g} s exceeded"
+    except Exception as exc:
+        outcome, error = failures.classify(exc), failures.describe(exc)
+    return TrialResult(
+        study=request.study,
+        number=request.number,
+        attempt=request.attempt,
+        outcome=outcome,
+        metrics=metrics,
+        worker_pid=os.getpid(),
+        worker_host=socket.gethostname(),
+        duration_s=round(time.monotonic() - started, 6),
+        peak_rss_bytes=_peak_rss_bytes(),
+        gpu_peak_bytes=device.peak_bytes(),
+        error=error,
+        last_step=context.last_step,
+    )
+
+
+def _call_entrypoint(
+    request: TrialRequest,
+    context: TrialContext,
+    device: Device,
+    allowed_modules: tuple[str, ...],
+) -> dict[str, float]:
+    entrypoint = request.entrypoint
+    if not entrypoint.is_allowed(allowed_modules):
+        raise PermissionError(
+            f"entrypoint {entrypoint} is not in this worker's allowed modules "
+            f"({', '.join(allowed_modules) or 'none'}); set TRIALQ_ALLOWED_MODULES"
+        )
+    device.prepare()
+    with importable_from(*(Path(p) for p in request.search_paths)):
+        train = entrypoint.load()
+    returned = _call(train, request.params, context)
+    return numeric_metrics(returned)
+
+
+def _call(train: Callable[..., Any], params: dict[str, Any], context: TrialContext) -> Any:
+    """`train(params, trial)`, or `train(params)` for a function that takes one argument."""
+    try:
+        takes_context = len(inspect.signature(train).parameters) >= 2
+    except (TypeError, ValueError):
+        takes_context = True
+    return train(params, context) if takes_context else train(params)
+
+
+def numeric_metrics(returned: object) -> dict[str, float]:
+    """A returned number becomes `{"value": x}`; a mapping keeps its numeric entries."""
+    if isinstance(returned, bool):
+        raise TypeError("the trial returned a bool; return a number or a mapping of metrics")
+    if isinstance(returned, int | float):
+        return {"value": float(returned)}
+    if isinstance(returned, Mapping):
+        metrics = {
+            str(name): float(value)
+            for name, value in returned.items()
+            if isinstance(value, int | float) and not isinstance(value, bool)
+        }
+        if metrics:
+            return {name: v if math.isfinite(v) else math.nan for name, v in metrics.items()}
+    raise TypeError(
+        f"the trial returned {type(returned).__name__}; "
+        "return a number or a mapping of metric names to numbers"
+    )
+
+
+def _peak_rss_bytes() -> int:
+    """This process's peak resident memory (Linux reports kilobytes)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

@@ -1,0 +1,225 @@
+"""The study spec: a TOML (or YAML) file parsed into frozen, checked objects.
+
+Every mistake is reported before anything is enqueued, as one `SpecError` line that names
+the file, the key and what was expected.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from trialq.entrypoint import EntrypointRef
+from trialq.errors import SpecError
+
+Direction = Literal["maximize", "minimize"]
+SamplerName = Literal["tpe", "random", "cmaes", "nsga2", "grid"]
+PrunerName = Literal["none", "median", "hyperband", "successive_halving"]
+
+HARD_LIMIT_GRACE_S = 60
+"""Seconds between a trial's soft time limit and the kill of its process."""
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
+
+
+class FloatParam(_Frozen):
+    """A float in [low, high], optionally on a log scale or a step grid."""
+
+    type: Literal["float"]
+    low: float
+    high: float
+    log: bool = False
+    step: float | None = None
+
+    @model_validator(mode="after")
+    def _check_bounds(self) -> FloatParam:
+        _check_low_high(self.low, self.high)
+        if self.log and self.low <= 0:
+            raise ValueError("log = true needs low > 0")
+        if self.log and self.step is not None:
+            raise ValueError("log and step exclude each other")
+        return self
+
+
+class IntParam(_Frozen):
+    """An integer in [low, high] with a step, optionally on a log scale."""
+
+    type: Literal["int"]
+    low: int
+    high: int
+    log: bool = False
+    step: int = Field(default=1, gt=0)
+
+    @model_validator(mode="after")
+    def _check_bounds(self) -> IntParam:
+        _check_low_high(self.low, self.high)
+        if self.log and self.low <= 0:
+            raise ValueError("log = true needs low > 0")
+        return self
+
+
+class CategoricalParam(_Frozen):
+    """One of a non-empty list of choices (str, int, float or bool)."""
+
+    type: Literal["categorical"]
+    choices: tuple[str | int | float | bool, ...] = Field(min_length=1)
+
+
+ParamSpec = Annotated[FloatParam | IntParam | CategoricalParam, Field(discriminator="type")]
+
+
+def _check_low_high(low: float, high: float) -> None:
+    if low > high:
+        raise ValueError(f"low ({low}) must not be greater than high ({high})")
+
+
+class StudySection(_Frozen):
+    """`[study]`: what to optimise and how to search."""
+
+    name: str = Field(min_length=1)
+    direction: Direction | None = None
+    directions: tuple[Direction, ...] | None = Field(default=None, min_length=1)
+    metric: str | None = None
+    metrics: tuple[str, ...] | None = Field(default=None, min_length=1)
+    n_trials: int = Field(gt=0)
+    max_in_flight: int | None = Field(default=None, gt=0)
+    sampler: SamplerName = "tpe"
+    sampler_args: dict[str, Any] = Field(default_factory=dict)
+    pruner: PrunerName = "median"
+    pruner_args: dict[str, Any] = Field(default_factory=dict)
+    storage: str | None = None
+    search_space: EntrypointRef | None = None
+    oom_as_constraint: bool = True
+
+    @model_validator(mode="after")
+    def _check_objectives(self) -> StudySection:
+        if self.direction and self.directions:
+            raise ValueError("give direction or directions, not both")
+        if self.metric and self.metrics:
+            raise ValueError("give metric or metrics, not both")
+        if self.metrics and len(self.metrics) != len(self.objective_directions):
+            raise ValueError(
+                f"metrics has {len(self.metrics)} names but there are "
+                f"{len(self.objective_directions)} directions"
+            )
+        if len(self.objective_directions) > 1 and not self.metrics:
+            raise ValueError("a multi-objective study needs metrics = [...], one per direction")
+        return self
+
+    @property
+    def objective_directions(self) -> tuple[Direction, ...]:
+        """The study's directions, one per objective (default: maximize)."""
+        if self.directions:
+            return self.directions
+        return (self.direction or "maximize",)
+
+    @property
+    def objective_metrics(self) -> tuple[str, ...] | None:
+        """The metric names that are the objectives, or None for a lone returned value."""
+        if self.metrics:
+            return self.metrics
+        return (self.metric,) if self.metric else None
+
+
+class TrialSection(_Frozen):
+    """`[trial]`: what each worker runs and under which limits."""
+
+    entrypoint: EntrypointRef
+    timeout_s: float = Field(default=3600, gt=0)
+    max_retries: int = Field(default=2, ge=0)
+    queue: str = Field(default="gpu", min_length=1, pattern=r"^[A-Za-z0-9_.:-]+$")
+    memory_limit_mb: int = Field(default=0, ge=0)
+
+    @property
+    def hard_limit_s(self) -> float:
+        """When the trial's process is killed: the soft limit plus a grace period."""
+        return self.timeout_s + HARD_LIMIT_GRACE_S
+
+
+class StudySpec(_Frozen):
+    """A whole spec file: the study, the trial, and the search space."""
+
+    path: Path
+    study: StudySection
+    trial: TrialSection
+    space: dict[str, ParamSpec] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _check_space(self) -> StudySpec:
+        if self.space and self.study.search_space:
+            raise ValueError("give [space.*] or study.search_space, not both")
+        if not self.space and not self.study.search_space:
+            raise ValueError("no search space: add [space.NAME] tables or study.search_space")
+        return self
+
+    @property
+    def directory(self) -> Path:
+        """The folder the spec lives in: relative paths in it are taken from here."""
+        return self.path.parent
+
+
+def load_spec(path: Path) -> StudySpec:
+    """Read and check a spec file; raise `SpecError` naming the file and the key."""
+    raw = _read_mapping(path)
+    if "path" in raw:
+        raise SpecError(f"{path}: path: unknown key")
+    try:
+        spec = StudySpec.model_validate({**raw, "path": path.resolve()})
+    except ValidationError as exc:
+        raise SpecError(f"{path}: {_first_problem(exc)}") from None
+    spec.trial.entrypoint.check_importable(spec.directory, f"{path}: trial.entrypoint")
+    if spec.study.search_space:
+        spec.study.search_space.check_importable(spec.directory, f"{path}: study.search_space")
+    return spec
+
+
+def _read_mapping(path: Path) -> Mapping[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise SpecError(f"{path}: cannot read the spec: {exc.strerror or exc}") from None
+    try:
+        data = yaml.safe_load(text) if path.suffix in {".yaml", ".yml"} else tomllib.loads(text)
+    except (tomllib.TOMLDecodeError, yaml.YAMLError) as exc:
+        first_line = str(exc).strip().splitlines()[0]
+        raise SpecError(f"{path}: not valid {_format_name(path)}: {first_line}") from None
+    if not isinstance(data, Mapping):
+        raise SpecError(f"{path}: expected a table of [study], [trial] and [space.*] keys")
+    return data
+
+
+def _format_name(path: Path) -> str:
+    return "YAML" if path.suffix in {".yaml", ".yml"} else "TOML"
+
+
+def _first_problem(exc: ValidationError) -> str:
+    """One line for the first validation error: the dotted key, then what was expected."""
+    error = exc.errors()[0]
+    key = ".".join(str(part) for part in _without_union_tags(error["loc"]))
+    message = error["msg"].removeprefix("Value error, ")
+    if error["type"] == "extra_forbidden":
+        message = "unknown key"
+    elif error["type"] == "missing":
+        message = "missing required key"
+    elif error["type"] == "union_tag_invalid":
+        message = "type must be one of float, int, categorical"
+    elif "input" in error and error["type"] not in {"value_error", "assertion_error"}:
+        message = f"{message} (got {error['input']!r})"
+    return f"{key}: {message}" if key else message
+
+
+def _without_union_tags(loc: tuple[int | str, ...]) -> list[int | str]:
+    """Drop the discriminator names pydantic puts in the location of a tagged union."""
+    tags = {"float", "int", "categorical"}
+    return [
+        part
+        for index, part in enumerate(loc)
+        if not (part in tags and index >= 2 and loc[0] == "space")
+    ]

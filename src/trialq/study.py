@@ -1,0 +1,129 @@
+"""Opening the Optuna study a spec describes: storage, directions, sampler and pruner.
+
+Only the driver opens studies; workers never reach the storage.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from trialq.errors import SpecError, StorageUnreachable
+from trialq.spec import CategoricalParam, FloatParam, IntParam, StudySpec
+
+
+def storage_url(spec: StudySpec, override: str | None, from_env: str | None) -> str:
+    """`--storage`, else the spec's, else TRIALQ_STORAGE, else SQLite next to the spec."""
+    url = override or spec.study.storage or from_env
+    if url is None:
+        return f"sqlite:///{spec.directory / (spec.study.name + '.db')}"
+    return _anchor_sqlite(url, spec.directory)
+
+
+def _anchor_sqlite(url: str, base: Path) -> str:
+    """A relative SQLite path in a spec is taken from the spec's folder, not the cwd."""
+    prefix = "sqlite:///"
+    if url.startswith(prefix) and not url.startswith(prefix + "/"):
+        return prefix + str(base / url.removeprefix(prefix))
+    return url
+
+
+def open_study(spec: StudySpec, url: str) -> optuna.Study:
+    """Create the study, or load it if it exists (that is how a run resumes)."""
+    sampler = make_sampler(spec)
+    pruner = make_pruner(spec)
+    try:
+        storage = optuna.storages.get_storage(url)
+        return optuna.create_study(
+            storage=storage,
+            study_name=spec.study.name,
+            directions=list(spec.study.objective_directions),
+            sampler=sampler,
+            pruner=pruner,
+            load_if_exists=True,
+        )
+    except ImportError as exc:
+        raise StorageUnreachable(f"storage {_redacted(url)}: driver missing: {exc}") from None
+    except Exception as exc:
+        if type(exc).__module__.startswith("sqlalchemy"):
+            first = str(exc).splitlines()[0]
+            raise StorageUnreachable(f"storage {_redacted(url)} unreachable: {first}") from None
+        raise
+
+
+def make_sampler(spec: StudySpec) -> optuna.samplers.BaseSampler:
+    """The spec's sampler, built with the spec's arguments."""
+    name, args = spec.study.sampler, dict(spec.study.sampler_args)
+    if name == "grid":
+        args.setdefault("search_space", _grid_space(spec))
+    classes: dict[str, Any] = {
+        "tpe": optuna.samplers.TPESampler,
+        "random": optuna.samplers.RandomSampler,
+        "cmaes": optuna.samplers.CmaEsSampler,
+        "nsga2": optuna.samplers.NSGAIISampler,
+        "grid": optuna.samplers.GridSampler,
+    }
+    return _construct(classes[name], args, "study.sampler_args", spec.path)  # type: ignore[no-any-return]
+
+
+def make_pruner(spec: StudySpec) -> optuna.pruners.BasePruner:
+    """The spec's pruner with its arguments (`none` never prunes)."""
+    classes: dict[str, Any] = {
+        "none": optuna.pruners.NopPruner,
+        "median": optuna.pruners.MedianPruner,
+        "hyperband": optuna.pruners.HyperbandPruner,
+        "successive_halving": optuna.pruners.SuccessiveHalvingPruner,
+    }
+    pruner_class = classes[spec.study.pruner]
+    return _construct(pruner_class, dict(spec.study.pruner_args), "study.pruner_args", spec.path)  # type: ignore[no-any-return]
+
+
+def distributions(spec: StudySpec) -> dict[str, optuna.distributions.BaseDistribution]:
+    """Optuna distributions for the `[space.*]` tables."""
+    result: dict[str, optuna.distributions.BaseDistribution] = {}
+    for name, param in spec.space.items():
+        if isinstance(param, FloatParam):
+            result[name] = optuna.distributions.FloatDistribution(
+                param.low, param.high, log=param.log, step=param.step
+            )
+        elif isinstance(param, IntParam):
+            result[name] = optuna.distributions.IntDistribution(
+                param.low, param.high, log=param.log, step=param.step
+            )
+        else:
+            result[name] = optuna.distributions.CategoricalDistribution(param.choices)
+    return result
+
+
+def _grid_space(spec: StudySpec) -> dict[str, list[Any]]:
+    grid: dict[str, list[Any]] = {}
+    for name, param in spec.space.items():
+        if isinstance(param, CategoricalParam):
+            grid[name] = list(param.choices)
+        elif isinstance(param, IntParam) and not param.log:
+            grid[name] = list(range(param.low, param.high + 1, param.step))
+        else:
+            raise SpecError(
+                f"{spec.path}: space.{name}: the grid sampler needs int or categorical "
+                "params, or study.sampler_args.search_space"
+            )
+    return grid
+
+
+def _construct(factory: Any, args: dict[str, Any], key: str, path: Path) -> Any:
+    try:
+        return factory(**args)
+    except (TypeError, ValueError) as exc:
+        raise SpecError(f"{path}: {key}: {exc}") from None
+
+
+def _redacted(url: str) -> str:
+    """A storage URL with any password replaced, fit for a message."""
+    if "@" not in url or "://" not in url:
+        return url
+    scheme, rest = url.split("://", 1)
+    credentials, host = rest.rsplit("@", 1)
+    user = credentials.split(":", 1)[0]
+    return f"{scheme}://{user}:***@{host}"

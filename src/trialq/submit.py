@@ -1,0 +1,84 @@
+"""What `submit-study` does: check the spec, open the study, find (or start) workers, run
+the driver, and summarise. Everything that can be refused is refused before a trial is sent.
+"""
+
+from __future__ import annotations
+
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from trialq.celery_dispatch import CeleryDispatcher
+from trialq.channel import ReportChannel
+from trialq.driver import DriverOptions, StudyDriver, search_paths_for
+from trialq.errors import SpecError
+from trialq.local import LocalCluster
+from trialq.progress import NoProgress, ProgressSink, RichProgress
+from trialq.settings import Settings
+from trialq.spec import StudySpec, load_spec
+from trialq.study import open_study, storage_url
+from trialq.summary import study_summary
+
+VISIBILITY_MARGIN_S = 300
+"""How much longer than a trial's hard limit the broker must wait before redelivering."""
+
+
+def submit_study(
+    spec_path: Path,
+    settings: Settings,
+    storage_override: str | None,
+    n_trials: int | None,
+    local_workers: int | None,
+    show_progress: bool,
+) -> dict[str, Any]:
+    """Run the spec's study to its number of finished trials and return the summary."""
+    spec = load_spec(spec_path)
+    _check_time_limits(spec, settings)
+    study = open_study(spec, storage_url(spec, storage_override, settings.storage))
+    target = n_trials or spec.study.n_trials
+    with ExitStack() as stack:
+        if local_workers is not None:
+            cluster = LocalCluster(local_workers, spec.trial.queue, local_allow_list(spec))
+            stack.enter_context(cluster)
+            settings = settings.model_copy(
+                update={"broker_url": cluster.broker_url, "result_backend": cluster.broker_url}
+            )
+        dispatcher = CeleryDispatcher(settings)
+        dispatcher.check_reachable()
+        progress: ProgressSink = NoProgress()
+        if show_progress:
+            progress = stack.enter_context(RichProgress(spec.study.name, target))
+        options = DriverOptions(
+            max_in_flight=spec.study.max_in_flight
+            or max(1, dispatcher.live_worker_count(spec.trial.queue)),
+            search_paths=search_paths_for(spec) if local_workers is not None else (),
+        )
+        channel = ReportChannel(redis.Redis.from_url(settings.broker_url))
+        StudyDriver(spec, study, dispatcher, channel, progress, options).run(target)
+    return study_summary(study)
+
+
+def local_allow_list(spec: StudySpec) -> tuple[str, ...]:
+    """In --local, workers may import what the spec itself names, and nothing else."""
+    allowed = [_allow_entry(spec, spec.trial.entrypoint.target)]
+    if spec.study.search_space is not None:
+        allowed.append(_allow_entry(spec, spec.study.search_space.target))
+    return tuple(allowed)
+
+
+def _allow_entry(spec: StudySpec, target: str) -> str:
+    if target.endswith(".py") or "/" in target:
+        return str((spec.directory / target).resolve().parent) + "/"
+    return target.split(".")[0]
+
+
+def _check_time_limits(spec: StudySpec, settings: Settings) -> None:
+    """Redis would run a trial twice if it outlived the broker's visibility timeout."""
+    needed = spec.trial.hard_limit_s + VISIBILITY_MARGIN_S
+    if needed > settings.visibility_timeout_s:
+        raise SpecError(
+            f"{spec.path}: trial.timeout_s: {spec.trial.timeout_s:g} s plus grace needs "
+            f"TRIALQ_VISIBILITY_TIMEOUT_S >= {needed:g} (it is {settings.visibility_timeout_s})"
+        )

@@ -1,0 +1,46 @@
+"""The end-of-run summary of a study, as printed by `submit-study --json`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+
+def study_summary(study: optuna.Study) -> dict[str, Any]:
+    """Counts, the best trial and every trial with its state, values, params and attrs."""
+    trials = study.get_trials(deepcopy=False)
+    complete = [t for t in trials if t.state is TrialState.COMPLETE]
+    best_value, best_params = _best(study, complete)
+    return {
+        "study": study.study_name,
+        "n_complete": len(complete),
+        "n_pruned": sum(t.state is TrialState.PRUNED for t in trials),
+        "n_failed": sum(t.state is TrialState.FAIL for t in trials),
+        "best_value": best_value,
+        "best_params": best_params,
+        "trials": [
+            {
+                "number": t.number,
+                "state": t.state.name,
+                "values": t.values,
+                "params": t.params,
+                "user_attrs": t.user_attrs,
+            }
+            for t in trials
+        ],
+    }
+
+
+def _best(
+    study: optuna.Study, complete: list[optuna.trial.FrozenTrial]
+) -> tuple[Any, dict[str, Any] | None]:
+    """Best value and params; for several objectives, the Pareto front's values."""
+    if not complete:
+        return None, None
+    if len(study.directions) > 1:
+        front = study.best_trials
+        return [t.values for t in front], front[0].params if front else None
+    best = study.best_trial
+    return best.value, best.params
