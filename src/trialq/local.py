@@ -62,23 +62,23 @@ class LocalCluster:
         queue: str,
         allowed_modules: tuple[str, ...],
         extra_env: dict[str, str] | None = None,
+        broker_url: str | None = None,
     ) -> None:
         self.workers = workers
         self.queue = queue
         self.allowed_modules = allowed_modules
         self.extra_env = extra_env or {}
         self.log_dir = Path(tempfile.mkdtemp(prefix="trialq-local-"))
-        self.port = free_port()
-        self._processes: list[subprocess.Popen[bytes]] = []
-
-    @property
-    def broker_url(self) -> str:
-        """Where the embedded Redis listens."""
-        return f"redis://127.0.0.1:{self.port}/0"
+        self._own_redis = broker_url is None
+        self.broker_url = broker_url or f"redis://127.0.0.1:{free_port()}/0"
+        """Where the workers' Redis listens: an embedded one unless a URL was given."""
+        self._redis: subprocess.Popen[bytes] | None = None
+        self._workers: list[subprocess.Popen[bytes]] = []
 
     def __enter__(self) -> LocalCluster:
         try:
-            self._start_redis()
+            if self._own_redis:
+                self._start_redis()
             for index in range(self.workers):
                 self._start_worker(index)
             self._wait_for_workers()
@@ -93,16 +93,17 @@ class LocalCluster:
         self.stop()
 
     def _start_redis(self) -> None:
+        port = self.broker_url.rsplit(":", 1)[1].split("/")[0]
         command = [
             redis_server_binary(),
             "--bind", "127.0.0.1",
-            "--port", str(self.port),
+            "--port", port,
             "--save", "",
             "--appendonly", "no",
             "--maxmemory-policy", "noeviction",
             "--dir", str(self.log_dir),
         ]  # fmt: skip
-        self._spawn(command, "redis.log")
+        self._redis = self._spawn(command, "redis.log")
         client = redis.Redis.from_url(self.broker_url, socket_timeout=1)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
@@ -121,9 +122,9 @@ class LocalCluster:
             "--hostname", f"local{index}@%h",
             "--loglevel", "WARNING",
         ]  # fmt: skip
-        self._spawn(command, f"worker{index}.log")
+        self._workers.append(self._spawn(command, f"worker{index}.log"))
 
-    def _spawn(self, command: list[str], log_name: str) -> None:
+    def _spawn(self, command: list[str], log_name: str) -> subprocess.Popen[bytes]:
         env = {
             **os.environ,
             **self.extra_env,
@@ -131,17 +132,16 @@ class LocalCluster:
             "TRIALQ_RESULT_BACKEND": self.broker_url,
             "TRIALQ_ALLOWED_MODULES": ",".join(self.allowed_modules),
         }
-        log = (self.log_dir / log_name).open("wb")
-        process = subprocess.Popen(
-            command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
-        self._processes.append(process)
+        with (self.log_dir / log_name).open("wb") as log:
+            return subprocess.Popen(
+                command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
 
     def _wait_for_workers(self) -> None:
         client = redis.Redis.from_url(self.broker_url)
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
         while len(heartbeat.live_workers(client)) < self.workers:
-            dead = [p for p in self._processes if p.poll() is not None]
+            dead = [p for p in self._workers if p.poll() is not None]
             if dead or time.monotonic() > deadline:
                 raise LocalClusterError(
                     f"local workers did not start; logs in {self.log_dir}: {self._log_tail()}"
@@ -157,18 +157,24 @@ class LocalCluster:
 
     def stop(self) -> None:
         """Stop workers (cold: running trials end now), then Redis; kill what lingers."""
-        workers, servers = self._processes[1:], self._processes[:1]
-        for group in (workers, servers):
-            for process in group:
-                _signal_group(process, signal.SIGQUIT if group is workers else signal.SIGTERM)
-            deadline = time.monotonic() + STOP_TIMEOUT_S
-            for process in group:
-                try:
-                    process.wait(timeout=max(0.1, deadline - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    _signal_group(process, signal.SIGKILL)
-                    process.wait()
-        self._processes.clear()
+        _stop_all(self._workers, signal.SIGQUIT)
+        self._workers.clear()
+        if self._redis is not None:
+            _stop_all([self._redis], signal.SIGTERM)
+            self._redis = None
+
+
+def _stop_all(processes: list[subprocess.Popen[bytes]], sig: signal.Signals) -> None:
+    """Signal every process group, wait a while, then kill whatever is left."""
+    for process in processes:
+        _signal_group(process, sig)
+    deadline = time.monotonic() + STOP_TIMEOUT_S
+    for process in processes:
+        try:
+            process.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            _signal_group(process, signal.SIGKILL)
+            process.wait()
 
 
 def _signal_group(process: subprocess.Popen[bytes], sig: signal.Signals) -> None:

@@ -63,9 +63,20 @@ def make_sampler(spec: StudySpec) -> optuna.samplers.BaseSampler:
         "random": optuna.samplers.RandomSampler,
         "cmaes": optuna.samplers.CmaEsSampler,
         "nsga2": optuna.samplers.NSGAIISampler,
-        "grid": optuna.samplers.GridSampler,
+        "grid": DriverGridSampler,
     }
     return _construct(classes[name], args, "study.sampler_args", spec.path)  # type: ignore[no-any-return]
+
+
+class DriverGridSampler(optuna.samplers.GridSampler):
+    """Optuna's grid sampler, minus its `study.stop()` when the grid is used up.
+
+    `stop()` only works inside `optimize()`, which the driver does not use; the driver's
+    `n_trials` decides when to stop, and further trials revisit the grid at random.
+    """
+
+    def after_trial(self, *args: Any, **kwargs: Any) -> None:
+        """Nothing to do: the driver counts trials itself."""
 
 
 def make_pruner(spec: StudySpec) -> optuna.pruners.BasePruner:

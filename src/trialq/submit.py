@@ -8,6 +8,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
+import optuna
 import redis
 
 from trialq.celery_dispatch import CeleryDispatcher
@@ -36,6 +37,9 @@ def submit_study(
     """Run the spec's study to its number of finished trials and return the summary."""
     spec = load_spec(spec_path)
     _check_time_limits(spec, settings)
+    if local_workers is None:
+        CeleryDispatcher(settings).check_reachable()  # before the study is created
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = open_study(spec, storage_url(spec, storage_override, settings.storage))
     target = n_trials or spec.study.n_trials
     with ExitStack() as stack:
@@ -46,7 +50,6 @@ def submit_study(
                 update={"broker_url": cluster.broker_url, "result_backend": cluster.broker_url}
             )
         dispatcher = CeleryDispatcher(settings)
-        dispatcher.check_reachable()
         progress: ProgressSink = NoProgress()
         if show_progress:
             progress = stack.enter_context(RichProgress(spec.study.name, target))

@@ -1,0 +1,1 @@
+"""Example trial entrypoints that ship with trialq (allowed on workers by default)."""

@@ -1,0 +1,133 @@
+"""`submit-study --local`: no services needed, every process it started is gone afterwards."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import optuna
+import psutil
+import pytest
+
+pytestmark = pytest.mark.integration
+
+TRIAL_FILE = """
+import os, time
+
+def train(params, trial):
+    time.sleep(params.get("sleep_s", 0))
+    return {"score": -(params["x"] - 1.0) ** 2, "pid": os.getpid()}
+"""
+
+
+RUN_SUBMIT_STUDY = "from trialq.cli import submit_study_main; raise SystemExit(submit_study_main())"
+SUBMIT_STUDY = [sys.executable, "-c", RUN_SUBMIT_STUDY]
+
+
+def _study_dir(tmp_path: Path, n_trials: int, sleep_s: float = 0.0) -> Path:
+    (tmp_path / "mytrial.py").write_text(TRIAL_FILE)
+    (tmp_path / "study.toml").write_text(
+        textwrap.dedent(
+            f"""
+            [study]
+            name = "local"
+            metric = "score"
+            n_trials = {n_trials}
+            [trial]
+            entrypoint = "mytrial:train"
+            [space.x]
+            type = "float"
+            low = -3
+            high = 3
+            [space.sleep_s]
+            type = "categorical"
+            choices = [{sleep_s}]
+            """
+        )
+    )
+    return tmp_path
+
+
+def _environment() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRIALQ_")}
+    # A broker on a port where nothing listens: --local must not need it.
+    env["TRIALQ_BROKER_URL"] = "redis://127.0.0.1:1/0"
+    return env
+
+
+def _submit(folder: Path, *extra: str) -> subprocess.Popen[str]:
+    command = [*SUBMIT_STUDY, "study.toml", "--local", *extra]
+    return subprocess.Popen(
+        command, cwd=folder, env=_environment(), stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+
+
+def _descendants_of_trialq() -> list[str]:
+    """Local workers still running (their command line names them `local<N>@...`)."""
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        command = " ".join(process.info["cmdline"] or [])
+        if "trialq worker" in command and "--hostname local" in command:
+            found.append(command)
+    return found
+
+
+def test_local_runs_a_study_from_a_clean_directory_without_services(tmp_path: Path) -> None:
+    folder = _study_dir(tmp_path, n_trials=4)
+    process = _submit(folder, "--workers", "2", "--json", "--no-progress")
+    out, err = process.communicate(timeout=240)
+
+    assert process.returncode == 0, err
+    summary = json.loads(out)
+    assert summary["n_complete"] == 4
+    assert len({t["user_attrs"]["worker_pid"] for t in summary["trials"]}) == 4
+    assert (folder / "local.db").exists(), "default storage is SQLite next to the spec"
+    assert not _descendants_of_trialq(), "a local worker outlived submit-study"
+
+
+def test_ctrl_c_exits_130_marks_nothing_complete_and_the_rerun_finishes(tmp_path: Path) -> None:
+    folder = _study_dir(tmp_path, n_trials=6, sleep_s=1.5)
+    process = _submit(folder, "--workers", "2", "--no-progress")
+    storage = f"sqlite:///{folder / 'local.db'}"
+    _wait_for_a_complete_trial(storage, process)
+
+    os.killpg(process.pid, signal.SIGINT)
+    _, err = process.communicate(timeout=60)
+
+    assert process.returncode == 130, err
+    assert "interrupted" in err
+    assert not _descendants_of_trialq(), "a local worker outlived the interrupt"
+    study = optuna.load_study(study_name="local", storage=storage)
+    for trial in study.trials:
+        if trial.state is optuna.trial.TrialState.COMPLETE:
+            assert trial.user_attrs["outcome"] == "ok" and trial.values
+
+    rerun = _submit(folder, "--workers", "2", "--json", "--no-progress")
+    out, err = rerun.communicate(timeout=240)
+    assert rerun.returncode == 0, err
+    summary = json.loads(out)
+    states = [t["state"] for t in summary["trials"]]
+    assert states.count("COMPLETE") + states.count("FAIL") + states.count("PRUNED") == 6
+    assert "RUNNING" not in states
+    assert [t["number"] for t in summary["trials"]] == list(range(6))
+
+
+def _wait_for_a_complete_trial(storage: str, process: subprocess.Popen[str]) -> None:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        assert process.poll() is None, process.communicate()[1]
+        try:
+            study = optuna.load_study(study_name="local", storage=storage)
+            if any(t.state.is_finished() for t in study.trials):
+                return
+        except KeyError:
+            pass
+        time.sleep(0.2)
+    pytest.fail("no trial finished in time")
