@@ -1,0 +1,695 @@
+"""The Kubernetes deployment under k8s/: rendered with `kubectl kustomize`, checked offline.
+
+No cluster is needed. Every kustomization (the base and each overlay) is rendered once;
+every object is validated against the Kubernetes schemas (kubernetes-validate, strict) or,
+for KEDA's custom resources, against the minimal schemas vendored in `schemas/`. The other
+tests read the rendered objects and assert the design: GPUs and taints, grace periods that
+outlast a trial, Secrets referenced rather than inlined, who may reach Redis and PostgreSQL,
+the autoscaler watching the queue the workers consume, pinned images, non-root pods.
+
+Without kubectl the tests are skipped, except in CI (CI=true), where they fail.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+import shutil
+import subprocess
+import tomllib
+from collections.abc import Iterator
+from functools import cache
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+Obj = dict[str, Any]
+
+REPO = Path(__file__).resolve().parents[2]
+K8S = REPO / "k8s"
+SCHEMAS = Path(__file__).resolve().parent / "schemas"
+
+GPU_OVERLAYS = ("gke", "eks", "aks")
+OVERLAYS = (*GPU_OVERLAYS, "cpu")
+TARGETS = ("base", *(f"overlays/{name}" for name in OVERLAYS))
+
+# The oldest Kubernetes minor the manifests support and the newest kubernetes-validate ships.
+KUBERNETES_VERSIONS = ("1.30.0", kubernetes_validate.latest_version())
+KEDA_SCHEMAS = {
+    "ScaledObject": "keda-scaledobject-v1alpha1.json",
+    "TriggerAuthentication": "keda-triggerauthentication-v1alpha1.json",
+}
+
+NAMESPACE = "trialq"
+WORKER = "trialq-worker"
+SECRET = "trialq-secrets"
+TRIAL_GRACE_S = 60  # contract: the hard limit is the spec's timeout_s + 60 s
+DEFAULT_TRIAL_TIMEOUT_S = 3600  # contract: [trial] timeout_s when the spec omits it
+SHUTDOWN_MARGIN_S = 30  # after the hard limit: acknowledge the task, send the result, exit
+EXPECTED_NODE_SELECTORS = {
+    "gke": {"cloud.google.com/gke-accelerator"},
+    "eks": {"karpenter.sh/nodepool", "karpenter.k8s.aws/instance-gpu-manufacturer"},
+    "aks": {"kubernetes.azure.com/agentpool"},
+}
+POD_OWNERS = {"Deployment", "StatefulSet", "Job", "DaemonSet", "ReplicaSet"}
+ENV_REFERENCE = re.compile(r"^\$\(([A-Za-z_][A-Za-z0-9_]*)\)$")
+PINNED_TAG = re.compile(r":v?\d+(\.\d+)+([-.][A-Za-z0-9.]+)?$")
+
+
+# --- rendering ---------------------------------------------------------------------------
+
+
+@cache
+def kubectl() -> str:
+    """The kubectl binary, or a skip (a failure in CI) saying why the tests cannot run."""
+    path = shutil.which("kubectl")
+    if path is None:
+        reason = "kubectl is not on PATH: cannot render the kustomizations under k8s/"
+        if os.environ.get("CI") == "true":
+            pytest.fail(reason + " (CI=true: the deployment checks must run in CI)")
+        pytest.skip(reason)
+    return path
+
+
+def render_dir(directory: Path) -> list[Obj]:
+    """`kubectl kustomize DIRECTORY`, parsed into objects."""
+    result = subprocess.run(
+        [kubectl(), "kustomize", str(directory)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, f"kubectl kustomize {directory} failed:\n{result.stderr}"
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+
+
+@cache
+def _render_cached(target: str) -> tuple[Obj, ...]:
+    return tuple(render_dir(K8S / target))
+
+
+def render(target: str) -> list[Obj]:
+    """The objects of one kustomization under k8s/ (a fresh copy: tests may mutate it)."""
+    return copy.deepcopy(list(_render_cached(target)))
+
+
+# --- reading the rendered objects ---------------------------------------------------------
+
+
+def find(objs: list[Obj], kind: str, name: str) -> Obj:
+    matches = [o for o in objs if o["kind"] == kind and o["metadata"]["name"] == name]
+    assert len(matches) == 1, f"expected exactly one {kind}/{name}, found {len(matches)}"
+    return matches[0]
+
+
+def find_all(objs: list[Obj], kind: str) -> list[Obj]:
+    return [o for o in objs if o["kind"] == kind]
+
+
+def pod_templates(objs: list[Obj]) -> Iterator[tuple[Obj, Obj]]:
+    """(owner, pod template) for every workload that creates pods."""
+    for obj in objs:
+        if obj["kind"] in POD_OWNERS:
+            yield obj, obj["spec"]["template"]
+        elif obj["kind"] == "CronJob":
+            yield obj, obj["spec"]["jobTemplate"]["spec"]["template"]
+
+
+def containers(pod_spec: Obj) -> list[Obj]:
+    return [*pod_spec.get("initContainers", []), *pod_spec["containers"]]
+
+
+def worker_container(objs: list[Obj]) -> Obj:
+    container: Obj = find(objs, "Deployment", WORKER)["spec"]["template"]["spec"]["containers"][0]
+    return container
+
+
+def env_values(container: Obj, objs: list[Obj]) -> dict[str, str]:
+    """A container's literal environment: its ConfigMap envFrom entries, then its `value`s."""
+    values: dict[str, str] = {}
+    for source in container.get("envFrom", []):
+        config_map = find(objs, "ConfigMap", source["configMapRef"]["name"])
+        values.update(config_map["data"])
+    values.update({e["name"]: e["value"] for e in container.get("env", []) if "value" in e})
+    return values
+
+
+def study_spec(objs: list[Obj]) -> dict[str, Any]:
+    """The study the submit-study Job runs, read from the rendered ConfigMap."""
+    job = find(objs, "Job", "submit-study")
+    volumes = job["spec"]["template"]["spec"]["volumes"]
+    config_map_name = next(v["configMap"]["name"] for v in volumes if "configMap" in v)
+    spec_file = Path(job["spec"]["template"]["spec"]["containers"][0]["args"][1]).name
+    spec: dict[str, Any] = tomllib.loads(
+        find(objs, "ConfigMap", config_map_name)["data"][spec_file]
+    )
+    return spec
+
+
+def trial_hard_limit_s(objs: list[Obj]) -> int:
+    timeout_s = study_spec(objs)["trial"].get("timeout_s", DEFAULT_TRIAL_TIMEOUT_S)
+    return int(timeout_s) + TRIAL_GRACE_S
+
+
+def option(args: list[str], *names: str) -> str | None:
+    """The value of a command-line option given as `--name value` or `--name=value`."""
+    for index, arg in enumerate(args):
+        for name in names:
+            if arg == name and index + 1 < len(args):
+                return args[index + 1]
+            if arg.startswith(name + "="):
+                return arg.split("=", 1)[1]
+    return None
+
+
+def command_line(container: Obj) -> list[str]:
+    return [*container.get("command", []), *container.get("args", [])]
+
+
+def worker_queue(objs: list[Obj]) -> str:
+    queue = option(command_line(worker_container(objs)), "--queue", "-Q")
+    assert queue, "the worker's command line names no queue (--queue)"
+    return queue
+
+
+def triggers_by_name(scaled_object: Obj) -> dict[str, Obj]:
+    return {t["name"]: t for t in scaled_object["spec"]["triggers"]}
+
+
+def selector_matches(selector: Obj, labels: dict[str, str]) -> bool:
+    """Kubernetes label-selector semantics (matchLabels and matchExpressions)."""
+    if any(labels.get(k) != v for k, v in selector.get("matchLabels", {}).items()):
+        return False
+    for expression in selector.get("matchExpressions", []):
+        key, operator = expression["key"], expression["operator"]
+        values = expression.get("values", [])
+        ok = {
+            "In": key in labels and labels[key] in values,
+            "NotIn": key not in labels or labels[key] not in values,
+            "Exists": key in labels,
+            "DoesNotExist": key not in labels,
+        }[operator]
+        if not ok:
+            return False
+    return True
+
+
+def pod_labels(objs: list[Obj], kind: str, name: str) -> dict[str, str]:
+    labels: dict[str, str] = find(objs, kind, name)["spec"]["template"]["metadata"]["labels"]
+    return labels
+
+
+def allowed_peers(policy: Obj) -> list[Obj]:
+    return [peer for rule in policy["spec"].get("ingress", []) for peer in rule.get("from", [])]
+
+
+def may_reach(policy: Obj, labels: dict[str, str], namespace: str = NAMESPACE) -> bool:
+    """Whether a pod with these labels in this namespace is let in by the policy."""
+    for peer in allowed_peers(policy):
+        if "ipBlock" in peer:
+            return True
+        namespace_labels = {"kubernetes.io/metadata.name": namespace}
+        in_namespace = (
+            selector_matches(peer["namespaceSelector"], namespace_labels)
+            if "namespaceSelector" in peer
+            else namespace == NAMESPACE
+        )
+        if in_namespace and selector_matches(peer.get("podSelector", {}), labels):
+            return True
+    return False
+
+
+def policy_for(objs: list[Obj], workload: str) -> Obj:
+    labels = pod_labels(objs, "StatefulSet", workload)
+    policies = [
+        p
+        for p in find_all(objs, "NetworkPolicy")
+        if selector_matches(p["spec"]["podSelector"], labels)
+        and "Ingress" in p["spec"].get("policyTypes", ["Ingress"])
+    ]
+    assert len(policies) == 1, f"expected one ingress NetworkPolicy for {workload}"
+    return policies[0]
+
+
+# --- schema validation --------------------------------------------------------------------
+
+
+@cache
+def keda_validator(kind: str) -> jsonschema.protocols.Validator:
+    schema = json.loads((SCHEMAS / KEDA_SCHEMAS[kind]).read_text())
+    validator_class = jsonschema.validators.validator_for(schema)
+    validator_class.check_schema(schema)
+    return validator_class(schema)
+
+
+def validate_object(obj: Obj) -> str:
+    """Validate one object; return which schema set validated it."""
+    if obj["apiVersion"].split("/")[0] == "keda.sh":
+        assert obj["kind"] in KEDA_SCHEMAS, f"no vendored schema for KEDA kind {obj['kind']}"
+        keda_validator(obj["kind"]).validate(obj)
+        return "keda"
+    for version in KUBERNETES_VERSIONS:
+        try:
+            kubernetes_validate.validate(obj, version, strict=True)
+        except kubernetes_validate.ValidationError as error:
+            where = ".".join(str(p) for p in error.path)
+            pytest.fail(f"{obj['kind']}/{obj['metadata']['name']} @ {version}: {where}: {error}")
+        except kubernetes_validate.SchemaNotFoundError as error:
+            pytest.fail(f"no schema to validate {obj['kind']} against: {error.message}")
+    return "kubernetes"
+
+
+def validate_all(objs: list[Obj]) -> dict[str, int]:
+    counts = {"kubernetes": 0, "keda": 0}
+    for obj in objs:
+        counts[validate_object(obj)] += 1
+    return counts
+
+
+# --- every kustomization renders and validates -----------------------------------------------
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_renders_into_the_trialq_namespace(target: str) -> None:
+    objs = render(target)
+    assert find(objs, "Namespace", NAMESPACE)
+    for obj in objs:
+        if obj["kind"] != "Namespace":
+            assert obj["metadata"].get("namespace") == NAMESPACE, obj["metadata"]["name"]
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_every_object_validates_offline(target: str) -> None:
+    objs = render(target)
+    counts = validate_all(objs)
+    assert counts["kubernetes"] + counts["keda"] == len(objs)
+    assert counts["keda"] == 2, "expected the ScaledObject and its TriggerAuthentication"
+    print(
+        f"{target}: {len(objs)} objects validated: {counts['kubernetes']} with "
+        f"kubernetes-validate --strict against {', '.join(KUBERNETES_VERSIONS)}, "
+        f"{counts['keda']} KEDA objects against the vendored schemas"
+    )
+
+
+# Edits that a real KEDA would refuse: (where, field, value); value None removes the field.
+KEDA_MISTAKES = {
+    "metadata value not a string": (("spec", "triggers", 0, "metadata"), "listLength", 1),
+    "misspelt field": (("spec",), "cooldownPeriods", 300),
+    "HPA window over an hour": (
+        ("spec", "advanced", "horizontalPodAutoscalerConfig", "behavior", "scaleDown"),
+        "stabilizationWindowSeconds",
+        7200,
+    ),
+    "formula without target": (("spec", "advanced", "scalingModifiers"), "target", None),
+    "no scale target": (("spec",), "scaleTargetRef", None),
+}
+
+
+@pytest.mark.parametrize("mistake", KEDA_MISTAKES, ids=list(KEDA_MISTAKES))
+def test_vendored_keda_schema_rejects(mistake: str) -> None:
+    """The vendored KEDA schema is no rubber stamp: each of these edits fails it."""
+    path, field, value = KEDA_MISTAKES[mistake]
+    broken = find(render("base"), "ScaledObject", WORKER)
+    node: Any = broken
+    for step in path:
+        node = node[step]
+    if value is None:
+        del node[field]
+    else:
+        node[field] = value
+    with pytest.raises(jsonschema.ValidationError):
+        keda_validator("ScaledObject").validate(broken)
+
+
+def test_kubernetes_validation_rejects_mistakes() -> None:
+    worker = copy.deepcopy(find(render("base"), "Deployment", WORKER))
+    worker["spec"]["template"]["spec"]["terminationGracePeriod"] = 1920  # misspelt
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(worker, KUBERNETES_VERSIONS[0], strict=True)
+
+
+# --- GPUs, node pools and taints -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("target", ["base", *(f"overlays/{o}" for o in GPU_OVERLAYS)])
+def test_gpu_workers_request_one_gpu_and_tolerate_gpu_taints(target: str) -> None:
+    objs = render(target)
+    resources = worker_container(objs)["resources"]
+    assert str(resources["limits"]["nvidia.com/gpu"]) == "1"
+    assert str(resources.get("requests", {}).get("nvidia.com/gpu", "1")) == "1"
+    tolerations = find(objs, "Deployment", WORKER)["spec"]["template"]["spec"]["tolerations"]
+    assert {
+        "key": "nvidia.com/gpu",
+        "operator": "Exists",
+        "effect": "NoSchedule",
+    } in tolerations
+
+
+@pytest.mark.parametrize("overlay", GPU_OVERLAYS)
+def test_gpu_overlays_select_their_gpu_node_pool(overlay: str) -> None:
+    objs = render(f"overlays/{overlay}")
+    pod_spec = find(objs, "Deployment", WORKER)["spec"]["template"]["spec"]
+    selector = pod_spec.get("nodeSelector", {})
+    assert EXPECTED_NODE_SELECTORS[overlay] <= set(selector), selector
+    assert all(selector[key] for key in EXPECTED_NODE_SELECTORS[overlay])
+
+
+def test_base_leaves_node_selection_to_the_overlays() -> None:
+    pod_spec = find(render("base"), "Deployment", WORKER)["spec"]["template"]["spec"]
+    assert "nodeSelector" not in pod_spec
+
+
+def test_aks_tolerates_the_gpu_pool_taint() -> None:
+    pod_spec = find(render("overlays/aks"), "Deployment", WORKER)["spec"]["template"]["spec"]
+    sku_gpu = {"key": "sku", "operator": "Equal", "value": "gpu", "effect": "NoSchedule"}
+    assert sku_gpu in pod_spec["tolerations"]
+
+
+def test_cpu_overlay_needs_no_gpu() -> None:
+    objs = render("overlays/cpu")
+    for _, template in pod_templates(objs):
+        spec = template["spec"]
+        assert not any(t.get("key") == "nvidia.com/gpu" for t in spec.get("tolerations", []))
+        assert "nodeSelector" not in spec
+        for container in containers(spec):
+            for section in ("limits", "requests"):
+                assert "nvidia.com/gpu" not in container.get("resources", {}).get(section, {})
+    worker = worker_container(objs)
+    assert worker["image"].endswith("-cpu")
+    assert "TF_FORCE_GPU_ALLOW_GROWTH" not in env_values(worker, objs)
+
+
+# --- one trial per process; grace periods that outlast a trial ------------------------------
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_workers_run_one_trial_per_process_on_the_spec_queue(target: str) -> None:
+    objs = render(target)
+    args = command_line(worker_container(objs))
+    assert args[:2] == ["trialq", "worker"]
+    assert option(args, "--concurrency", "-c") == "1"
+    assert option(args, "--max-tasks-per-child") in (None, "1")
+    assert worker_queue(objs) == study_spec(objs)["trial"].get("queue", "gpu")
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_grace_period_outlasts_the_trial_hard_limit(target: str) -> None:
+    objs = render(target)
+    grace = find(objs, "Deployment", WORKER)["spec"]["template"]["spec"][
+        "terminationGracePeriodSeconds"
+    ]
+    hard_limit = trial_hard_limit_s(objs)
+    assert grace >= hard_limit + SHUTDOWN_MARGIN_S, (grace, hard_limit)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_visibility_timeout_outlasts_the_worker_grace_period(target: str) -> None:
+    """Redis redelivers an unacknowledged trial older than this, even a running one."""
+    objs = render(target)
+    grace = find(objs, "Deployment", WORKER)["spec"]["template"]["spec"][
+        "terminationGracePeriodSeconds"
+    ]
+    for _, template in pod_templates(objs):
+        for container in template["spec"]["containers"]:
+            env = env_values(container, objs)
+            if "TRIALQ_BROKER_URL" in env:
+                visibility = int(env.get("TRIALQ_VISIBILITY_TIMEOUT_S", 43200))
+                assert visibility > max(grace, trial_hard_limit_s(objs))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_worker_probes_read_the_heartbeat(target: str) -> None:
+    worker = worker_container(render(target))
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert worker[probe]["exec"]["command"][:2] == ["trialq", "health"], probe
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_worker_writes_only_to_empty_dirs(target: str) -> None:
+    objs = render(target)
+    pod_spec = find(objs, "Deployment", WORKER)["spec"]["template"]["spec"]
+    worker = pod_spec["containers"][0]
+    assert worker["securityContext"]["readOnlyRootFilesystem"] is True
+    empty_dirs = {v["name"] for v in pod_spec["volumes"] if "emptyDir" in v}
+    mounted = {m["mountPath"]: m["name"] for m in worker["volumeMounts"]}
+    home = env_values(worker, objs)["HOME"]
+    for path in ("/tmp", home):
+        assert mounted.get(path) in empty_dirs, f"{path} is not an emptyDir mount"
+
+
+def test_study_spec_leaves_storage_to_the_environment() -> None:
+    """A spec `storage` would beat TRIALQ_STORAGE and put the study in the pod's SQLite."""
+    assert "storage" not in study_spec(render("base"))["study"]
+
+
+# --- autoscaling: the queue the workers consume, scale-down that keeps running trials ------
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_scaled_object_watches_the_worker_queue(target: str) -> None:
+    objs = render(target)
+    scaled_object = find(objs, "ScaledObject", WORKER)
+    assert scaled_object["spec"]["scaleTargetRef"]["name"] == WORKER
+    assert scaled_object["spec"]["scaleTargetRef"].get("kind", "Deployment") == "Deployment"
+    queued = triggers_by_name(scaled_object)["queued"]
+    assert queued["type"] == "redis"
+    assert queued["metadata"]["listName"] == worker_queue(objs)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_scaler_reads_the_brokers_redis(target: str) -> None:
+    objs = render(target)
+    broker = urlsplit(env_values(worker_container(objs), objs)["TRIALQ_BROKER_URL"])
+    redis_service = find(objs, "Service", broker.hostname or "")
+    expected_host = f"{redis_service['metadata']['name']}.{redis_service['metadata']['namespace']}"
+    broker_db = broker.path.strip("/") or "0"
+    for trigger in find(objs, "ScaledObject", WORKER)["spec"]["triggers"]:
+        host, _, port = trigger["metadata"]["address"].rpartition(":")
+        assert host in (f"{expected_host}.svc", f"{expected_host}.svc.cluster.local"), host
+        assert int(port) == broker.port == redis_service["spec"]["ports"][0]["port"]
+        assert trigger["metadata"].get("databaseIndex", "0") == broker_db
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_scaler_authenticates_with_the_redis_password_secret(target: str) -> None:
+    objs = render(target)
+    redis = find(objs, "StatefulSet", "redis")["spec"]["template"]["spec"]["containers"][0]
+    password_ref = next(e for e in redis["env"] if e["name"] == "REDIS_PASSWORD")
+    secret_ref = password_ref["valueFrom"]["secretKeyRef"]
+    for trigger in find(objs, "ScaledObject", WORKER)["spec"]["triggers"]:
+        assert not {"password", "passwordFromEnv"} & set(trigger["metadata"])
+        auth = find(objs, "TriggerAuthentication", trigger["authenticationRef"]["name"])
+        refs = {r["parameter"]: r for r in auth["spec"]["secretTargetRef"]}
+        assert (refs["password"]["name"], refs["password"]["key"]) == (
+            secret_ref["name"],
+            secret_ref["key"],
+        )
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_scale_down_counts_running_trials(target: str) -> None:
+    """The queue list misses running trials; the wanted workers are queued + running."""
+    scaled_object = find(render(target), "ScaledObject", WORKER)
+    spec = scaled_object["spec"]
+    triggers = triggers_by_name(scaled_object)
+    assert triggers["running"]["type"] == "redis"
+    assert triggers["running"]["metadata"]["listName"] == "unacked"  # kombu's in-flight hash
+    modifiers = spec["advanced"]["scalingModifiers"]
+    terms = [term.strip() for term in modifiers["formula"].split("+")]
+    assert sorted(terms) == ["queued", "running"], modifiers["formula"]
+    assert float(modifiers["target"]) == 1.0  # one trial a worker
+    assert modifiers.get("metricType", "AverageValue") == "AverageValue"
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_autoscaling_bounds_and_scale_down_pace(target: str) -> None:
+    spec = find(render(target), "ScaledObject", WORKER)["spec"]
+    assert spec["minReplicaCount"] == 0, "idle GPUs should scale to zero"
+    assert spec["maxReplicaCount"] >= 1
+    scale_down = spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]["scaleDown"]
+    assert 300 <= scale_down["stabilizationWindowSeconds"] <= 3600
+    assert spec["cooldownPeriod"] >= 300
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_worker_replicas_are_left_to_the_autoscaler(target: str) -> None:
+    """A `replicas` field would reset KEDA's choice on every `kubectl apply`."""
+    assert "replicas" not in find(render(target), "Deployment", WORKER)["spec"]
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_node_autoscalers_leave_workers_alone(target: str) -> None:
+    objs = render(target)
+    worker = find(objs, "Deployment", WORKER)
+    annotations = worker["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["karpenter.sh/do-not-disrupt"] == "true"
+    assert annotations["cluster-autoscaler.kubernetes.io/safe-to-evict"] == "false"
+    labels = worker["spec"]["template"]["metadata"]["labels"]
+    budgets = [
+        b
+        for b in find_all(objs, "PodDisruptionBudget")
+        if selector_matches(b["spec"]["selector"], labels)
+    ]
+    assert len(budgets) == 1, "expected one PodDisruptionBudget over the workers"
+
+
+# --- secrets, images, pod security ------------------------------------------------------------
+
+
+def assert_no_inline_credentials(where: str, value: str, secret_env: set[str]) -> None:
+    """A URL in a value may carry a password only as $(VAR) of an env var from a Secret."""
+    for url in re.findall(r"[a-z][a-z0-9+.-]*://\S+", value):
+        password = urlsplit(url).password
+        if password is None:
+            continue
+        reference = ENV_REFERENCE.match(password)
+        assert reference, f"{where}: a literal password in {url.split('@')[-1]!r}"
+        assert reference.group(1) in secret_env, f"{where}: $({reference.group(1)}) not a Secret"
+
+
+def check_container_secrets(where: str, container: Obj) -> None:
+    secret_env: set[str] = set()
+    for entry in container.get("env", []):
+        name = entry["name"]
+        if re.search(r"PASSWORD|SECRET|TOKEN|AUTH", name) or name.endswith("_KEY"):
+            assert "secretKeyRef" in entry.get("valueFrom", {}), f"{where}: {name} not a Secret"
+        if "value" in entry:
+            assert_no_inline_credentials(f"{where} env {name}", entry["value"], secret_env)
+        if "secretKeyRef" in entry.get("valueFrom", {}):
+            secret_env.add(name)  # only variables defined earlier can be referenced
+    for arg in command_line(container):
+        assert_no_inline_credentials(f"{where} args", arg, secret_env)
+        assert not re.search(r"--requirepass\s+(?!\$)", arg), f"{where}: password on argv"
+
+
+def check_secrets(objs: list[Obj]) -> None:
+    assert not find_all(objs, "Secret"), "Secrets are created by the operator, not shipped"
+    for owner, template in pod_templates(objs):
+        for container in containers(template["spec"]):
+            check_container_secrets(f"{owner['metadata']['name']}/{container['name']}", container)
+    for config_map in find_all(objs, "ConfigMap"):
+        where = f"ConfigMap {config_map['metadata']['name']}"
+        for key, value in config_map.get("data", {}).items():
+            assert_no_inline_credentials(f"{where} {key}", value, set())
+            assert not re.search(r"^\s*requirepass\s+\S", value, re.M), f"{where}: requirepass"
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_secrets_are_referenced_not_inlined(target: str) -> None:
+    check_secrets(render(target))
+
+
+def test_secret_check_catches_an_inlined_password() -> None:
+    objs = render("base")
+    env = worker_container(objs)["env"]
+    next(e for e in env if e["name"] == "TRIALQ_BROKER_URL")["value"] = (
+        "redis://:hunter2@redis:6379/0"
+    )
+    with pytest.raises(AssertionError, match="literal password"):
+        check_secrets(objs)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_images_are_pinned_to_a_version(target: str) -> None:
+    for _, template in pod_templates(render(target)):
+        for container in containers(template["spec"]):
+            image = container["image"]
+            assert not image.endswith(":latest"), image
+            assert "@sha256:" in image or PINNED_TAG.search(image), f"{image} has no version tag"
+            if "trialq" in image:
+                assert image.split(":")[-1].startswith("0.1.0"), image
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_pods_run_as_non_root_without_privileges(target: str) -> None:
+    for owner, template in pod_templates(render(target)):
+        pod_context = template["spec"].get("securityContext", {})
+        assert pod_context.get("seccompProfile", {}).get("type") == "RuntimeDefault"
+        for container in containers(template["spec"]):
+            where = f"{owner['metadata']['name']}/{container['name']}"
+            context = {**pod_context, **container.get("securityContext", {})}
+            assert context.get("runAsNonRoot") is True, where
+            assert isinstance(context.get("runAsUser"), int), f"{where}: no runAsUser"
+            assert context["runAsUser"] != 0, where
+            assert context.get("allowPrivilegeEscalation") is False, where
+            assert context.get("readOnlyRootFilesystem") is True, where
+            assert context.get("capabilities", {}).get("drop") == ["ALL"], where
+
+
+# --- Redis, PostgreSQL and who may reach them ------------------------------------------------
+
+
+def test_redis_is_persistent_password_protected_and_never_evicts() -> None:
+    objs = render("base")
+    config = find(objs, "ConfigMap", "redis-config")["data"]["redis.conf"]
+    settings = dict(
+        line.split(None, 1)
+        for line in config.splitlines()
+        if line.strip() and not line.startswith("#")
+    )
+    assert settings["appendonly"] == "yes"
+    assert settings["maxmemory-policy"] == "noeviction"
+    assert "include" in settings, "the password file written from the Secret is not included"
+    redis = find(objs, "StatefulSet", "redis")
+    assert [t["metadata"]["name"] for t in redis["spec"]["volumeClaimTemplates"]] == ["data"]
+    assert find(objs, "Service", "redis")["spec"].get("type", "ClusterIP") == "ClusterIP"
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_network_policy_lets_only_trialq_and_keda_reach_redis(target: str) -> None:
+    objs = render(target)
+    policy = policy_for(objs, "redis")
+    assert may_reach(policy, pod_labels(objs, "Deployment", WORKER))
+    assert may_reach(policy, pod_labels(objs, "Job", "submit-study"))
+    assert may_reach(policy, pod_labels(objs, "Deployment", "optuna-dashboard"))
+    assert may_reach(policy, {"app": "keda-operator"}, namespace="keda")
+    assert not may_reach(policy, {"app": "something-else"})
+    assert not may_reach(policy, pod_labels(objs, "Deployment", WORKER), namespace="default")
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_network_policy_keeps_workers_off_postgres(target: str) -> None:
+    objs = render(target)
+    policy = policy_for(objs, "postgres")
+    assert may_reach(policy, pod_labels(objs, "Job", "submit-study"))
+    assert may_reach(policy, pod_labels(objs, "Deployment", "optuna-dashboard"))
+    assert not may_reach(policy, pod_labels(objs, "Deployment", WORKER))
+    assert not may_reach(policy, {"app": "keda-operator"}, namespace="keda")
+
+
+# --- the external-database component ---------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def external_db_objs(tmp_path_factory: pytest.TempPathFactory) -> list[Obj]:
+    """The GKE overlay with the external-postgres component, rendered from a copy of k8s/."""
+    root = tmp_path_factory.mktemp("k8s") / "k8s"
+    shutil.copytree(K8S, root)
+    overlay = root / "overlays" / "gke-external-db"
+    overlay.mkdir()
+    (overlay / "kustomization.yaml").write_text(
+        "resources: [../gke]\ncomponents: [../../components/external-postgres]\n"
+    )
+    return render_dir(overlay)
+
+
+def test_external_postgres_component_reads_the_storage_url_from_the_secret(
+    external_db_objs: list[Obj],
+) -> None:
+    objs = external_db_objs
+    assert not [o for o in objs if o["metadata"]["name"].startswith("postgres")]
+    for kind, name in (("Job", "submit-study"), ("Deployment", "optuna-dashboard")):
+        env = find(objs, kind, name)["spec"]["template"]["spec"]["containers"][0]["env"]
+        storage = next(e for e in env if e["name"] == "TRIALQ_STORAGE")
+        assert "value" not in storage
+        assert storage["valueFrom"]["secretKeyRef"] == {"name": SECRET, "key": "storage-url"}
+    check_secrets(objs)
+    assert sum(validate_all(objs).values()) == len(objs)
