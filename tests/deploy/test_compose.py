@@ -294,13 +294,27 @@ def test_dockerfile_base_images_are_pinned() -> None:
 
 
 def test_start_order_waits_for_health(services: dict[str, Any]) -> None:
+    """Long-running services are waited for until healthy, one-shot ones until they succeed."""
     for name, service in services.items():
         for dependency, condition in service.get("depends_on", {}).items():
-            assert condition["condition"] == "service_healthy", f"{name} -> {dependency}"
-            assert _has_healthcheck(services[dependency], dependency), f"{dependency} has no health check"
-    assert set(services["driver"]["depends_on"]) >= {"redis", "postgres", "worker-gpu0"}
+            if services[dependency].get("restart") == "no":
+                assert condition["condition"] == "service_completed_successfully", name
+            else:
+                assert condition["condition"] == "service_healthy", f"{name} -> {dependency}"
+                assert _has_healthcheck(services[dependency], dependency), dependency
+    assert set(services["driver"]["depends_on"]) == {"redis", "storage-init", "worker-gpu0"}
     assert set(services["worker-gpu0"]["depends_on"]) == {"redis"}
-    assert set(services[DASHBOARD]["depends_on"]) == {"postgres"}
+    assert set(services[DASHBOARD]["depends_on"]) == {"storage-init"}
+    assert set(services["storage-init"]["depends_on"]) == {"postgres"}
+
+
+def test_storage_schema_is_created_before_the_dashboard_opens_it(services: dict[str, Any]) -> None:
+    """optuna-dashboard opens an RDB storage with skip_table_creation=True."""
+    script = shell_words(services["storage-init"]["command"])[-1]
+    assert "RDBStorage(" in script
+    assert services["storage-init"]["environment"]["TRIALQ_STORAGE"] == (
+        services[DASHBOARD]["environment"]["TRIALQ_STORAGE"]
+    )
 
 
 def _has_healthcheck(service: dict[str, Any], name: str) -> bool:
