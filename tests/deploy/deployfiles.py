@@ -58,10 +58,14 @@ _ComposeLoader.add_constructor("!override", _override)
 def load_yaml(path: Path) -> Any:
     """A Compose file as Python data (anchors and `<<` merge keys resolved by YAML)."""
     with path.open(encoding="utf-8") as handle:
-        return yaml.load(handle, Loader=_ComposeLoader)  # noqa: S506 - a SafeLoader subclass
+        return yaml.load(handle, Loader=_ComposeLoader)  # a SafeLoader subclass
 
 
-_VARIABLE = re.compile(r"\$(?:\$|\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?P<op>:?[-?])?(?P<arg>[^}]*)\}|(?P<bare>[A-Za-z_][A-Za-z0-9_]*))")
+_VARIABLE = re.compile(
+    r"\$(?:\$"  # $$, an escaped dollar
+    r"|\{(?P<name>[A-Za-z_]\w*)(?P<op>:?[-?])?(?P<arg>[^}]*)\}"  # ${NAME}, ${NAME:-x}, ${NAME:?x}
+    r"|(?P<bare>[A-Za-z_]\w*))"  # $NAME
+)
 
 
 def interpolate(value: Any, env: dict[str, str]) -> Any:

