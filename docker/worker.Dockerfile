@@ -1,0 +1,59 @@
+# syntax=docker/dockerfile:1
+#
+# trialq worker: one Celery worker per GPU, one OS process per trial.
+# Build from the repository root (compose.yaml does this for you):
+#   docker build -f docker/worker.Dockerfile -t trialq-worker:0.1.0 .
+# CPU variant for machines without a GPU (what compose.cpu.yaml builds):
+#   docker build -f docker/worker.Dockerfile -t trialq-worker-cpu:0.1.0 \
+#     --build-arg BASE_IMAGE=python:3.11.13-slim-bookworm --build-arg TRIALQ_EXTRA=cpu .
+
+# The official TensorFlow GPU image: CUDA and cuDNN user-space libraries matched to this
+# TensorFlow; the driver itself comes from the host through the NVIDIA container toolkit.
+ARG BASE_IMAGE=tensorflow/tensorflow:2.21.0-gpu
+FROM ${BASE_IMAGE}
+
+# "tf" on the TensorFlow base: pip finds TensorFlow already there and keeps it.
+# "cpu" on a plain Python base: installs tensorflow-cpu instead.
+ARG TRIALQ_EXTRA=tf
+
+LABEL org.opencontainers.image.title="trialq-worker" \
+      org.opencontainers.image.description="trialq GPU worker: one trial per OS process" \
+      org.opencontainers.image.licenses="Apache-2.0"
+
+# PIP_BREAK_SYSTEM_PACKAGES: the base image's Python is the container's only Python; a
+# virtualenv on top would hide the TensorFlow the base image ships (and its CUDA libraries).
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_BREAK_SYSTEM_PACKAGES=1 \
+    TF_FORCE_GPU_ALLOW_GROWTH=true \
+    TF_CPP_MIN_LOG_LEVEL=1
+
+# 1) Dependencies, from pyproject.toml alone: this layer (and TensorFlow) stays cached while
+#    only the code under src/ changes.
+COPY pyproject.toml docker/requirements-from-pyproject.py /tmp/trialq-build/
+RUN python3 /tmp/trialq-build/requirements-from-pyproject.py \
+        /tmp/trialq-build/pyproject.toml "${TRIALQ_EXTRA}" > /tmp/trialq-build/requirements.txt \
+    && python3 -m pip install --no-cache-dir -r /tmp/trialq-build/requirements.txt
+
+# 2) The package itself, without touching the dependencies installed above.
+COPY README.md /tmp/trialq-build/
+COPY src/ /tmp/trialq-build/src/
+RUN python3 -m pip install --no-cache-dir --no-deps /tmp/trialq-build \
+    && rm -rf /tmp/trialq-build
+
+# A non-root user with a home for Keras' cache (~/.keras). No fixed UID 1000: some bases
+# already have a user there.
+RUN useradd --create-home --uid 10001 --user-group --shell /usr/sbin/nologin trialq
+USER 10001:10001
+WORKDIR /home/trialq
+
+# Healthy while this host's worker refreshes its heartbeat key in Redis (TTL 20 s by default).
+HEALTHCHECK --interval=30s --timeout=10s --start-period=60s --retries=3 \
+    CMD ["trialq", "health"]
+
+# No ENTRYPOINT from the base image: the command below is the whole command line.
+ENTRYPOINT []
+# Concurrency 1: one trial at a time on this container's GPU. Max tasks per child 1: every
+# trial runs in a fresh process, whose exit returns all its GPU and host memory.
+CMD ["trialq", "worker", "--queue", "gpu", "--concurrency", "1", "--max-tasks-per-child", "1"]

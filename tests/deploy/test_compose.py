@@ -1,0 +1,440 @@
+"""The Compose cluster (compose.yaml, compose.cpu.yaml) against the design in docker/README.md.
+
+No Docker engine is needed: the files are read as data, validated against the vendored
+Compose schema, and, where a Compose v2 client exists, rendered by `docker compose config`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+
+from .deployfiles import (
+    COMPOSE_FILE,
+    CPU_OVERRIDE_FILE,
+    REPO_ROOT,
+    TEST_ENV,
+    compose_cli,
+    compose_model,
+    dockerfile_instructions,
+    find_tool,
+    interpolate,
+    load_yaml,
+    shell_words,
+)
+
+SCHEMA_FILE = Path(__file__).with_name("compose-spec.json")
+WORKER_DOCKERFILE = REPO_ROOT / "docker" / "worker.Dockerfile"
+DASHBOARD = "dashboard"
+# A trial's hard limit with the spec's default timeout_s (3600) and the 60 s grace.
+DEFAULT_TRIAL_HARD_LIMIT_S = 3600 + 60
+
+
+@pytest.fixture(scope="module")
+def model() -> dict[str, Any]:
+    return compose_model(COMPOSE_FILE)
+
+
+@pytest.fixture(scope="module")
+def services(model: dict[str, Any]) -> dict[str, Any]:
+    return model["services"]
+
+
+@pytest.fixture(scope="module")
+def workers(services: dict[str, Any]) -> dict[str, Any]:
+    found = {name: svc for name, svc in services.items() if name.startswith("worker-")}
+    assert found, "compose.yaml defines no worker-* service"
+    return found
+
+
+def _validate(instance: Any) -> None:
+    schema = json.loads(SCHEMA_FILE.read_text(encoding="utf-8"))
+    jsonschema.Draft7Validator(schema).validate(instance)
+
+
+def _published_ports(service: dict[str, Any]) -> list[dict[str, str]]:
+    """Each published port as {'host_ip', 'published', 'target'} (short or long syntax)."""
+    ports = []
+    for entry in service.get("ports", []):
+        if isinstance(entry, dict):
+            ports.append(
+                {
+                    "host_ip": entry.get("host_ip", ""),
+                    "published": str(entry.get("published", "")),
+                    "target": str(entry["target"]),
+                }
+            )
+            continue
+        parts = str(entry).split(":")
+        host_ip = parts[0] if len(parts) == 3 else ""
+        ports.append(
+            {
+                "host_ip": host_ip,
+                "published": parts[-2] if len(parts) > 1 else "",
+                "target": parts[-1],
+            }
+        )
+    return ports
+
+
+def _duration_s(text: str) -> float:
+    units = {"h": 3600, "m": 60, "s": 1, "ms": 0.001, "us": 1e-6}
+    parts = re.findall(r"(\d+(?:\.\d+)?)(ms|us|h|m|s)", text)
+    assert parts and "".join(n + u for n, u in parts) == text, f"not a duration: {text!r}"
+    return sum(float(number) * units[unit] for number, unit in parts)
+
+
+# --- the files are valid Compose -------------------------------------------------------------
+
+
+def test_compose_file_matches_the_compose_schema() -> None:
+    _validate(load_yaml(COMPOSE_FILE))
+
+
+def test_cpu_override_merged_matches_the_compose_schema() -> None:
+    _validate(compose_model(COMPOSE_FILE, CPU_OVERRIDE_FILE))
+
+
+def test_schema_rejects_a_broken_device_reservation() -> None:
+    """The validation can fail: a device reservation with a typo is refused."""
+    broken = load_yaml(COMPOSE_FILE)
+    device = broken["services"]["worker-gpu0"]["deploy"]["resources"]["reservations"]["devices"][0]
+    device["capability"] = device.pop("capabilities")
+    with pytest.raises(jsonschema.ValidationError):
+        _validate(broken)
+
+
+# --- GPU workers -----------------------------------------------------------------------------
+
+
+def test_every_worker_reserves_its_own_nvidia_gpu(workers: dict[str, Any]) -> None:
+    seen_ids: list[str] = []
+    for name, worker in workers.items():
+        devices = worker["deploy"]["resources"]["reservations"]["devices"]
+        assert len(devices) == 1, name
+        device = devices[0]
+        assert device["driver"] == "nvidia", name
+        assert device["capabilities"] == ["gpu"], name
+        assert "count" not in device, f"{name}: count and device_ids exclude each other"
+        assert [str(i) for i in device["device_ids"]] == [name.removeprefix("worker-gpu")], name
+        seen_ids.extend(str(i) for i in device["device_ids"])
+    assert len(seen_ids) == len(set(seen_ids)), f"two workers share a GPU: {seen_ids}"
+
+
+def test_first_worker_starts_by_default_and_others_are_opt_in(workers: dict[str, Any]) -> None:
+    assert "profiles" not in workers["worker-gpu0"]
+    for name, worker in workers.items():
+        if name != "worker-gpu0":
+            assert worker.get("profiles") == [name.removeprefix("worker-")], name
+
+
+def test_worker_command_runs_one_trial_per_process(workers: dict[str, Any]) -> None:
+    for name, worker in workers.items():
+        words = shell_words(worker["command"])
+        assert words[:2] == ["trialq", "worker"], name
+        pairs = dict(zip(words[2::2], words[3::2], strict=True))
+        assert pairs["--concurrency"] == "1", name
+        assert pairs["--max-tasks-per-child"] == "1", name
+        assert pairs["--queue"] == "gpu", name
+
+
+def test_worker_command_is_the_image_cmd(workers: dict[str, Any]) -> None:
+    cmd = [args for keyword, args in dockerfile_instructions(WORKER_DOCKERFILE) if keyword == "CMD"]
+    assert cmd, "worker.Dockerfile has no CMD"
+    for name, worker in workers.items():
+        assert shell_words(worker["command"]) == json.loads(cmd[-1]), name
+
+
+def test_worker_environment(workers: dict[str, Any]) -> None:
+    password = TEST_ENV["REDIS_PASSWORD"]
+    for name, worker in workers.items():
+        env = worker["environment"]
+        assert env["TF_FORCE_GPU_ALLOW_GROWTH"] == "true", name
+        assert env["TRIALQ_BROKER_URL"] == f"redis://:{password}@redis:6379/0", name
+        assert "TRIALQ_STORAGE" not in env, f"{name}: workers talk only to Redis"
+
+
+def test_workers_are_kept_off_the_storage_network(
+    services: dict[str, Any], workers: dict[str, Any]
+) -> None:
+    storage_networks = set(services["postgres"]["networks"])
+    for name, worker in workers.items():
+        assert not storage_networks & set(worker["networks"]), name
+
+
+def test_worker_stop_grace_outlasts_a_trial_hard_limit(workers: dict[str, Any]) -> None:
+    for name, worker in workers.items():
+        assert _duration_s(worker["stop_grace_period"]) > DEFAULT_TRIAL_HARD_LIMIT_S, name
+
+
+def test_workers_run_without_capabilities(workers: dict[str, Any]) -> None:
+    for name, worker in workers.items():
+        assert worker["cap_drop"] == ["ALL"], name
+        assert "no-new-privileges:true" in worker["security_opt"], name
+
+
+# --- Redis -----------------------------------------------------------------------------------
+
+
+def _redis_config_lines(services: dict[str, Any]) -> list[str]:
+    """The redis.conf the service feeds redis-server on stdin (its heredoc)."""
+    script = shell_words(services["redis"]["command"])[-1]
+    assert "redis-server -" in script, "redis-server must read its configuration from stdin"
+    body = script.split("<<EOF", 1)[1].rsplit("EOF", 1)[0]
+    return [line.strip() for line in body.strip().splitlines()]
+
+
+def test_redis_has_password_persistence_and_noeviction(services: dict[str, Any]) -> None:
+    config = dict(line.split(" ", 1) for line in _redis_config_lines(services))
+    assert config["requirepass"] == "$REDIS_PASSWORD"
+    assert config["appendonly"] == "yes"
+    assert config["maxmemory-policy"] == "noeviction"
+    assert config["dir"] == "/data"
+    volumes = services["redis"]["volumes"]
+    assert any(str(v).endswith(":/data") for v in volumes), "AOF must live on a volume"
+    assert services["redis"]["environment"]["REDIS_PASSWORD"] == TEST_ENV["REDIS_PASSWORD"]
+
+
+def test_redis_password_never_appears_on_a_command_line(services: dict[str, Any]) -> None:
+    for name, service in services.items():
+        for key in ("command", "entrypoint"):
+            if key in service:
+                words = " ".join(shell_words(service[key]))
+                assert TEST_ENV["REDIS_PASSWORD"] not in words, f"{name}.{key}"
+                assert TEST_ENV["POSTGRES_PASSWORD"] not in words, f"{name}.{key}"
+
+
+def test_passwords_have_no_default() -> None:
+    """Without .env, Compose must refuse to start rather than run with a known password."""
+    for variable in TEST_ENV:
+        env = {k: v for k, v in TEST_ENV.items() if k != variable}
+        with pytest.raises(KeyError, match=variable):
+            compose_model(COMPOSE_FILE, env=env)
+        with pytest.raises(KeyError, match=variable):
+            compose_model(COMPOSE_FILE, env={**env, variable: ""})
+
+
+def test_env_example_ships_no_secret() -> None:
+    values = dict(
+        line.split("=", 1)
+        for line in (REPO_ROOT / ".env.example").read_text(encoding="utf-8").splitlines()
+        if line and not line.startswith("#")
+    )
+    assert values == {"REDIS_PASSWORD": "", "POSTGRES_PASSWORD": ""}
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_redis_command_runs_and_enforces_its_config(
+    services: dict[str, Any], tmp_path: Path
+) -> None:
+    """The service's own shell command, run here on a free port with a temporary data dir."""
+    if find_tool("redis-server") is None:
+        pytest.skip("redis-server not installed")
+    redis = pytest.importorskip("redis")
+    script = shell_words(services["redis"]["command"])[-1]
+    port = _free_port()
+    script = script.replace("dir /data", f"dir {tmp_path}\nport {port}\nbind 127.0.0.1")
+    env = {**os.environ, "REDIS_PASSWORD": "local-test-pw", "REDIS_MAXMEMORY": "32mb"}
+    server = subprocess.Popen(["sh", "-c", script], env=env, stdout=subprocess.DEVNULL)
+    try:
+        client = redis.Redis(port=port, password="local-test-pw")
+        for _ in range(50):
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                time.sleep(0.1)
+        assert client.config_get("appendonly") == {"appendonly": "yes"}
+        assert client.config_get("maxmemory-policy") == {"maxmemory-policy": "noeviction"}
+        with pytest.raises(redis.AuthenticationError):
+            redis.Redis(port=port).ping()
+        argv = Path(f"/proc/{server.pid}/cmdline").read_bytes()
+        assert b"local-test-pw" not in argv
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+
+
+# --- exposure, images, start order -----------------------------------------------------------
+
+
+def test_only_the_dashboard_listens_beyond_the_host(services: dict[str, Any]) -> None:
+    assert [p["host_ip"] for p in _published_ports(services[DASHBOARD])] == ["0.0.0.0"]
+    for name, service in services.items():
+        if name == DASHBOARD:
+            continue
+        for port in _published_ports(service):
+            assert port["host_ip"] == "127.0.0.1", f"{name} publishes {port} beyond loopback"
+
+
+def test_flower_is_on_loopback(services: dict[str, Any]) -> None:
+    ports = _published_ports(services["flower"])
+    assert ports and all(p["host_ip"] == "127.0.0.1" for p in ports)
+    assert "flower" in shell_words(services["flower"]["command"])
+
+
+def test_every_image_is_pinned_by_version(model: dict[str, Any]) -> None:
+    for name, service in model["services"].items():
+        image = service.get("image")
+        assert image, f"{name} has no image name (an untagged build)"
+        repository, _, tag = image.rpartition(":")
+        assert repository and "/" not in tag, f"{name}: {image} has no tag"
+        assert tag != "latest" and re.search(r"\d", tag), f"{name}: {image} is not pinned"
+
+
+def test_dockerfile_base_images_are_pinned() -> None:
+    for dockerfile in (REPO_ROOT / "docker").glob("*.Dockerfile"):
+        defaults = {}
+        for keyword, args in dockerfile_instructions(dockerfile):
+            if keyword == "ARG" and "=" in args:
+                name, value = args.split("=", 1)
+                defaults[name] = value
+            if keyword == "FROM":
+                image = interpolate(args.split()[0], defaults)
+                assert re.search(r":[^:/]*\d", image), f"{dockerfile.name}: FROM {image}"
+                assert not image.endswith(":latest"), f"{dockerfile.name}: FROM {image}"
+
+
+def test_start_order_waits_for_health(services: dict[str, Any]) -> None:
+    """Long-running services are waited for until healthy, one-shot ones until they succeed."""
+    for name, service in services.items():
+        for dependency, condition in service.get("depends_on", {}).items():
+            if services[dependency].get("restart") == "no":
+                assert condition["condition"] == "service_completed_successfully", name
+            else:
+                assert condition["condition"] == "service_healthy", f"{name} -> {dependency}"
+                assert _has_healthcheck(services[dependency], dependency), dependency
+    assert set(services["driver"]["depends_on"]) == {"redis", "storage-init", "worker-gpu0"}
+    assert set(services["worker-gpu0"]["depends_on"]) == {"redis"}
+    assert set(services[DASHBOARD]["depends_on"]) == {"storage-init"}
+    assert set(services["storage-init"]["depends_on"]) == {"postgres"}
+
+
+def test_storage_schema_is_created_before_the_dashboard_opens_it(services: dict[str, Any]) -> None:
+    """optuna-dashboard opens an RDB storage with skip_table_creation=True."""
+    script = shell_words(services["storage-init"]["command"])[-1]
+    assert "RDBStorage(" in script
+    assert (
+        services["storage-init"]["environment"]["TRIALQ_STORAGE"]
+        == (services[DASHBOARD]["environment"]["TRIALQ_STORAGE"])
+    )
+
+
+def _has_healthcheck(service: dict[str, Any], name: str) -> bool:
+    if "healthcheck" in service:
+        return not service["healthcheck"].get("disable", False)
+    if name.startswith("worker-"):  # the worker image's HEALTHCHECK
+        keywords = [k for k, _ in dockerfile_instructions(WORKER_DOCKERFILE)]
+        return "HEALTHCHECK" in keywords
+    return False
+
+
+def test_driver_is_one_shot_under_a_profile(services: dict[str, Any]) -> None:
+    driver = services["driver"]
+    assert driver["profiles"] == ["driver"]
+    assert driver["restart"] == "no"
+    assert shell_words(driver["command"])[0] == "submit-study"
+    assert driver["environment"]["TRIALQ_STORAGE"].startswith("postgresql+psycopg2://trialq:")
+    assert driver["image"].startswith("trialq-driver:")
+
+
+def test_postgres_keeps_the_study_on_a_volume(model: dict[str, Any]) -> None:
+    postgres = model["services"]["postgres"]
+    assert any(str(v).endswith(":/var/lib/postgresql/data") for v in postgres["volumes"])
+    assert "postgres-data" in model["volumes"]
+
+
+# --- the CPU override ------------------------------------------------------------------------
+
+
+def test_cpu_override_removes_every_gpu_reservation() -> None:
+    merged = compose_model(COMPOSE_FILE, CPU_OVERRIDE_FILE)
+    gpu_workers = [n for n in compose_model(COMPOSE_FILE)["services"] if n.startswith("worker-")]
+    for name in gpu_workers:
+        worker = merged["services"][name]
+        assert "deploy" not in worker, f"{name} keeps its GPU reservation"
+        assert worker["build"]["args"]["TRIALQ_EXTRA"] == "cpu", name
+        assert "tensorflow" not in worker["build"]["args"]["BASE_IMAGE"], name
+        assert worker["image"] != compose_model(COMPOSE_FILE)["services"][name]["image"], (
+            f"{name}: the CPU build must not overwrite the GPU image's tag"
+        )
+
+
+# --- docker compose itself (client only) -----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def compose() -> list[str]:
+    command = compose_cli()
+    if command is None:
+        pytest.skip("no Docker Compose v2 client (docker compose / docker-compose) here")
+    return command
+
+
+def _compose_config(
+    compose: list[str],
+    *files: Path,
+    env: dict[str, str],
+    profiles: tuple[str, ...] = (),
+    extra: tuple[str, ...] = (),
+) -> subprocess.CompletedProcess[str]:
+    """`docker compose config` on the files, with only `env` as the variables (no .env)."""
+    options = [arg for path in files for arg in ("-f", str(path))]
+    options += [arg for profile in profiles for arg in ("--profile", profile)]
+    options += ["--project-directory", str(REPO_ROOT), "--env-file", os.devnull]
+    clean_env = {
+        k: v for k, v in os.environ.items() if k not in TEST_ENV and not k.startswith("COMPOSE_")
+    }
+    return subprocess.run(
+        [*compose, *options, "config", *extra],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**clean_env, **env},
+        cwd=REPO_ROOT,
+    )
+
+
+def test_docker_compose_config_accepts_the_files(compose: list[str]) -> None:
+    done = _compose_config(compose, COMPOSE_FILE, env=TEST_ENV, extra=("-q",))
+    assert done.returncode == 0, done.stderr
+    done = _compose_config(compose, COMPOSE_FILE, CPU_OVERRIDE_FILE, env=TEST_ENV, extra=("-q",))
+    assert done.returncode == 0, done.stderr
+
+
+def test_docker_compose_refuses_to_run_without_passwords(compose: list[str]) -> None:
+    done = _compose_config(compose, COMPOSE_FILE, env={}, extra=("-q",))
+    assert done.returncode != 0
+    assert "REDIS_PASSWORD" in done.stderr or "POSTGRES_PASSWORD" in done.stderr
+
+
+def test_docker_compose_cpu_override_drops_reservations(compose: list[str]) -> None:
+    options: dict[str, Any] = {
+        "env": TEST_ENV,
+        "profiles": ("gpu1", "driver"),
+        "extra": ("--format", "json"),
+    }
+    gpu = json.loads(_compose_config(compose, COMPOSE_FILE, **options).stdout)
+    cpu = json.loads(_compose_config(compose, COMPOSE_FILE, CPU_OVERRIDE_FILE, **options).stdout)
+    workers = [name for name in gpu["services"] if name.startswith("worker-")]
+    assert workers == sorted(workers) and len(workers) >= 2
+    for name in workers:
+        devices = gpu["services"][name]["deploy"]["resources"]["reservations"]["devices"]
+        assert devices[0]["driver"] == "nvidia" and devices[0]["capabilities"] == ["gpu"]
+        assert "deploy" not in cpu["services"][name], name
+        assert cpu["services"][name]["build"]["args"]["TRIALQ_EXTRA"] == "cpu"
+    assert "driver" in gpu["services"]

