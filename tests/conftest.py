@@ -39,7 +39,10 @@ def start_workers(redis_url: str) -> Iterator[Callable[..., LocalCluster]]:
     clusters: list[LocalCluster] = []
 
     def start(
-        count: int = 2, queue: str = "gpu", extra_env: dict[str, str] | None = None
+        count: int = 2,
+        queue: str = "gpu",
+        extra_env: dict[str, str] | None = None,
+        broker_url: str | None = None,
     ) -> LocalCluster:
         env = {"PYTHONPATH": os.pathsep.join([str(TESTS_DIR), os.environ.get("PYTHONPATH", "")])}
         cluster = LocalCluster(
@@ -47,7 +50,7 @@ def start_workers(redis_url: str) -> Iterator[Callable[..., LocalCluster]]:
             queue,
             allowed_modules=("trials", "trialq.examples"),
             extra_env={**env, **(extra_env or {})},
-            broker_url=redis_url,
+            broker_url=broker_url or redis_url,
         )
         clusters.append(cluster.__enter__())
         return cluster

@@ -55,3 +55,52 @@ def not_a_function() -> None:
 
 
 NOT_CALLABLE = 3
+
+
+def kills_itself_on_first_attempt(params: dict[str, Any], trial: TrialContext) -> float:
+    """Dies by SIGKILL on attempt 1 (as the kernel's OOM killer would do), succeeds after."""
+    if trial.attempt == 1 and params["x"] == "kill":
+        os.kill(os.getpid(), 9)
+    return 1.0
+
+
+def always_kills_itself(params: dict[str, Any], trial: TrialContext) -> float:
+    """Dies by SIGKILL on every attempt for one param value: must not loop forever."""
+    if params["x"] == "kill":
+        os.kill(os.getpid(), 9)
+    return 1.0
+
+
+def sleeps(params: dict[str, Any], trial: TrialContext) -> float:
+    """Sleeps `sleep_s` (reporting each half second) and returns the attempt number."""
+    deadline = time.monotonic() + params["sleep_s"]
+    step = 0
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        trial.report(float(step), step)
+        step += 1
+    return float(trial.attempt)
+
+
+def allocates(params: dict[str, Any], trial: TrialContext) -> float:
+    """Allocates `mb` megabytes in 10 MB pieces, touching every page."""
+    held = []
+    for _ in range(int(params["mb"]) // 10):
+        held.append(bytearray(10 * 1024 * 1024))
+        time.sleep(0.01)
+    return float(len(held))
+
+
+def raises_memory_error(params: dict[str, Any], trial: TrialContext) -> float:
+    """Python's own out-of-memory error."""
+    raise MemoryError("cannot allocate 1 TB")
+
+
+def ignores_the_soft_limit(params: dict[str, Any], trial: TrialContext) -> float:
+    """Swallows the soft time limit and goes on: only the hard limit stops it."""
+    for _ in range(600):
+        try:
+            time.sleep(0.1)
+        except Exception:
+            continue
+    return 0.0

@@ -21,6 +21,12 @@ def withdrawn_key(task_id: str) -> str:
     return f"trialq:withdrawn:{task_id}"
 
 
+def result_key(task_id: str) -> str:
+    """Where a trial's own result is kept: Celery's meta can be overwritten by a redelivery
+    (it writes STARTED again), this key is written once, when the trial has ended."""
+    return f"trialq:result:{task_id}"
+
+
 def celery_config(settings: Settings) -> dict[str, Any]:
     """The Celery settings that make one-process-per-trial safe (DESIGN.md)."""
     transport = {"visibility_timeout": settings.visibility_timeout_s}
@@ -39,7 +45,11 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "broker_transport_options": transport,
         "result_backend_transport_options": transport,
         "visibility_timeout": settings.visibility_timeout_s,
-        "worker_cancel_long_running_tasks_on_connection_loss": True,
+        # A Redis blip must not kill a trial hours into training: it goes on, its result is
+        # stored when Redis is back, and a redelivery of a finished trial is not run again.
+        "worker_cancel_long_running_tasks_on_connection_loss": False,
+        "result_backend_always_retry": True,
+        "result_backend_max_retries": 30,
         "broker_connection_retry_on_startup": True,
         "task_default_queue": "gpu",
         "worker_hijack_root_logger": False,

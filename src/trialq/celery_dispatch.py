@@ -12,7 +12,7 @@ from celery import Celery
 from kombu.exceptions import OperationalError
 
 from trialq import heartbeat
-from trialq.celery_app import TASK_NAME, create_app, withdrawn_key
+from trialq.celery_app import TASK_NAME, create_app, result_key, withdrawn_key
 from trialq.dispatch import TaskPhase, TaskStatus
 from trialq.errors import BrokerUnreachable
 from trialq.messages import Outcome, TrialRequest, TrialResult
@@ -63,11 +63,11 @@ class CeleryDispatcher:
         ids = list(task_ids)
         if not ids:
             return {}
-        keys = [self._backend.get_key_for_task(task_id) for task_id in ids]
-        raw_metas = self._backend.mget(keys)
+        results: list[Any] = self._broker.mget([result_key(task_id) for task_id in ids])
+        metas = self._backend.mget([self._backend.get_key_for_task(task_id) for task_id in ids])
         return {
-            task_id: _status(self._decode(raw))
-            for task_id, raw in zip(ids, raw_metas, strict=False)
+            task_id: _finished(result) if result else _status(self._decode(meta))
+            for task_id, result, meta in zip(ids, results, metas, strict=True)
         }
 
     def _decode(self, raw: Any) -> dict[str, Any] | None:
@@ -108,6 +108,10 @@ class CeleryDispatcher:
     def live_worker_count(self, queue: str) -> int:
         """Workers whose heartbeat is fresh and who consume the queue."""
         return sum(queue in beat.queues for beat in heartbeat.live_workers(self._broker))
+
+
+def _finished(raw: bytes | str) -> TaskStatus:
+    return TaskStatus(TaskPhase.FINISHED, result=TrialResult.model_validate_json(raw))
 
 
 def _status(meta: dict[str, Any] | None) -> TaskStatus:

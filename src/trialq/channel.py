@@ -7,6 +7,7 @@ reports of a retried attempt never mix with the earlier one's.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,16 +49,32 @@ class ReportChannel:
         self._client = client
 
     def report(self, address: TrialAddress, step: int, value: float) -> None:
-        """Append one intermediate value (called by the trial, maybe every epoch)."""
+        """Append one intermediate value (called by the trial, maybe every epoch).
+
+        Best effort: while Redis is away a value is dropped rather than failing the trial.
+        """
         key = address.key("reports")
         pipe = self._client.pipeline(transaction=False)
         pipe.xadd(key, {"step": step, "value": repr(value)}, maxlen=MAX_REPORTS_KEPT)
         pipe.expire(key, KEY_TTL_S)
-        pipe.execute()
+        with contextlib.suppress(redis.RedisError):
+            pipe.execute()
 
     def prune_requested(self, address: TrialAddress) -> bool:
-        """Whether the driver has asked this attempt to stop."""
-        return bool(self._client.exists(address.key("prune")))
+        """Whether the driver has asked this attempt to stop (no, while Redis is away)."""
+        try:
+            return bool(self._client.exists(address.key("prune")))
+        except redis.RedisError:
+            return False
+
+    def mark_memory_exceeded(self, address: TrialAddress, rss_bytes: int) -> None:
+        """Leave word, before the process kills itself, that it died of its memory limit."""
+        self._client.set(address.key("memory_exceeded"), rss_bytes, ex=KEY_TTL_S)
+
+    def memory_exceeded(self, address: TrialAddress) -> int | None:
+        """The RSS at which a lost attempt killed itself for its memory limit, if it did."""
+        raw = self._client.get(address.key("memory_exceeded"))
+        return None if raw is None else int(raw)
 
     def request_prune(self, address: TrialAddress) -> None:
         """Raise the flag that `trial.should_prune()` reads (called by the driver)."""
@@ -78,7 +95,9 @@ class ReportChannel:
 
     def forget(self, address: TrialAddress) -> None:
         """Delete an attempt's keys once its trial is told."""
-        self._client.delete(address.key("reports"), address.key("prune"))
+        self._client.delete(
+            address.key("reports"), address.key("prune"), address.key("memory_exceeded")
+        )
 
 
 def _to_report(entry_id: bytes | str, fields: dict[bytes | str, bytes | str]) -> Report:

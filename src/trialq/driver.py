@@ -8,18 +8,20 @@ flight, and relays intermediate values to Optuna's pruner.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import optuna
+import redis
 from optuna.trial import TrialState
 
 from trialq.channel import Report, ReportChannel, TrialAddress
 from trialq.dispatch import Dispatcher, TaskPhase, TaskStatus
-from trialq.errors import Interrupted, SpecError
+from trialq.errors import BrokerUnreachable, Interrupted, SpecError
 from trialq.messages import Outcome, TrialRequest, TrialResult
 from trialq.progress import Counts, ProgressSink
 from trialq.spec import StudySpec
@@ -54,7 +56,7 @@ class DriverOptions:
     max_in_flight: int
     poll_interval_s: float = 0.05
     lost_check_interval_s: float = 5.0
-    prune_grace_s: float = 30.0
+    broker_outage_limit_s: float = 600.0
     search_paths: tuple[str, ...] = ()
     clock: Callable[[], float] = time.monotonic
 
@@ -70,6 +72,8 @@ class StudyDriver:
     progress: ProgressSink
     options: DriverOptions
     in_flight: dict[str, InFlight] = field(default_factory=dict)
+    unsent: list[tuple[optuna.Trial, int]] = field(default_factory=list)
+    """Asked trials whose sending failed (broker away); sent before any new one."""
     counts: Counts = field(default_factory=Counts)
     _last_lost_check: float = -math.inf
 
@@ -77,13 +81,10 @@ class StudyDriver:
         """Ask, send, collect and tell until `n_trials` trials have finished."""
         self._count_finished()
         self._reattach()
+        outage = BrokerOutage(self.options.broker_outage_limit_s, self.options.clock)
         try:
-            while self._fill(n_trials) or self.in_flight:
-                self._collect()
-                self._relay_reports()
-                self.progress.update(self.counts, self._best_value(), len(self.in_flight))
-                if self.in_flight:
-                    time.sleep(self.options.poll_interval_s)
+            while self._step(n_trials, outage):
+                time.sleep(self.options.poll_interval_s)
         except KeyboardInterrupt:
             self._withdraw_waiting()
             raise Interrupted("interrupted: queued trials withdrawn; rerun to resume") from None
@@ -91,10 +92,24 @@ class StudyDriver:
             self._withdraw_waiting()
             raise
 
+    def _step(self, n_trials: int, outage: BrokerOutage) -> bool:
+        """One pass: send, collect, relay reports. False once everything is told."""
+        with outage.tolerated():
+            more = self._fill(n_trials)
+            self._collect()
+            self._relay_reports()
+            if not (more or self.in_flight):
+                return False
+        self.progress.update(self.counts, self._best_value(), len(self.in_flight))
+        return True
+
     # --- sending -----------------------------------------------------------------------
 
     def _fill(self, n_trials: int) -> bool:
         """Send new trials while there is room; True while more remain to be sent."""
+        while self.unsent:
+            trial, attempt = self.unsent.pop(0)
+            self._send(trial, attempt)
         while (
             len(self.in_flight) < self.options.max_in_flight
             and self.counts.finished + len(self.in_flight) < n_trials
@@ -122,9 +137,13 @@ class StudyDriver:
             memory_limit_mb=self.spec.trial.memory_limit_mb,
             search_paths=self.options.search_paths,
         )
-        task_id = self.dispatcher.submit(
-            request, self.spec.trial.queue, self.spec.trial.hard_limit_s
-        )
+        try:
+            task_id = self.dispatcher.submit(
+                request, self.spec.trial.queue, self.spec.trial.hard_limit_s
+            )
+        except BaseException:
+            self.unsent.append((trial, attempt))
+            raise
         trial.set_user_attr("task_id", task_id)
         trial.set_user_attr("attempts", attempt)
         self.in_flight[task_id] = InFlight(trial, request, task_id)
@@ -192,9 +211,7 @@ class StudyDriver:
             return
         entry.unknown_checks += 1
         if entry.unknown_checks >= 2:
-            del self.in_flight[entry.task_id]
-            self.dispatcher.withdraw([entry.task_id], self.spec.trial.queue)
-            self._send(entry.trial, attempt=entry.request.attempt)
+            self._resend(entry, attempt=entry.request.attempt)
 
     def _fail_from_outside(self, entry: InFlight, status: TaskStatus) -> None:
         """The process ended without a result: killed, out of time, or stopped by us."""
@@ -208,14 +225,26 @@ class StudyDriver:
             self._finish(entry, self._synthetic(entry, outcome, status.detail))
 
     def _lost(self, entry: InFlight, detail: str) -> None:
-        """Resend the same trial (same number and params) or give up after max_retries."""
-        if entry.request.attempt <= self.spec.trial.max_retries:
-            del self.in_flight[entry.task_id]
-            self.dispatcher.withdraw([entry.task_id], self.spec.trial.queue)
+        """Resend the same trial (same number and params) or give up after max_retries.
+
+        A process that killed itself over `memory_limit_mb` is not lost but out of memory.
+        """
+        rss = self.channel.memory_exceeded(entry.address) if self.channel else None
+        if rss is not None:
+            limit = f"memory_limit_mb = {self.spec.trial.memory_limit_mb}"
+            result = self._synthetic(entry, Outcome.OOM, f"killed at {rss} bytes RSS, over {limit}")
+            self._finish(entry, result.model_copy(update={"peak_rss_bytes": rss}))
+        elif entry.request.attempt <= self.spec.trial.max_retries:
             self._forget_reports(entry)
-            self._send(entry.trial, attempt=entry.request.attempt + 1)
+            self._resend(entry, attempt=entry.request.attempt + 1)
         else:
             self._finish(entry, self._synthetic(entry, Outcome.WORKER_LOST, detail))
+
+    def _resend(self, entry: InFlight, attempt: int) -> None:
+        """Withdraw the old task for good, then send the same trial again."""
+        self.dispatcher.withdraw([entry.task_id], self.spec.trial.queue)
+        del self.in_flight[entry.task_id]
+        self._send(entry.trial, attempt)
 
     def _synthetic(self, entry: InFlight, outcome: Outcome, detail: str) -> TrialResult:
         return TrialResult(
@@ -242,6 +271,11 @@ class StudyDriver:
         for key, value in attrs.items():
             entry.trial.set_user_attr(key, value)
         state = _STATE_OF.get(result.outcome, TrialState.FAIL)
+        if result.outcome is Outcome.OOM and self._oom_is_a_constraint():
+            # Samplers never look at FAIL trials; a PRUNED one with a violated constraint is
+            # what TPE learns "infeasible here" from. The outcome attr still says oom.
+            entry.trial.set_constraint("oom", 1.0)
+            state = TrialState.PRUNED
         self.study.tell(
             entry.trial,
             values=values if state is TrialState.COMPLETE else None,
@@ -250,6 +284,9 @@ class StudyDriver:
         )
         self.counts.record(state)
         self._forget_reports(entry)
+
+    def _oom_is_a_constraint(self) -> bool:
+        return self.spec.study.oom_as_constraint and self.spec.study.sampler == "tpe"
 
     def _objective(self, result: TrialResult) -> tuple[TrialResult, list[float] | None]:
         """The objective values of an ok result, or the result turned into an error."""
@@ -294,7 +331,7 @@ class StudyDriver:
         return (
             asked is not None
             and not entry.terminated
-            and self.options.clock() - asked > self.options.prune_grace_s
+            and self.options.clock() - asked > self.spec.trial.prune_grace_s
         )
 
     # --- bookkeeping ---------------------------------------------------------------------
@@ -316,6 +353,28 @@ class StudyDriver:
         statuses = self.dispatcher.statuses(self.in_flight)
         waiting = [tid for tid, s in statuses.items() if s.phase is TaskPhase.WAITING]
         self.dispatcher.withdraw(waiting, self.spec.trial.queue)
+
+
+class BrokerOutage:
+    """Rides out a Redis restart: retries the loop until the broker is back or a limit passes."""
+
+    def __init__(self, limit_s: float, clock: Callable[[], float]) -> None:
+        self._limit_s = limit_s
+        self._clock = clock
+        self._since: float | None = None
+
+    @contextlib.contextmanager
+    def tolerated(self) -> Iterator[None]:
+        """Swallow a connection error (the pass is retried) until the outage is too long."""
+        try:
+            yield
+            self._since = None
+        except (redis.ConnectionError, redis.TimeoutError, BrokerUnreachable) as exc:
+            self._since = self._since or self._clock()
+            if self._clock() - self._since > self._limit_s:
+                message = f"broker unreachable for {self._limit_s:g} s: {exc}"
+                raise BrokerUnreachable(message) from None
+            time.sleep(1.0)
 
 
 def objective_values(metrics: dict[str, float], names: tuple[str, ...] | None) -> list[float]:

@@ -13,6 +13,7 @@ import resource
 import socket
 import time
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from trialq.context import TrialContext
 from trialq.device import Device
 from trialq.entrypoint import importable_from
 from trialq.errors import TrialPruned
+from trialq.memory_guard import MemoryGuard
 from trialq.messages import Outcome, TrialRequest, TrialResult
 
 
@@ -39,7 +41,8 @@ def run_trial(
     started = time.monotonic()
     outcome, metrics, error = Outcome.OK, {}, None
     try:
-        metrics = _call_entrypoint(request, context, device, allowed_modules)
+        with _memory_cap(request, address, channel):
+            metrics = _call_entrypoint(request, context, device, allowed_modules)
     except TrialPruned:
         outcome = Outcome.PRUNED
     except timeout_errors:
@@ -79,6 +82,20 @@ def _call_entrypoint(
         train = entrypoint.load()
     returned = _call(train, request.params, context)
     return numeric_metrics(returned)
+
+
+def _memory_cap(
+    request: TrialRequest, address: TrialAddress, channel: ReportChannel | None
+) -> AbstractContextManager[object]:
+    """A `MemoryGuard` when the spec sets `memory_limit_mb`, else nothing."""
+    if request.memory_limit_mb <= 0:
+        return nullcontext()
+
+    def leave_word(rss: int) -> None:
+        if channel is not None:
+            channel.mark_memory_exceeded(address, rss)
+
+    return MemoryGuard(request.memory_limit_mb * 1024 * 1024, leave_word)
 
 
 def _call(train: Callable[..., Any], params: dict[str, Any], context: TrialContext) -> Any:

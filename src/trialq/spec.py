@@ -21,9 +21,6 @@ Direction = Literal["maximize", "minimize"]
 SamplerName = Literal["tpe", "random", "cmaes", "nsga2", "grid"]
 PrunerName = Literal["none", "median", "hyperband", "successive_halving"]
 
-HARD_LIMIT_GRACE_S = 60
-"""Seconds between a trial's soft time limit and the kill of its process."""
-
 
 class _Frozen(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
@@ -136,11 +133,15 @@ class TrialSection(_Frozen):
     max_retries: int = Field(default=2, ge=0)
     queue: str = Field(default="gpu", min_length=1, pattern=r"^[A-Za-z0-9_.:-]+$")
     memory_limit_mb: int = Field(default=0, ge=0)
+    kill_grace_s: float = Field(default=60, gt=0)
+    """Seconds between the soft time limit (seen by the trial) and the kill of its process."""
+    prune_grace_s: float = Field(default=30, gt=0)
+    """Seconds a trial has to honour `should_prune()` before its process is killed."""
 
     @property
     def hard_limit_s(self) -> float:
         """When the trial's process is killed: the soft limit plus a grace period."""
-        return self.timeout_s + HARD_LIMIT_GRACE_S
+        return self.timeout_s + self.kill_grace_s
 
 
 class StudySpec(_Frozen):

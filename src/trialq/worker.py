@@ -7,15 +7,17 @@ after the trial ends, JSON only. The worker's parent never touches TensorFlow or
 
 from __future__ import annotations
 
+import json
 import os
 import socket
+import time
 from typing import Any
 
 import redis
 from celery import signals
-from celery.exceptions import SoftTimeLimitExceeded
+from celery.exceptions import Ignore, SoftTimeLimitExceeded
 
-from trialq.celery_app import TASK_NAME, create_app, withdrawn_key
+from trialq.celery_app import RESULT_TTL_S, TASK_NAME, create_app, result_key, withdrawn_key
 from trialq.channel import ReportChannel
 from trialq.device import TensorFlowDevice
 from trialq.heartbeat import Heartbeat, WorkerBeat
@@ -40,8 +42,10 @@ def _trial_redis() -> redis.Redis:
 def run_trial_task(self: Any, payload: dict[str, Any]) -> dict[str, Any]:
     """Run one trial attempt in this (fresh) process and return its `TrialResult` as JSON."""
     request = TrialRequest.model_validate(payload)
-    if _trial_redis().exists(withdrawn_key(self.request.id)):
-        return _withdrawn(request).model_dump(mode="json")
+    task_id = self.request.id
+    if _trial_redis().exists(withdrawn_key(task_id), result_key(task_id)):
+        # Withdrawn by the driver, or a redelivery of a trial that already ended: not run.
+        raise Ignore()
     result = run_trial(
         request,
         channel=ReportChannel(_trial_redis()),
@@ -49,18 +53,20 @@ def run_trial_task(self: Any, payload: dict[str, Any]) -> dict[str, Any]:
         allowed_modules=settings.allowed_modules,
         timeout_errors=(SoftTimeLimitExceeded,),
     )
-    return _bounded(result).model_dump(mode="json")
+    message = _bounded(result).model_dump_json()
+    _keep_result(task_id, message)
+    return json.loads(message)  # type: ignore[no-any-return]
 
 
-def _withdrawn(request: TrialRequest) -> TrialResult:
-    """The answer for a task the driver took back before it started: nothing was run."""
-    return TrialResult(
-        study=request.study,
-        number=request.number,
-        attempt=request.attempt,
-        outcome=Outcome.ERROR,
-        error="withdrawn by the driver before it started; not run",
-    )
+def _keep_result(task_id: str, message: str) -> None:
+    """Store the result under trialq's own key, waiting out a Redis restart if needed."""
+    for delay in (0, 0.5, 1, 2, 4, 8, 15, 30, 30, 30):
+        time.sleep(delay)
+        try:
+            _trial_redis().set(result_key(task_id), message, ex=RESULT_TTL_S)
+            return
+        except redis.RedisError:
+            continue
 
 
 def _bounded(result: TrialResult) -> TrialResult:

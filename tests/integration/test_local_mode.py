@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -9,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import uuid
 from pathlib import Path
 
 import optuna
@@ -54,8 +56,13 @@ def _study_dir(tmp_path: Path, n_trials: int, sleep_s: float = 0.0) -> Path:
     return tmp_path
 
 
+RUN_MARK = f"trialq-test-{uuid.uuid4()}"
+"""Inherited by every process this test module starts, so leftovers can be told apart."""
+
+
 def _environment() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRIALQ_")}
+    env["TRIALQ_TEST_RUN_MARK"] = RUN_MARK
     # A broker on a port where nothing listens: --local must not need it.
     env["TRIALQ_BROKER_URL"] = "redis://127.0.0.1:1/0"
     return env
@@ -70,12 +77,14 @@ def _submit(folder: Path, *extra: str) -> subprocess.Popen[str]:
 
 
 def _descendants_of_trialq() -> list[str]:
-    """Local workers still running (their command line names them `local<N>@...`)."""
+    """Processes this module started (they carry RUN_MARK) that are still alive."""
     found = []
-    for process in psutil.process_iter(["cmdline"]):
-        command = " ".join(process.info["cmdline"] or [])
-        if "trialq worker" in command and "--hostname local" in command:
-            found.append(command)
+    for process in psutil.process_iter(["cmdline", "status"]):
+        with contextlib.suppress(psutil.Error):
+            if process.info["status"] != psutil.STATUS_ZOMBIE and (
+                process.environ().get("TRIALQ_TEST_RUN_MARK") == RUN_MARK
+            ):
+                found.append(" ".join(process.info["cmdline"] or []))
     return found
 
 

@@ -1,0 +1,112 @@
+"""The fault suite's harness: run the real driver as a process, then judge the study.
+
+Every fault ends with the same four figures: did the study reach n_trials, how many trials
+were lost, how many told twice, how many left RUNNING. `LEDGER` collects them for the table
+that `pytest tests/faults` prints at the end.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import optuna
+from optuna.trial import TrialState
+
+TESTS_DIR = Path(__file__).parents[1]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One fault's figures."""
+
+    fault: str
+    n_trials: int
+    finished: int
+    lost: int
+    told_twice: int
+    left_running: int
+    outcomes: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def passed(self) -> bool:
+        """The bar every fault must clear."""
+        return (
+            self.finished == self.n_trials
+            and self.lost == 0
+            and self.told_twice == 0
+            and self.left_running == 0
+        )
+
+
+LEDGER: list[Verdict] = []
+
+
+@dataclass
+class DriverRun:
+    """A study folder with its spec, and the way to run the counting driver on it."""
+
+    folder: Path
+    broker_url: str
+    study_name: str = "faults"
+
+    @property
+    def tell_log(self) -> Path:
+        return self.folder / "tells.log"
+
+    @property
+    def storage(self) -> str:
+        return f"sqlite:///{self.folder / 'faults.db'}"
+
+    def write_spec(self, body: str) -> Path:
+        spec = self.folder / "study.toml"
+        spec.write_text(textwrap.dedent(body))
+        return spec
+
+    def start(self, *extra: str) -> subprocess.Popen[str]:
+        """Start `submit-study` (counting tells) against the test broker."""
+        env = {
+            **os.environ,
+            "TRIALQ_TEST_TELL_LOG": str(self.tell_log),
+            "PYTHONPATH": os.pathsep.join([str(TESTS_DIR), os.environ.get("PYTHONPATH", "")]),
+        }
+        command = [
+            sys.executable, "-m", "faults.counting_driver", str(self.folder / "study.toml"),
+            "--broker", self.broker_url, "--storage", self.storage, "--no-progress", *extra,
+        ]  # fmt: skip
+        return subprocess.Popen(
+            command, env=env, cwd=self.folder, text=True,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        )  # fmt: skip
+
+    def run(self, *extra: str, timeout: float = 300) -> tuple[int, str]:
+        """Run the driver to its end; return its exit code and stderr."""
+        process = self.start(*extra)
+        _, err = process.communicate(timeout=timeout)
+        return process.returncode, err
+
+    def study(self) -> optuna.Study:
+        return optuna.load_study(study_name=self.study_name, storage=self.storage)
+
+    def judge(self, fault: str, n_trials: int) -> Verdict:
+        """Figure out the verdict from the storage and the tell log, and record it."""
+        trials = self.study().trials
+        tells = Counter(self.tell_log.read_text().split()) if self.tell_log.exists() else {}
+        finished = [t for t in trials if t.state.is_finished()]
+        numbers = {t.number for t in finished}
+        verdict = Verdict(
+            fault=fault,
+            n_trials=n_trials,
+            finished=len(finished),
+            lost=len(set(range(n_trials)) - numbers),
+            told_twice=sum(count > 1 for count in tells.values()),
+            left_running=sum(t.state is TrialState.RUNNING for t in trials),
+            outcomes=dict(Counter(str(t.user_attrs.get("outcome")) for t in finished)),
+        )
+        LEDGER.append(verdict)
+        return verdict

@@ -1,0 +1,265 @@
+"""The fault suite: each fault against real worker processes, the real Redis and the real
+driver process; each ends with the study at n_trials, 0 lost, 0 told twice, 0 RUNNING."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+import pytest
+import redis
+
+from faults.harness import DriverRun, Verdict
+from trialq.local import LocalCluster, free_port, redis_server_binary
+
+pytestmark = [pytest.mark.faults, pytest.mark.integration]
+
+FAST_HEARTBEAT = {"TRIALQ_HEARTBEAT_INTERVAL_S": "0.5", "TRIALQ_HEARTBEAT_TTL_S": "3"}
+
+
+def _spec(entrypoint: str, space: str, n_trials: int, **trial_keys: object) -> str:
+    extra = "\n".join(f"{key} = {value!r}".replace("'", '"') for key, value in trial_keys.items())
+    return f"""
+        [study]
+        name = "faults"
+        n_trials = {n_trials}
+        max_in_flight = 2
+        sampler = "random"
+        sampler_args = {{ seed = 3 }}
+        pruner = "none"
+        [trial]
+        entrypoint = "trials:{entrypoint}"
+        timeout_s = 60
+        {extra}
+        {space}
+        """
+
+
+def _grid(name: str, *choices: object) -> str:
+    values = ", ".join(repr(c).replace("'", '"') for c in choices)
+    return f'[space.{name}]\ntype = "categorical"\nchoices = [{values}]'
+
+
+def _assert_clean(verdict: Verdict) -> None:
+    assert verdict.passed, verdict
+
+
+@pytest.fixture
+def run(tmp_path: Path, redis_url: str) -> DriverRun:
+    return DriverRun(tmp_path, redis_url)
+
+
+def test_sigkill_of_the_trial_process_is_retried_with_the_same_params(
+    run: DriverRun, start_workers: Callable[..., LocalCluster]
+) -> None:
+    start_workers(2, extra_env=FAST_HEARTBEAT)
+    run.write_spec(_spec("kills_itself_on_first_attempt", _grid("x", "kill", "ok"), 6))
+    code, err = run.run()
+    verdict = run.judge("SIGKILL of the trial process", 6)
+    _assert_clean(verdict)
+    assert code == 0, err
+    killed = [t for t in run.study().trials if t.params["x"] == "kill"]
+    assert killed and all(t.user_attrs["attempts"] == 2 for t in killed)
+    assert all(t.user_attrs["outcome"] == "ok" for t in killed)
+
+
+def test_a_trial_that_kills_its_process_every_time_does_not_loop(
+    run: DriverRun, start_workers: Callable[..., LocalCluster]
+) -> None:
+    start_workers(2, extra_env=FAST_HEARTBEAT)
+    run.write_spec(_spec("always_kills_itself", _grid("x", "kill"), 2, max_retries=2))
+    run.run()
+    verdict = run.judge("trial that always SIGKILLs itself", 2)
+    _assert_clean(verdict)
+    for trial in run.study().trials:
+        assert trial.state.name == "FAIL"
+        assert trial.user_attrs["outcome"] == "worker_lost"
+        assert trial.user_attrs["attempts"] == 3  # 1 + max_retries, then given up
+
+
+def test_sigkill_of_a_worker_parent_mid_trial(
+    run: DriverRun, start_workers: Callable[..., LocalCluster]
+) -> None:
+    cluster = start_workers(2, extra_env=FAST_HEARTBEAT)
+    run.write_spec(_spec("sleeps", _grid("sleep_s", 3.0), 4))
+    driver = run.start()
+    victim = _worker_parent_running_a_trial(cluster)
+    os.killpg(victim.pid, signal.SIGKILL)  # the worker and its trial child: a node gone
+    _, err = driver.communicate(timeout=240)
+    verdict = run.judge("SIGKILL of a worker (parent and child)", 4)
+    _assert_clean(verdict)
+    assert driver.returncode == 0, err
+    assert any(t.user_attrs["attempts"] == 2 for t in run.study().trials)
+
+
+def test_sigterm_of_a_worker_finishes_its_trial_and_takes_no_new_one(
+    run: DriverRun, start_workers: Callable[..., LocalCluster]
+) -> None:
+    cluster = start_workers(1, extra_env=FAST_HEARTBEAT)
+    run.write_spec(_spec("sleeps", _grid("sleep_s", 3.0), 3))
+    driver = run.start()
+    victim = _worker_parent_running_a_trial(cluster)
+    victim.send_signal(signal.SIGTERM)
+    victim.wait(timeout=60)
+    first = [t for t in run.study().trials if t.state.is_finished()]
+    assert len(first) == 1, "the running trial finishes during warm shutdown, no other"
+    assert first[0].user_attrs["outcome"] == "ok" and first[0].user_attrs["attempts"] == 1
+    start_workers(1, extra_env=FAST_HEARTBEAT)
+    _, err = driver.communicate(timeout=240)
+    _assert_clean(run.judge("SIGTERM of a worker (warm shutdown)", 3))
+    assert driver.returncode == 0, err
+
+
+def test_driver_sigkilled_and_resumed(
+    run: DriverRun, start_workers: Callable[..., LocalCluster]
+) -> None:
+    start_workers(2, extra_env=FAST_HEARTBEAT)
+    run.write_spec(_spec("sleeps", _grid("sleep_s", 1.5), 6))
+    driver = run.start()
+    _wait_until(lambda: _finished_count(run) >= 1, "a trial to finish")
+    driver.kill()
+    driver.wait()
+    code, err = run.run()
+    verdict = run.judge("driver SIGKILLed, then resumed", 6)
+    _assert_clean(verdict)
+    assert code == 0, err
+
+
+def test_the_same_task_delivered_twice_is_told_once(
+    run: DriverRun, redis_url: str, start_workers: Callable[..., LocalCluster]
+) -> None:
+    run.write_spec(_spec("sleeps", _grid("sleep_s", 0.5), 3))
+    driver = run.start()
+    client = redis.Redis.from_url(redis_url)
+    _wait_until(lambda: client.llen("gpu") >= 1, "a message on the queue")
+    for message in client.lrange("gpu", 0, -1):
+        client.lpush("gpu", message)  # every message now sits twice on the queue
+    start_workers(2, extra_env=FAST_HEARTBEAT)
+    _, err = driver.communicate(timeout=240)
+    verdict = run.judge("same task delivered twice", 3)
+    _assert_clean(verdict)
+    assert driver.returncode == 0, err
+
+
+def test_redis_restarted_mid_study(
+    tmp_path: Path, start_workers: Callable[..., LocalCluster]
+) -> None:
+    port = free_port()
+    server = _start_persistent_redis(tmp_path, port)
+    url = f"redis://127.0.0.1:{port}/0"
+    try:
+        start_workers(2, extra_env=FAST_HEARTBEAT, broker_url=url)
+        run = DriverRun(tmp_path, url)
+        run.write_spec(_spec("sleeps", _grid("sleep_s", 1.0), 6))
+        driver = run.start()
+        _wait_until(lambda: _finished_count(run) >= 1, "a trial to finish")
+        redis.Redis.from_url(url).shutdown(save=True)
+        server.wait(timeout=30)
+        time.sleep(2)
+        server = _start_persistent_redis(tmp_path, port)
+        _, err = driver.communicate(timeout=300)
+        verdict = run.judge("Redis restarted mid-study (AOF on)", 6)
+        _assert_clean(verdict)
+        assert driver.returncode == 0, err
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+@pytest.mark.parametrize(
+    ("fault", "entrypoint", "space", "trial_keys", "outcome"),
+    [
+        (
+            "OOM: over memory_limit_mb",
+            "allocates",
+            _grid("mb", 400),
+            {"memory_limit_mb": 150},
+            "oom",
+        ),
+        ("OOM: MemoryError", "raises_memory_error", _grid("x", 1), {}, "oom"),
+        ("timeout: soft limit", "sleeps", _grid("sleep_s", 30.0), {"timeout_s": 1}, "timeout"),
+        (
+            "timeout: soft limit ignored, hard kill",
+            "ignores_the_soft_limit",
+            _grid("x", 1),
+            {"timeout_s": 1, "kill_grace_s": 2},
+            "timeout",
+        ),
+        ("a raising trial", "raises", _grid("x", "bad"), {}, "error"),
+    ],
+)
+def test_failing_trials_get_their_outcome_and_are_not_retried(
+    run: DriverRun,
+    start_workers: Callable[..., LocalCluster],
+    fault: str,
+    entrypoint: str,
+    space: str,
+    trial_keys: dict[str, object],
+    outcome: str,
+) -> None:
+    start_workers(2, extra_env=FAST_HEARTBEAT)
+    spec = _spec(entrypoint, space, 2, **trial_keys).replace("timeout_s = 60\n", "")
+    if "timeout_s" not in trial_keys:
+        spec = spec.replace("[trial]\n", "[trial]\n        timeout_s = 60\n")
+    run.write_spec(spec)
+    code, err = run.run()
+    verdict = run.judge(fault, 2)
+    _assert_clean(verdict)
+    assert code == 1, err  # done, with no complete trial
+    for trial in run.study().trials:
+        assert trial.state.name == "FAIL", trial.user_attrs
+        assert trial.user_attrs["outcome"] == outcome, trial.user_attrs
+        assert trial.user_attrs["attempts"] == 1
+
+
+def _worker_parent_running_a_trial(cluster: LocalCluster) -> psutil.Process:
+    """The main process of the worker whose child has STARTED a trial (Celery's own meta)."""
+    client = redis.Redis.from_url(cluster.broker_url)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        for key in client.scan_iter(match="celery-task-meta-*"):
+            meta = json.loads(client.get(key) or b"{}")
+            if meta.get("status") == "STARTED":
+                return psutil.Process(meta["result"]["pid"]).parent()
+        time.sleep(0.05)
+    pytest.fail("no worker started a trial")
+
+
+def _finished_count(run: DriverRun) -> int:
+    try:
+        return sum(t.state.is_finished() for t in run.study().trials)
+    except KeyError:
+        return 0
+
+
+def _wait_until(condition: Callable[[], bool], what: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.1)
+    pytest.fail(f"timed out waiting for {what}")
+
+
+def _start_persistent_redis(folder: Path, port: int) -> subprocess.Popen[bytes]:
+    command = [
+        redis_server_binary(), "--bind", "127.0.0.1", "--port", str(port), "--dir", str(folder),
+        "--appendonly", "yes", "--save", "", "--maxmemory-policy", "noeviction",
+    ]  # fmt: skip
+    server = subprocess.Popen(command, stdout=subprocess.DEVNULL)
+    client = redis.Redis(port=port)
+    _wait_until(lambda: _answers(client), "Redis to start", timeout=20)
+    return server
+
+
+def _answers(client: redis.Redis) -> bool:
+    try:
+        return bool(client.ping())
+    except redis.ConnectionError:
+        return False
