@@ -104,3 +104,8 @@ def ignores_the_soft_limit(params: dict[str, Any], trial: TrialContext) -> float
         except Exception:
             continue
     return 0.0
+
+
+def many_metrics(params: dict[str, Any], trial: TrialContext) -> dict[str, float]:
+    """A result far larger than any sane limit."""
+    return {f"metric_{index}": float(index) for index in range(params["n"])}

@@ -30,8 +30,7 @@ def _spec(entrypoint: str, space: str, n_trials: int, **trial_keys: object) -> s
         name = "faults"
         n_trials = {n_trials}
         max_in_flight = 2
-        sampler = "random"
-        sampler_args = {{ seed = 3 }}
+        sampler = "grid"
         pruner = "none"
         [trial]
         entrypoint = "trials:{entrypoint}"

@@ -1,0 +1,160 @@
+"""Security on a shared network: JSON only, an import allow-list, bounded results, no
+secret in any output."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import redis
+from bad_inputs import BAD_ARGS, BAD_SPECS, spec_text
+from celery import Celery
+
+from faults.harness import LEDGER, DriverRun, Verdict
+from trialq.cli import submit_study_main
+from trialq.local import LocalCluster, free_port, redis_server_binary
+
+pytestmark = [pytest.mark.faults, pytest.mark.integration]
+
+
+class _WritesAFileWhenUnpickled:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[object, tuple[str, str]]:
+        return (open, (str(self.path), "w"))
+
+
+def test_a_pickle_message_is_refused_and_nothing_runs(
+    tmp_path: Path, redis_url: str, start_workers: Callable[..., LocalCluster]
+) -> None:
+    cluster = start_workers(1)
+    marker = tmp_path / "pwned"
+    sender = Celery("attacker", broker=redis_url)
+    sender.send_task(
+        "trialq.run_trial", args=[_WritesAFileWhenUnpickled(marker)], queue="gpu",
+        serializer="pickle",
+    )  # fmt: skip
+    client = redis.Redis.from_url(redis_url)
+    deadline = time.monotonic() + 30
+    while client.llen("gpu") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(1)
+
+    assert client.llen("gpu") == 0, "the worker should have taken (and refused) the message"
+    assert not marker.exists(), "a pickle payload was deserialized on a worker"
+    log = (cluster.log_dir / "worker0.log").read_text()
+    assert "untrusted content" in log or "ContentDisallowed" in log, log[-2000:]
+
+
+def test_an_entrypoint_outside_the_allow_list_is_refused_with_outcome_error(
+    tmp_path: Path, redis_url: str, start_workers: Callable[..., LocalCluster]
+) -> None:
+    start_workers(1)  # allowed: trials, trialq.examples
+    run = DriverRun(tmp_path, redis_url)
+    run.write_spec(
+        """
+        [study]
+        name = "faults"
+        n_trials = 1
+        [trial]
+        entrypoint = "json:dumps"
+        [space.x]
+        type = "int"
+        low = 1
+        high = 2
+        """
+    )
+    run.run()
+    (trial,) = run.study().trials
+    assert trial.state.name == "FAIL" and trial.user_attrs["outcome"] == "error"
+    assert "not in this worker's allowed modules" in trial.user_attrs["error"]
+
+
+def test_a_result_larger_than_the_limit_is_refused_not_stored(
+    tmp_path: Path, redis_url: str, start_workers: Callable[..., LocalCluster]
+) -> None:
+    start_workers(1, extra_env={"TRIALQ_MAX_RESULT_BYTES": "20000"})
+    run = DriverRun(tmp_path, redis_url)
+    run.write_spec(
+        """
+        [study]
+        name = "faults"
+        n_trials = 1
+        metric = "metric_1"
+        [trial]
+        entrypoint = "trials:many_metrics"
+        [space.n]
+        type = "categorical"
+        choices = [5000]
+        """
+    )
+    run.run()
+    (trial,) = run.study().trials
+    assert trial.user_attrs["outcome"] == "error"
+    assert "refused (limit 20000)" in trial.user_attrs["error"]
+    assert trial.user_attrs["metrics"] == {}
+
+
+def test_a_password_protected_redis_works_and_the_password_is_never_printed(
+    tmp_path: Path, start_workers: Callable[..., LocalCluster]
+) -> None:
+    password = "s3cret-pa55word"
+    port = free_port()
+    server = subprocess.Popen(
+        [redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+         "--requirepass", password, "--maxmemory-policy", "noeviction"],
+        stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        url = f"redis://:{password}@127.0.0.1:{port}/0"
+        _wait_for(redis.Redis.from_url(url))
+        cluster = start_workers(1, broker_url=url)
+        run = DriverRun(tmp_path, url)
+        run.write_spec(spec_text())
+        process = run.start("--json")
+        out, err = process.communicate(timeout=120)
+        assert process.returncode == 0, err
+        logs = "".join(p.read_text() for p in cluster.log_dir.glob("*.log"))
+        for text in (out, err, logs):
+            assert password not in text
+        wrong = f"redis://:{password}@127.0.0.1:1/0"
+        code, err = DriverRun(tmp_path, wrong).run()
+        assert code == 3 and password not in err
+    finally:
+        server.terminate()
+        server.wait()
+
+
+def test_bad_specs_and_arguments_never_enqueue(
+    write_spec: Callable[..., Path], redis_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every case of the unit tests, again, as one row of the fault table."""
+    clean = 0
+    for text, _ in BAD_SPECS.values():
+        path = write_spec(text)
+        code = submit_study_main([str(path), "--broker", redis_url, "--no-progress"])
+        clean += code == 2 and len(capsys.readouterr().err.strip().splitlines()) == 1
+    spec = write_spec(spec_text())
+    for argv, _ in BAD_ARGS.values():
+        code = submit_study_main([arg.replace("{spec}", str(spec)) for arg in argv])
+        clean += code == 2 and len(capsys.readouterr().err.strip().splitlines()) == 1
+    kinds = len(BAD_SPECS) + len(BAD_ARGS)
+    LEDGER.append(
+        Verdict(f"bad spec or argument ({kinds} kinds)", 0, 0, 0, 0, 0, {"exit 2, one line": clean})
+    )
+    assert kinds >= 20 and clean == kinds
+    assert redis.Redis.from_url(redis_url).dbsize() == 0
+
+
+def _wait_for(client: redis.Redis) -> None:
+    for _ in range(100):
+        try:
+            client.ping()
+            return
+        except redis.ConnectionError:
+            time.sleep(0.05)
+    pytest.fail("Redis did not start")
