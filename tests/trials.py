@@ -46,7 +46,7 @@ def reports_curve(params: dict[str, Any], trial: TrialContext) -> float:
         trial.report(params["x"] * (step + 1), step)
         if trial.should_prune():
             raise TrialPruned()
-        time.sleep(0.05)
+        time.sleep(0.25)
     return params["x"] * 10.0
 
 
@@ -109,3 +109,65 @@ def ignores_the_soft_limit(params: dict[str, Any], trial: TrialContext) -> float
 def many_metrics(params: dict[str, Any], trial: TrialContext) -> dict[str, float]:
     """A result far larger than any sane limit."""
     return {f"metric_{index}": float(index) for index in range(params["n"])}
+
+
+def ignores_should_prune(params: dict[str, Any], trial: TrialContext) -> float:
+    """Reports a poor curve for a long time and never asks whether to stop."""
+    for step in range(200):
+        trial.report(params["x"] * (step + 1), step)
+        time.sleep(0.1)
+    return params["x"] * 200.0
+
+
+def dies_then_reports_again(params: dict[str, Any], trial: TrialContext) -> float:
+    """Attempt 1 reports 100.0 at steps 0-4 and dies; attempt 2 reports 1.0 at steps 0-9."""
+    if trial.attempt == 1:
+        for step in range(5):
+            trial.report(100.0, step)
+        time.sleep(1.0)  # let the driver read them before the process dies
+        os.kill(os.getpid(), 9)
+    for step in range(10):
+        trial.report(1.0, step)
+        time.sleep(0.1)
+    return 1.0
+
+
+def oom_above(params: dict[str, Any], trial: TrialContext) -> float:
+    """Bigger is better, but above a threshold the 'model' does not fit in memory."""
+    if params["size"] > 0.6:
+        raise MemoryError(f"size {params['size']:.2f} does not fit")
+    return float(params["size"])
+
+
+def two_objectives(params: dict[str, Any], trial: TrialContext) -> dict[str, float]:
+    """Accuracy up, cost up: a trade-off."""
+    return {"accuracy": params["x"], "cost": params["x"] ** 2 + 0.1}
+
+
+def keras_fit(params: dict[str, Any], trial: TrialContext) -> float:
+    """A small real Keras fit on the digits images with trialq's callback."""
+    import keras
+    from sklearn.datasets import load_digits
+
+    from trialq.keras import TrialCallback
+
+    keras.utils.set_random_seed(0)
+    data = load_digits()
+    x = (data.data / 16.0).astype("float32")
+    model = keras.Sequential(
+        [
+            keras.Input(shape=(64,)),
+            keras.layers.Dense(32, activation="relu"),
+            keras.layers.Dense(10, activation="softmax"),
+        ]
+    )
+    model.compile(
+        keras.optimizers.SGD(learning_rate=params["lr"]),
+        "sparse_categorical_crossentropy",
+        metrics=["accuracy"],
+    )
+    history = model.fit(
+        x, data.target, validation_split=0.2, epochs=15, batch_size=64, verbose=0,
+        callbacks=[TrialCallback(trial, monitor="val_accuracy")],
+    )  # fmt: skip
+    return float(history.history["val_accuracy"][-1])

@@ -319,7 +319,7 @@ class StudyDriver:
 
     def _relay(self, entry: InFlight, reports: list[Report]) -> None:
         for report in reports:
-            entry.trial.report(report.value, report.step)
+            _record_intermediate(entry.trial, report.step, report.value)
             entry.reports_seen = report.stream_id
         if entry.prune_requested_at is None and entry.trial.should_prune():
             assert self.channel is not None
@@ -353,6 +353,17 @@ class StudyDriver:
         statuses = self.dispatcher.statuses(self.in_flight)
         waiting = [tid for tid, s in statuses.items() if s.phase is TaskPhase.WAITING]
         self.dispatcher.withdraw(waiting, self.spec.trial.queue)
+
+
+def _record_intermediate(trial: optuna.Trial, step: int, value: float) -> None:
+    """`trial.report`, except that a retried attempt's value replaces an earlier attempt's
+    at the same step (Optuna would keep the first and ignore the new one)."""
+    cached = trial._cached_frozen_trial.intermediate_values
+    if step in cached:
+        trial.storage.set_trial_intermediate_value(trial._trial_id, step, value)
+        cached[step] = value
+    else:
+        trial.report(value, step)
 
 
 class BrokerOutage:
