@@ -6,6 +6,7 @@ worker module makes the one `celery -A trialq.worker` finds.
 
 from __future__ import annotations
 
+import ssl
 from typing import Any
 
 from celery import Celery
@@ -56,9 +57,29 @@ def celery_config(settings: Settings) -> dict[str, Any]:
     }
 
 
+def _tls_defaults(settings: Settings) -> dict[str, Any]:
+    """Verified TLS for `rediss://` URLs that do not say otherwise.
+
+    Celery refuses a `rediss://` URL without `ssl_cert_reqs`; trialq takes the safe
+    reading (verify the server's certificate), as redis-py does for the same URL.
+    """
+    verified = {"ssl_cert_reqs": ssl.CERT_REQUIRED}
+    config: dict[str, Any] = {}
+    if _needs_tls_default(settings.broker_url):
+        config["broker_use_ssl"] = verified
+    if _needs_tls_default(settings.backend_url):
+        config["redis_backend_use_ssl"] = verified
+    return config
+
+
+def _needs_tls_default(url: str) -> bool:
+    return url.startswith("rediss://") and "ssl_cert_reqs" not in url
+
+
 def create_app(settings: Settings) -> Celery:
     """A Celery app bound to the settings' broker and result backend."""
     celery_app = Celery("trialq", broker=settings.broker_url, backend=settings.backend_url)
     celery_app.conf.update(celery_config(settings))
+    celery_app.conf.update(_tls_defaults(settings))
     celery_app.conf.trialq_settings = settings
     return celery_app

@@ -1,0 +1,34 @@
+"""The Celery settings that carry the design, as the app really holds them."""
+
+from __future__ import annotations
+
+import ssl
+
+from trialq.celery_app import create_app
+from trialq.settings import Settings
+
+
+def test_the_design_settings_are_pinned() -> None:
+    conf = create_app(Settings(visibility_timeout_s=7200)).conf
+    assert conf.worker_max_tasks_per_child == 1
+    assert conf.worker_prefetch_multiplier == 1
+    assert conf.task_acks_late is True
+    assert conf.task_reject_on_worker_lost is False
+    assert conf.accept_content == ["json"] and conf.result_accept_content == ["json"]
+    assert conf.task_serializer == "json" and conf.result_serializer == "json"
+    assert conf.broker_transport_options["visibility_timeout"] == 7200
+    assert conf.result_backend_transport_options["visibility_timeout"] == 7200
+    assert conf.visibility_timeout == 7200
+
+
+def test_rediss_urls_get_verified_tls_by_default() -> None:
+    app = create_app(Settings(broker_url="rediss://:pw@redis.example:6380/0"))
+    assert app.conf.broker_use_ssl == {"ssl_cert_reqs": ssl.CERT_REQUIRED}
+    assert app.backend.connparams["ssl_cert_reqs"] == ssl.CERT_REQUIRED  # Celery accepts it
+
+
+def test_rediss_url_parameters_win() -> None:
+    url = "rediss://:pw@redis.example:6380/0?ssl_cert_reqs=CERT_NONE"
+    app = create_app(Settings(broker_url=url))
+    assert not app.conf.broker_use_ssl
+    assert app.backend.connparams["ssl_cert_reqs"] == ssl.CERT_NONE
