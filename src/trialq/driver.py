@@ -349,10 +349,14 @@ class StudyDriver:
             return None
 
     def _withdraw_waiting(self) -> None:
-        """On interrupt: trials not yet started never will; running ones stay re-attachable."""
-        statuses = self.dispatcher.statuses(self.in_flight)
-        waiting = [tid for tid, s in statuses.items() if s.phase is TaskPhase.WAITING]
-        self.dispatcher.withdraw(waiting, self.spec.trial.queue)
+        """On interrupt: trials not yet started never will; running ones stay re-attachable.
+
+        With the broker away nothing can be withdrawn; the next run re-attaches all of them.
+        """
+        with contextlib.suppress(redis.RedisError, BrokerUnreachable):
+            statuses = self.dispatcher.statuses(self.in_flight)
+            waiting = [tid for tid, s in statuses.items() if s.phase is TaskPhase.WAITING]
+            self.dispatcher.withdraw(waiting, self.spec.trial.queue)
 
 
 def _record_intermediate(trial: optuna.Trial, step: int, value: float) -> None:

@@ -6,6 +6,7 @@ same keys serve `trialq health` (a container's liveness probe) and `trialq statu
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import threading
@@ -51,7 +52,8 @@ class Heartbeat:
         """Stop beating and remove the key: a clean exit is not a lost worker."""
         self._stopped.set()
         self._thread.join(timeout=self._interval_s + 1)
-        self._client.delete(_PREFIX + self._beat.name)
+        with contextlib.suppress(redis.RedisError):  # Redis away: the TTL removes it
+            self._client.delete(_PREFIX + self._beat.name)
 
     def _run(self) -> None:
         while not self._stopped.wait(self._interval_s):

@@ -4,6 +4,7 @@ the driver, and summarise. Everything that can be refused is refused before a tr
 
 from __future__ import annotations
 
+import sys
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -53,9 +54,15 @@ def submit_study(
         progress: ProgressSink = NoProgress()
         if show_progress:
             progress = stack.enter_context(RichProgress(spec.study.name, target))
+        workers = dispatcher.live_worker_count(spec.trial.queue)
+        if workers == 0:
+            print(
+                f"warning: no live worker consumes queue {spec.trial.queue!r} yet; "
+                "trials wait in the queue until one starts",
+                file=sys.stderr,
+            )
         options = DriverOptions(
-            max_in_flight=spec.study.max_in_flight
-            or max(1, dispatcher.live_worker_count(spec.trial.queue)),
+            max_in_flight=spec.study.max_in_flight or max(1, workers),
             search_paths=search_paths_for(spec) if local_workers is not None else (),
         )
         channel = ReportChannel(redis.Redis.from_url(settings.broker_url))
