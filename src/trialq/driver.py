@@ -126,8 +126,8 @@ class StudyDriver:
         define(trial)
         return trial
 
-    def _send(self, trial: optuna.Trial, attempt: int) -> None:
-        request = TrialRequest(
+    def _request(self, trial: optuna.Trial, attempt: int) -> TrialRequest:
+        return TrialRequest(
             study=self.study.study_name,
             number=trial.number,
             attempt=attempt,
@@ -137,6 +137,9 @@ class StudyDriver:
             memory_limit_mb=self.spec.trial.memory_limit_mb,
             search_paths=self.options.search_paths,
         )
+
+    def _send(self, trial: optuna.Trial, attempt: int) -> None:
+        request = self._request(trial, attempt)
         try:
             task_id = self.dispatcher.submit(
                 request, self.spec.trial.queue, self.spec.trial.hard_limit_s
@@ -156,18 +159,8 @@ class StudyDriver:
             attempt = int(frozen.user_attrs.get("attempts", 1))
             if task_id is None:
                 self._send(trial, attempt=attempt)
-                continue
-            request = TrialRequest(
-                study=self.study.study_name,
-                number=frozen.number,
-                attempt=attempt,
-                params=dict(frozen.params),
-                entrypoint=self.spec.trial.entrypoint.resolved(self.spec.directory),
-                timeout_s=self.spec.trial.timeout_s,
-                memory_limit_mb=self.spec.trial.memory_limit_mb,
-                search_paths=self.options.search_paths,
-            )
-            self.in_flight[task_id] = InFlight(trial, request, task_id)
+            else:
+                self.in_flight[task_id] = InFlight(trial, self._request(trial, attempt), task_id)
 
     # --- collecting ----------------------------------------------------------------------
 
