@@ -1,0 +1,32 @@
+"""Picking the objective values out of a trial's metrics."""
+
+from __future__ import annotations
+
+import pytest
+
+from trialq.driver import objective_values
+from trialq.errors import SpecError
+
+
+def test_a_bare_number_is_the_objective_whatever_the_metric_name() -> None:
+    assert objective_values({"value": 0.5}, None) == [0.5]
+    assert objective_values({"value": 0.5}, ("val_accuracy",)) == [0.5]
+
+
+def test_the_named_metrics_are_picked_in_order() -> None:
+    metrics = {"acc": 0.9, "cost": 2.0, "loss": 0.1}
+    assert objective_values(metrics, ("cost", "acc")) == [2.0, 0.9]
+
+
+def test_a_lone_metric_needs_no_name() -> None:
+    assert objective_values({"acc": 0.9}, None) == [0.9]
+
+
+def test_several_metrics_and_no_name_is_a_spec_error() -> None:
+    with pytest.raises(SpecError, match="set study.metric"):
+        objective_values({"a": 1.0, "b": 2.0}, None)
+
+
+def test_a_missing_metric_names_what_was_returned() -> None:
+    with pytest.raises(KeyError, match="metric acc not returned"):
+        objective_values({"loss": 0.1}, ("acc",))
