@@ -251,15 +251,18 @@ class StudyDriver:
     # --- telling -------------------------------------------------------------------------
 
     def _finish(self, entry: InFlight, result: TrialResult) -> None:
-        """Record the result on the trial and tell Optuna, once."""
+        """Work out the objective, then tell; a spec that cannot pick one stops the run."""
         del self.in_flight[entry.task_id]
         try:
             result, values = self._objective(result)
         except SpecError as exc:
-            self._finish(
-                entry, result.model_copy(update={"outcome": Outcome.ERROR, "error": str(exc)})
-            )
+            error = {"outcome": Outcome.ERROR, "error": str(exc)}
+            self._tell(entry, result.model_copy(update=error), None)
             raise
+        self._tell(entry, result, values)
+
+    def _tell(self, entry: InFlight, result: TrialResult, values: list[float] | None) -> None:
+        """Record the result on the trial and tell Optuna, once."""
         attrs = {**result.user_attrs(), "attempts": entry.request.attempt, "task_id": entry.task_id}
         for key, value in attrs.items():
             entry.trial.set_user_attr(key, value)

@@ -163,3 +163,37 @@ def test_one_argument_entrypoint_returning_a_number(
     summary = _run(spec, redis_url)
     for trial in summary["trials"]:
         assert trial["values"] == [trial["params"]["x"] * 10]
+
+
+def test_several_metrics_and_no_metric_in_the_spec_stops_with_exit_2(
+    write_spec: Callable[..., Path],
+    start_workers: Callable[..., object],
+    redis_url: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from trialq.cli import submit_study_main
+
+    start_workers(1)
+    spec = write_spec(
+        """
+        [study]
+        name = "no-metric"
+        n_trials = 3
+        max_in_flight = 1
+        [trial]
+        entrypoint = "trials:several_metrics"
+        [space.x]
+        type = "int"
+        low = 0
+        high = 3
+        """
+    )
+    code = submit_study_main([str(spec), "--broker", redis_url, "--no-progress"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert err[-1].endswith("but the spec names none: set study.metric"), err
+    study = optuna.load_study(
+        study_name="no-metric", storage=f"sqlite:///{spec.parent / 'no-metric.db'}"
+    )
+    (trial,) = study.trials
+    assert trial.state.name == "FAIL" and "set study.metric" in trial.user_attrs["error"]

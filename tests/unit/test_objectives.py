@@ -23,7 +23,7 @@ def test_a_lone_metric_needs_no_name() -> None:
 
 
 def test_several_metrics_and_no_name_is_a_spec_error() -> None:
-    with pytest.raises(SpecError, match="set study.metric"):
+    with pytest.raises(SpecError, match=r"set study\.metric"):
         objective_values({"a": 1.0, "b": 2.0}, None)
 
 
