@@ -68,6 +68,9 @@ def _submit_parser() -> _Parser:
     parser.add_argument("--n-trials", type=_positive_int, help="finished trials to reach")
     parser.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument(
+        "--verbose", "-v", action="store_true", help="log sent/told/retried trials on stderr"
+    )
     return parser
 
 
@@ -91,6 +94,7 @@ def _submit_study(args: argparse.Namespace) -> int:
     settings = Settings()
     if args.broker:
         settings = settings.model_copy(update={"broker_url": args.broker})
+    _log_to_stderr(args.verbose, settings)
     summary = submit.submit_study(
         spec_path=args.spec,
         settings=settings,
@@ -105,6 +109,15 @@ def _submit_study(args: argparse.Namespace) -> int:
     else:
         _print_outcome(summary)
     return 0 if summary["n_complete"] > 0 else 1
+
+
+def _log_to_stderr(verbose: bool, settings: Settings) -> None:
+    """Log lines only when asked for (-v: INFO; TRIALQ_LOG_LEVEL wins): clean output else."""
+    level = settings.log_level or ("INFO" if verbose else None)
+    if level is not None:
+        from trialq import logs
+
+        logs.to_stderr(level)
 
 
 def _print_outcome(summary: dict[str, Any]) -> None:

@@ -8,6 +8,7 @@ flight, and relays intermediate values to Optuna's pruner.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Callable
@@ -17,6 +18,7 @@ from pathlib import Path
 import optuna
 from optuna.trial import TrialState
 
+from trialq import logs
 from trialq.channel import Report, ReportChannel, TrialAddress
 from trialq.dispatch import Dispatcher, TaskPhase, TaskStatus
 from trialq.errors import Interrupted, SpecError
@@ -27,6 +29,7 @@ from trialq.study import distributions
 
 FINISHED_STATES = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 _STATE_OF = {Outcome.OK: TrialState.COMPLETE, Outcome.PRUNED: TrialState.PRUNED}
+_log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -128,6 +131,7 @@ class StudyDriver:
         trial.set_user_attr("task_id", task_id)
         trial.set_user_attr("attempts", attempt)
         self.in_flight[task_id] = InFlight(trial, request, task_id)
+        _log.info("sent task_id=%s params=%s", task_id, request.params, extra=logs.fields(request))
 
     def _reattach(self) -> None:
         """Take back trials a previous driver left RUNNING: wait for them or resend them."""
@@ -213,6 +217,7 @@ class StudyDriver:
             del self.in_flight[entry.task_id]
             self.dispatcher.withdraw([entry.task_id], self.spec.trial.queue)
             self._forget_reports(entry)
+            _log.info("retried after: %s", detail, extra=logs.fields(entry.request))
             self._send(entry.trial, attempt=entry.request.attempt + 1)
         else:
             self._finish(entry, self._synthetic(entry, Outcome.WORKER_LOST, detail))
@@ -250,6 +255,7 @@ class StudyDriver:
         )
         self.counts.record(state)
         self._forget_reports(entry)
+        _log.info("told state=%s outcome=%s", state.name, result.outcome, extra=logs.fields(result))
 
     def _objective(self, result: TrialResult) -> tuple[TrialResult, list[float] | None]:
         """The objective values of an ok result, or the result turned into an error."""

@@ -7,6 +7,7 @@ happened in between. Every failure of the trial becomes an outcome here.
 from __future__ import annotations
 
 import inspect
+import logging
 import math
 import os
 import resource
@@ -16,13 +17,15 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from trialq import failures
+from trialq import failures, logs
 from trialq.channel import ReportChannel, TrialAddress
 from trialq.context import TrialContext
 from trialq.device import Device
 from trialq.entrypoint import importable_from
 from trialq.errors import TrialPruned
 from trialq.messages import Outcome, TrialRequest, TrialResult
+
+_log = logging.getLogger(__name__)
 
 
 def run_trial(
@@ -33,7 +36,21 @@ def run_trial(
     allowed_modules: tuple[str, ...],
     timeout_errors: tuple[type[BaseException], ...] = (),
 ) -> TrialResult:
-    """Run the request's entrypoint once and describe how it ended."""
+    """Run the request's entrypoint once and describe how it ended, in the trial's logs too."""
+    with logs.trial_context(request):
+        _log.info("trial started entrypoint=%s", request.entrypoint)
+        result = _attempt(request, channel, device, allowed_modules, timeout_errors)
+        _log_finished(result)
+        return result
+
+
+def _attempt(
+    request: TrialRequest,
+    channel: ReportChannel | None,
+    device: Device,
+    allowed_modules: tuple[str, ...],
+    timeout_errors: tuple[type[BaseException], ...],
+) -> TrialResult:
     address = TrialAddress(request.study, request.number, request.attempt)
     context = TrialContext(address, request.params, channel)
     started = time.monotonic()
@@ -60,6 +77,18 @@ def run_trial(
         error=error,
         last_step=context.last_step,
     )
+
+
+def _log_finished(result: TrialResult) -> None:
+    """INFO for a trial that ended as trials do (ok, pruned), WARNING with the error else."""
+    if result.outcome in (Outcome.OK, Outcome.PRUNED):
+        _log.info("trial finished outcome=%s duration_s=%.3f", result.outcome, result.duration_s)
+        return
+    headline = (result.error or "").split("\n", 1)[0]
+    _log.warning(
+        "trial finished outcome=%s duration_s=%.3f error=%s",
+        result.outcome, result.duration_s, headline,
+    )  # fmt: skip
 
 
 def _call_entrypoint(

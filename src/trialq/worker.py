@@ -7,6 +7,7 @@ after the trial ends, JSON only. The worker's parent never touches TensorFlow or
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 from typing import Any
@@ -15,6 +16,7 @@ import redis
 from celery import signals
 from celery.exceptions import SoftTimeLimitExceeded
 
+from trialq import logs
 from trialq.celery_app import TASK_NAME, create_app, withdrawn_key
 from trialq.channel import ReportChannel
 from trialq.device import TensorFlowDevice
@@ -95,6 +97,12 @@ def _start_heartbeat(sender: Any = None, **_: Any) -> None:
     client = redis.Redis.from_url(settings.broker_url, socket_timeout=5)
     _heartbeat = Heartbeat(client, beat, settings.heartbeat_interval_s, settings.heartbeat_ttl_s)
     _heartbeat.start()
+
+
+@signals.after_setup_logger.connect
+def _structured_logs(logger: logging.Logger, **_: Any) -> None:
+    """Every worker line, Celery's too, names its study, trial and attempt (or `-`)."""
+    logs.adopt_handlers(logger)
 
 
 @signals.worker_shutdown.connect
