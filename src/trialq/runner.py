@@ -24,6 +24,7 @@ from trialq.device import Device
 from trialq.entrypoint import importable_from
 from trialq.errors import TrialPruned
 from trialq.messages import Outcome, TrialRequest, TrialResult
+from trialq.telemetry import DeviceBaseline, Sampler
 
 _log = logging.getLogger(__name__)
 
@@ -35,11 +36,20 @@ def run_trial(
     device: Device,
     allowed_modules: tuple[str, ...],
     timeout_errors: tuple[type[BaseException], ...] = (),
+    baseline: DeviceBaseline | None = None,
 ) -> TrialResult:
-    """Run the request's entrypoint once and describe how it ended, in the trial's logs too."""
+    """Run the request's entrypoint once and describe how it ended, in the trial's logs too.
+
+    With a `baseline`, a device still holding memory an earlier trial left behind is
+    refused: the trial ends as `error` without running, rather than run out of memory on it.
+    """
     with logs.trial_context(request):
         _log.info("trial started entrypoint=%s", request.entrypoint)
-        result = _attempt(request, channel, device, allowed_modules, timeout_errors)
+        refusal = baseline.refusal(device) if baseline is not None else None
+        if refusal is None:
+            result = _attempt(request, channel, device, allowed_modules, timeout_errors)
+        else:
+            result = _refused(request, refusal)
         _log_finished(result)
         return result
 
@@ -54,15 +64,11 @@ def _attempt(
     address = TrialAddress(request.study, request.number, request.attempt)
     context = TrialContext(address, request.params, channel)
     started = time.monotonic()
-    outcome, metrics, error = Outcome.OK, {}, None
-    try:
-        metrics = _call_entrypoint(request, context, device, allowed_modules)
-    except TrialPruned:
-        outcome = Outcome.PRUNED
-    except timeout_errors:
-        outcome, error = Outcome.TIMEOUT, f"soft time limit of {request.timeout_s:g} s exceeded"
-    except Exception as exc:
-        outcome, error = failures.classify(exc), failures.describe(exc)
+    with Sampler(device) as sampler:
+        outcome, metrics, error = _outcome(
+            request, context, device, allowed_modules, timeout_errors
+        )
+    gpu = sampler.result()
     return TrialResult(
         study=request.study,
         number=request.number,
@@ -74,8 +80,41 @@ def _attempt(
         duration_s=round(time.monotonic() - started, 6),
         peak_rss_bytes=_peak_rss_bytes(),
         gpu_peak_bytes=device.peak_bytes(),
+        gpu_memory_used_peak_bytes=gpu.memory_used_peak_bytes,
+        gpu_utilization_mean=gpu.utilization_mean,
         error=error,
         last_step=context.last_step,
+    )
+
+
+def _outcome(
+    request: TrialRequest,
+    context: TrialContext,
+    device: Device,
+    allowed_modules: tuple[str, ...],
+    timeout_errors: tuple[type[BaseException], ...],
+) -> tuple[Outcome, dict[str, float], str | None]:
+    """Every way the entrypoint can end, as (outcome, metrics, error)."""
+    try:
+        return Outcome.OK, _call_entrypoint(request, context, device, allowed_modules), None
+    except TrialPruned:
+        return Outcome.PRUNED, {}, None
+    except timeout_errors:
+        return Outcome.TIMEOUT, {}, f"soft time limit of {request.timeout_s:g} s exceeded"
+    except Exception as exc:
+        return failures.classify(exc), {}, failures.describe(exc)
+
+
+def _refused(request: TrialRequest, reason: str) -> TrialResult:
+    """The result of a trial this process would not run: nothing was measured."""
+    return TrialResult(
+        study=request.study,
+        number=request.number,
+        attempt=request.attempt,
+        outcome=Outcome.ERROR,
+        worker_pid=os.getpid(),
+        worker_host=socket.gethostname(),
+        error=reason,
     )
 
 

@@ -44,6 +44,10 @@ class Settings(BaseSettings):
     max_result_bytes: int = Field(default=1_000_000, gt=0)
     """A trial result larger than this (as JSON) is refused, not stored."""
 
+    gpu_baseline_tolerance_mb: int = Field(default=256, ge=0)
+    """A trial is refused when its device holds more than this above the memory in use when
+    the worker started: a process of an earlier trial may still hold it."""
+
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] | None = None
     """trialq's log lines on `submit-study`'s stderr from this level up; unset: none (as
     without `-v`), so the progress bar and the summary stay the whole output."""

@@ -24,6 +24,7 @@ from trialq.heartbeat import Heartbeat, WorkerBeat
 from trialq.messages import Outcome, TrialRequest, TrialResult
 from trialq.runner import run_trial
 from trialq.settings import Settings
+from trialq.telemetry import MIB, DeviceBaseline
 
 settings = Settings()
 app = create_app(settings)
@@ -50,6 +51,7 @@ def run_trial_task(self: Any, payload: dict[str, Any]) -> dict[str, Any]:
         device=TensorFlowDevice(),
         allowed_modules=settings.allowed_modules,
         timeout_errors=(SoftTimeLimitExceeded,),
+        baseline=_baseline,
     )
     return _bounded(result).model_dump(mode="json")
 
@@ -80,6 +82,15 @@ def _bounded(result: TrialResult) -> TrialResult:
 
 
 _heartbeat: Heartbeat | None = None
+_baseline: DeviceBaseline | None = None
+
+
+@signals.worker_init.connect
+def _measure_device_baseline(**_: Any) -> None:
+    """Before the pool forks any trial process: the memory a clean device holds."""
+    global _baseline
+    tolerance = settings.gpu_baseline_tolerance_mb * MIB
+    _baseline = DeviceBaseline.measure(TensorFlowDevice(), tolerance)
 
 
 @signals.worker_ready.connect
