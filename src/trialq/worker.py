@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import time
 from typing import Any
 
 import redis
@@ -20,7 +21,7 @@ from trialq import logs
 from trialq.celery_app import TASK_NAME, create_app, withdrawn_key
 from trialq.channel import ReportChannel
 from trialq.device import TensorFlowDevice
-from trialq.heartbeat import Heartbeat, WorkerBeat
+from trialq.heartbeat import Heartbeat, RunningTrial, TrialBeacon, WorkerBeat
 from trialq.messages import Outcome, TrialRequest, TrialResult
 from trialq.runner import run_trial
 from trialq.settings import Settings
@@ -114,6 +115,41 @@ def _start_heartbeat(sender: Any = None, **_: Any) -> None:
 def _structured_logs(logger: logging.Logger, **_: Any) -> None:
     """Every worker line, Celery's too, names its study, trial and attempt (or `-`)."""
     logs.adopt_handlers(logger)
+
+
+_beacon: TrialBeacon | None = None
+
+
+@signals.task_prerun.connect
+def _claim_trial(sender: Any = None, task_id: str = "", args: Any = (), **_: Any) -> None:
+    """In the trial process: tell `trialq status` which trial this worker now runs."""
+    global _beacon
+    if getattr(sender, "name", None) == TASK_NAME:
+        running = _running_trial(sender.request.hostname, task_id, args[0])
+        interval, ttl = settings.heartbeat_interval_s, settings.heartbeat_ttl_s
+        _beacon = TrialBeacon(_trial_redis(), running, interval, ttl).start()
+
+
+def _running_trial(worker: str, task_id: str, payload: dict[str, Any]) -> RunningTrial:
+    request = TrialRequest.model_validate(payload)
+    return RunningTrial(
+        worker=worker,
+        study=request.study,
+        number=request.number,
+        attempt=request.attempt,
+        task_id=task_id,
+        pid=os.getpid(),
+        started_at=time.time(),
+    )
+
+
+@signals.task_postrun.connect
+def _release_trial(**_: Any) -> None:
+    """The trial is over, whatever its outcome: this worker no longer runs it."""
+    global _beacon
+    if _beacon is not None:
+        _beacon.stop()
+        _beacon = None
 
 
 @signals.worker_shutdown.connect
