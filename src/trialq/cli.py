@@ -1,4 +1,4 @@
-"""The command line: `submit-study` and `trialq worker | status | health`.
+"""The command line: `submit-study` and `trialq worker | status | report | health`.
 
 Errors of the user's making become one line on stderr and an exit code (DESIGN.md):
 0 done with a complete trial, 1 done with none, 2 bad spec or arguments, 3 broker or
@@ -133,7 +133,7 @@ def _print_outcome(summary: dict[str, Any]) -> None:
 
 
 def _trialq_parser() -> _Parser:
-    parser = _Parser(prog="trialq", description="trialq workers, status and health.")
+    parser = _Parser(prog="trialq", description="trialq workers, status, reports and health.")
     commands = parser.add_subparsers(dest="command", required=True)
     worker = commands.add_parser("worker", help="run a Celery worker: one trial per process")
     worker.add_argument("--queue", "-Q", default="gpu")
@@ -146,6 +146,10 @@ def _trialq_parser() -> _Parser:
     status.add_argument("--storage", help="Optuna storage URL (default TRIALQ_STORAGE)")
     status.add_argument("--broker", help="broker URL, for live workers")
     status.add_argument("--json", action="store_true")
+    report = commands.add_parser("report", help="a study's plots and an offline HTML page")
+    report.add_argument("study")
+    report.add_argument("--out", type=Path, required=True, help="folder for index.html, PNGs")
+    report.add_argument("--storage", help="Optuna storage URL (default TRIALQ_STORAGE)")
     health = commands.add_parser("health", help="exit 0 if a worker on this host beats")
     health.add_argument("--max-age", type=float, help="seconds since the last beat")
     return parser
@@ -158,6 +162,8 @@ def _dispatch_trialq(args: argparse.Namespace, rest: list[str]) -> int:
         return _worker(args, rest)
     if args.command == "health":
         return _health(args)
+    if args.command == "report":
+        return _report(args)
     return _status(args)
 
 
@@ -205,6 +211,19 @@ def _status(args: argparse.Namespace) -> int:
     settings = Settings()
     broker = args.broker or settings.broker_url
     return show_status(args.study, args.storage or settings.storage, broker, as_json=args.json)
+
+
+def _report(args: argparse.Namespace) -> int:
+    """Write the study's report and print where its page is."""
+    from trialq.report import write_report
+    from trialq.status import load_study
+
+    storage = args.storage or Settings().storage
+    if storage is None:
+        raise UsageError("trialq report: give --storage or set TRIALQ_STORAGE")
+    page = write_report(load_study(args.study, storage, "trialq report"), args.out)
+    print(page)
+    return 0
 
 
 __all__ = ["submit_study_main", "trialq_main"]
