@@ -16,7 +16,7 @@ import logging
 import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from contextvars import ContextVar
+from contextvars import ContextVar, Token
 from types import MappingProxyType
 from typing import Protocol, TextIO
 
@@ -50,11 +50,21 @@ def fields(trial: TrialLike) -> dict[str, str]:
 @contextmanager
 def trial_context(trial: TrialLike) -> Iterator[None]:
     """Every line logged inside the block names this trial (one trial per process)."""
-    token = _context.set(fields(trial))
+    token = enter_trial(trial)
     try:
         yield
     finally:
-        _context.reset(token)
+        leave_trial(token)
+
+
+def enter_trial(trial: TrialLike) -> Token[Mapping[str, str]]:
+    """From now on, lines name this trial; for hooks that cannot wrap a block (signals)."""
+    return _context.set(fields(trial))
+
+
+def leave_trial(token: Token[Mapping[str, str]]) -> None:
+    """Back to whatever the lines named before `enter_trial`."""
+    _context.reset(token)
 
 
 class ContextFilter(logging.Filter):

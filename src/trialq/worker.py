@@ -11,6 +11,8 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Mapping
+from contextvars import Token
 from typing import Any
 
 import redis
@@ -118,14 +120,17 @@ def _structured_logs(logger: logging.Logger, **_: Any) -> None:
 
 
 _beacon: TrialBeacon | None = None
+_log_token: Token[Mapping[str, str]] | None = None
 
 
 @signals.task_prerun.connect
 def _claim_trial(sender: Any = None, task_id: str = "", args: Any = (), **_: Any) -> None:
-    """In the trial process: tell `trialq status` which trial this worker now runs."""
-    global _beacon
+    """In the trial process: tell `trialq status` which trial this worker now runs, and
+    name it on every log line until the task ends (Celery's 'succeeded' line included)."""
+    global _beacon, _log_token
     if getattr(sender, "name", None) == TASK_NAME:
         running = _running_trial(sender.request.hostname, task_id, args[0])
+        _log_token = logs.enter_trial(running)
         interval, ttl = settings.heartbeat_interval_s, settings.heartbeat_ttl_s
         _beacon = TrialBeacon(_trial_redis(), running, interval, ttl).start()
 
@@ -146,10 +151,13 @@ def _running_trial(worker: str, task_id: str, payload: dict[str, Any]) -> Runnin
 @signals.task_postrun.connect
 def _release_trial(**_: Any) -> None:
     """The trial is over, whatever its outcome: this worker no longer runs it."""
-    global _beacon
+    global _beacon, _log_token
     if _beacon is not None:
         _beacon.stop()
         _beacon = None
+    if _log_token is not None:
+        logs.leave_trial(_log_token)
+        _log_token = None
 
 
 @signals.worker_shutdown.connect
