@@ -52,6 +52,8 @@ class Plot:
     title: str
     file: str
     skipped: str | None = None
+    notes: tuple[str, ...] = ()
+    """Warnings Optuna gave while drawing it (few trials, say): shown under the plot."""
 
 
 def write_report(study: optuna.Study, out_dir: Path) -> Path:
@@ -81,7 +83,8 @@ def _draw(study: optuna.Study, rows: list[TrialRow], title: str, name: str, out:
     """Draw one plot to `<name>.png`, or record why it was skipped."""
     plt = _pyplot()
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             figure = _DRAWINGS[name](study, rows)
     except Skipped as why:
@@ -90,7 +93,8 @@ def _draw(study: optuna.Study, rows: list[TrialRow], title: str, name: str, out:
         return Plot(title, f"{name}.png", skipped=f"Optuna could not draw it: {exc}")
     figure.savefig(out / f"{name}.png", dpi=DPI, bbox_inches="tight")
     plt.close(figure)
-    return Plot(title, f"{name}.png")
+    notes = tuple(dict.fromkeys(str(warning.message) for warning in caught))
+    return Plot(title, f"{name}.png", notes=notes)
 
 
 def _pyplot() -> Any:
@@ -268,9 +272,10 @@ def _plot_html(plot: Plot, out: Path) -> str:
     if plot.skipped is not None:
         return f'<p class="skipped"><b>{title}</b>: not drawn: {html.escape(plot.skipped)}</p>'
     data = base64.b64encode((out / plot.file).read_bytes()).decode("ascii")
+    notes = "".join(f"<br><small>{html.escape(note)}</small>" for note in plot.notes)
     return (
         f'<figure><a href="{html.escape(plot.file)}"><img alt="{title}" '
-        f'src="data:image/png;base64,{data}"></a><figcaption>{title}</figcaption></figure>'
+        f'src="data:image/png;base64,{data}"></a><figcaption>{title}{notes}</figcaption></figure>'
     )
 
 
