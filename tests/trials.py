@@ -104,3 +104,26 @@ def leaks_gpu_memory_once(params: dict[str, Any], trial: TrialContext) -> float:
             raise RuntimeError("the GPU holder did not start")
         time.sleep(0.2)
     return 1.0
+
+
+STAGED_X = (3.0, 2.0, 4.0, -1.0, 0.5, 0.2, 5.0)
+"""With `curve_or_raise`, one trial at a time and a median pruner after two complete trials:
+ok, ok, ok, error, pruned, pruned, ok."""
+
+
+def staged_x(trial: Any) -> None:
+    """A search space (run in the driver) that gives trial n the value STAGED_X[n]."""
+    x = STAGED_X[trial.number % len(STAGED_X)]
+    trial.suggest_float("x", x, x)
+
+
+def curve_or_raise(params: dict[str, Any], trial: TrialContext) -> float:
+    """Raises for a negative x, else reports x, 2x, ... slowly enough to be pruned on time."""
+    if params["x"] < 0:
+        raise ValueError(f"refusing x={params['x']} on purpose")
+    for step in range(8):
+        trial.report(params["x"] * (step + 1), step)
+        if trial.should_prune():
+            raise TrialPruned()
+        time.sleep(0.2)
+    return params["x"] * 8.0
