@@ -68,13 +68,19 @@ class NvmlGpu:
             return None
         return cls(pynvml, handle, _describe(pynvml, handle))
 
-    def memory_used_bytes(self) -> int:
+    def memory_used_bytes(self) -> int | None:
         """Memory in use on the device by every process (and the driver's reservations)."""
-        return int(self._nvml.nvmlDeviceGetMemoryInfo(self._handle).used)
+        try:
+            return int(self._nvml.nvmlDeviceGetMemoryInfo(self._handle).used)
+        except self._nvml.NVMLError:
+            return None  # a GPU fallen off the bus reads as no reading, not as a crash
 
-    def utilization_percent(self) -> float:
+    def utilization_percent(self) -> float | None:
         """The share of the driver's last sample period in which a kernel ran."""
-        return float(self._nvml.nvmlDeviceGetUtilizationRates(self._handle).gpu)
+        try:
+            return float(self._nvml.nvmlDeviceGetUtilizationRates(self._handle).gpu)
+        except self._nvml.NVMLError:
+            return None
 
     def close(self) -> None:
         """Shut NVML down in this process (it counts opens, so others are unaffected)."""

@@ -46,8 +46,9 @@ def tensorflow_gpu(gpu: NvmlGpu) -> None:
 def test_nvml_reads_the_visible_gpu(gpu: NvmlGpu) -> None:
     try:
         assert gpu.name.startswith("GPU ") and "GPU-" in gpu.name
-        assert gpu.memory_used_bytes() > 0
-        assert 0.0 <= gpu.utilization_percent() <= 100.0
+        used, busy = gpu.memory_used_bytes(), gpu.utilization_percent()
+        assert used is not None and used > 0
+        assert busy is not None and 0.0 <= busy <= 100.0
     finally:
         gpu.close()
     device = TensorFlowDevice()
