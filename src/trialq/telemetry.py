@@ -10,6 +10,7 @@ a process that outlived its trial.
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
 from statistics import fmean
 from types import TracebackType
@@ -19,6 +20,10 @@ from trialq.device import Device
 SAMPLE_INTERVAL_S = 0.5
 """How often the trial process reads its device; NVML's own utilisation window is ~1/6 s
 to 1 s, so sampling faster would mostly read the same value again."""
+
+SETTLE_S = 5.0
+"""How long a new trial process waits for its device to come back to baseline before it
+refuses: the driver may still be tearing down the previous trial's process."""
 
 MIB = 2**20
 
@@ -87,19 +92,22 @@ class DeviceBaseline:
     device: str
     used_bytes: int
     tolerance_bytes: int
+    settle_s: float = SETTLE_S
 
     @classmethod
-    def measure(cls, device: Device, tolerance_bytes: int) -> DeviceBaseline | None:
+    def measure(
+        cls, device: Device, tolerance_bytes: int, settle_s: float = SETTLE_S
+    ) -> DeviceBaseline | None:
         """Read it now, in the worker's parent before any trial, and let go of the device."""
         try:
             used = device.memory_used_bytes()
-            return None if used is None else cls(device.name, used, tolerance_bytes)
+            return None if used is None else cls(device.name, used, tolerance_bytes, settle_s)
         finally:
             device.close()
 
     def refusal(self, device: Device) -> str | None:
         """Why no trial may start on the device now, or None when it is back to baseline."""
-        used = device.memory_used_bytes()
+        used = self._settled(device)
         if used is None or used <= self.used_bytes + self.tolerance_bytes:
             return None
         return (
@@ -108,6 +116,17 @@ class DeviceBaseline:
             f"tolerance {_mib(self.tolerance_bytes)}): a process of an earlier trial may still "
             "hold it; the trial was not run"
         )
+
+    def _settled(self, device: Device) -> int | None:
+        """Memory in use once back within tolerance, or the last reading after `settle_s`."""
+        deadline = time.monotonic() + self.settle_s
+        used = device.memory_used_bytes()
+        while used is not None and used > self.used_bytes + self.tolerance_bytes:
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(min(0.25, self.settle_s))
+            used = device.memory_used_bytes()
+        return used
 
 
 def _mib(n_bytes: int) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -10,7 +11,7 @@ from trialq.device import FakeDevice, TensorFlowDevice
 from trialq.entrypoint import Entrypoint
 from trialq.messages import Outcome, TrialRequest, TrialResult
 from trialq.runner import run_trial
-from trialq.telemetry import MIB, DeviceBaseline, Sampler
+from trialq.telemetry import MIB, SETTLE_S, DeviceBaseline, Sampler
 
 
 def _request(entrypoint: str = "trials:quadratic", **params: object) -> TrialRequest:
@@ -50,7 +51,7 @@ def test_a_trial_records_its_device_telemetry() -> None:
 
 
 def test_a_device_still_holding_memory_refuses_the_next_trial_and_says_so() -> None:
-    baseline = DeviceBaseline.measure(FakeDevice(used_bytes=300 * MIB), tolerance_bytes=256 * MIB)
+    baseline = DeviceBaseline.measure(FakeDevice(used_bytes=300 * MIB), 256 * MIB, settle_s=0.3)
     assert baseline is not None
     leaked = FakeDevice(used_bytes=(300 + 4096) * MIB, name="GPU 1 FakeGPU (GPU-abc)")
 
@@ -67,7 +68,7 @@ def test_a_device_still_holding_memory_refuses_the_next_trial_and_says_so() -> N
 
 
 def test_a_device_back_within_tolerance_runs_the_trial() -> None:
-    baseline = DeviceBaseline(device="GPU 0", used_bytes=300 * MIB, tolerance_bytes=256 * MIB)
+    baseline = DeviceBaseline("GPU 0", used_bytes=300 * MIB, tolerance_bytes=256 * MIB)
     device = FakeDevice(used_bytes=(300 + 200) * MIB)
     result = run_trial(
         _request(), channel=None, device=device, allowed_modules=("trials",), baseline=baseline
@@ -75,9 +76,21 @@ def test_a_device_back_within_tolerance_runs_the_trial() -> None:
     assert result.outcome is Outcome.OK and device.prepared
 
 
+def test_memory_the_last_trial_is_still_handing_back_is_waited_for() -> None:
+    """The previous process's teardown may lag its exit: refuse only what stays held."""
+    baseline = DeviceBaseline("GPU 0", 300 * MIB, 256 * MIB, settle_s=5.0)
+    device = FakeDevice(used_bytes=4096 * MIB)
+    threading.Timer(0.3, lambda: setattr(device, "used_bytes", 310 * MIB)).start()
+    started = time.monotonic()
+    result = run_trial(
+        _request(), channel=None, device=device, allowed_modules=("trials",), baseline=baseline
+    )
+    assert result.outcome is Outcome.OK and 0.3 <= time.monotonic() - started < 2.0
+
+
 def test_the_baseline_lets_go_of_the_device_and_is_none_without_readings() -> None:
     device = FakeDevice(used_bytes=MIB)
-    assert DeviceBaseline.measure(device, 0) == DeviceBaseline(device.name, MIB, 0)
+    assert DeviceBaseline.measure(device, 0) == DeviceBaseline(device.name, MIB, 0, SETTLE_S)
     assert device.closed
     assert DeviceBaseline.measure(FakeDevice(), 0) is None
 
