@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from trialq import TrialContext, TrialPruned
@@ -171,3 +174,72 @@ def keras_fit(params: dict[str, Any], trial: TrialContext) -> float:
         callbacks=[TrialCallback(trial, monitor="val_accuracy")],
     )  # fmt: skip
     return float(history.history["val_accuracy"][-1])
+
+
+def allocates_on_gpu(params: dict[str, Any], trial: TrialContext) -> float:
+    """Holds about `mib` MiB on the GPU through two seconds of matmuls (GPU tests only)."""
+    import tensorflow as tf
+
+    if not tf.config.list_physical_devices("GPU"):
+        raise RuntimeError("TensorFlow sees no GPU")
+    with tf.device("GPU:0"):
+        block = tf.ones((int(params["mib"]) * 2**18,))  # float32: 2**18 of them in a MiB
+        a = tf.random.normal((2048, 2048))
+        deadline = time.monotonic() + 2
+        while time.monotonic() < deadline:
+            a = tf.linalg.matmul(a, a) / 2048.0
+        return float(tf.reduce_sum(block).numpy()) + 0.0 * float(tf.reduce_sum(a).numpy())
+
+
+_GPU_HOLDER = """
+import sys, time
+import tensorflow as tf
+block = tf.ones((int(sys.argv[1]) * 2**18,))
+float(block[0].numpy())
+open(sys.argv[2], "w").write("ready")
+time.sleep(float(sys.argv[3]))
+"""
+
+
+def leaks_gpu_memory_once(params: dict[str, Any], trial: TrialContext) -> float:
+    """The first call leaves a process holding GPU memory after its trial; later ones return.
+
+    The holder runs in its own session, as a data loader or server a trial forgot would,
+    so it outlives the trial's process; its pid is in the `marker` file for the test to end.
+    """
+    marker = Path(params["marker"])
+    if marker.exists():
+        return 0.0
+    ready = marker.with_suffix(".ready")
+    command = [sys.executable, "-c", _GPU_HOLDER, "1024", str(ready), "300"]
+    holder = subprocess.Popen(command, start_new_session=True)
+    marker.write_text(str(holder.pid))
+    deadline = time.monotonic() + 120
+    while not ready.exists():
+        if holder.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError("the GPU holder did not start")
+        time.sleep(0.2)
+    return 1.0
+
+
+STAGED_X = (3.0, 2.0, 4.0, -1.0, 0.5, 0.2, 5.0)
+"""With `curve_or_raise`, one trial at a time and a median pruner after two complete trials:
+ok, ok, ok, error, pruned, pruned, ok."""
+
+
+def staged_x(trial: Any) -> None:
+    """A search space (run in the driver) that gives trial n the value STAGED_X[n]."""
+    x = STAGED_X[trial.number % len(STAGED_X)]
+    trial.suggest_float("x", x, x)
+
+
+def curve_or_raise(params: dict[str, Any], trial: TrialContext) -> float:
+    """Raises for a negative x, else reports x, 2x, ... slowly enough to be pruned on time."""
+    if params["x"] < 0:
+        raise ValueError(f"refusing x={params['x']} on purpose")
+    for step in range(8):
+        trial.report(params["x"] * (step + 1), step)
+        if trial.should_prune():
+            raise TrialPruned()
+        time.sleep(0.2)
+    return params["x"] * 8.0

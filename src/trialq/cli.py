@@ -1,4 +1,4 @@
-"""The command line: `submit-study` and `trialq worker | status | health`.
+"""The command line: `submit-study` and `trialq worker | status | report | health`.
 
 Errors of the user's making become one line on stderr and an exit code (DESIGN.md):
 0 done with a complete trial, 1 done with none, 2 bad spec or arguments, 3 broker or
@@ -68,6 +68,9 @@ def _submit_parser() -> _Parser:
     parser.add_argument("--n-trials", type=_positive_int, help="finished trials to reach")
     parser.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument(
+        "--verbose", "-v", action="store_true", help="log sent/told/retried trials on stderr"
+    )
     return parser
 
 
@@ -91,6 +94,7 @@ def _submit_study(args: argparse.Namespace) -> int:
     settings = Settings()
     if args.broker:
         settings = settings.model_copy(update={"broker_url": args.broker})
+    _log_to_stderr(args.verbose, settings)
     summary = submit.submit_study(
         spec_path=args.spec,
         settings=settings,
@@ -107,6 +111,15 @@ def _submit_study(args: argparse.Namespace) -> int:
     return 0 if summary["n_complete"] > 0 else 1
 
 
+def _log_to_stderr(verbose: bool, settings: Settings) -> None:
+    """Log lines only when asked for (-v: INFO; TRIALQ_LOG_LEVEL wins): clean output else."""
+    level = settings.log_level or ("INFO" if verbose else None)
+    if level is not None:
+        from trialq import logs
+
+        logs.to_stderr(level)
+
+
 def _print_outcome(summary: dict[str, Any]) -> None:
     print(
         f"study {summary['study']}: {summary['n_complete']} complete, "
@@ -120,7 +133,7 @@ def _print_outcome(summary: dict[str, Any]) -> None:
 
 
 def _trialq_parser() -> _Parser:
-    parser = _Parser(prog="trialq", description="trialq workers, status and health.")
+    parser = _Parser(prog="trialq", description="trialq workers, status, reports and health.")
     commands = parser.add_subparsers(dest="command", required=True)
     worker = commands.add_parser("worker", help="run a Celery worker: one trial per process")
     worker.add_argument("--queue", "-Q", default="gpu")
@@ -133,6 +146,10 @@ def _trialq_parser() -> _Parser:
     status.add_argument("--storage", help="Optuna storage URL (default TRIALQ_STORAGE)")
     status.add_argument("--broker", help="broker URL, for live workers")
     status.add_argument("--json", action="store_true")
+    report = commands.add_parser("report", help="a study's plots and an offline HTML page")
+    report.add_argument("study")
+    report.add_argument("--out", type=Path, required=True, help="folder for index.html, PNGs")
+    report.add_argument("--storage", help="Optuna storage URL (default TRIALQ_STORAGE)")
     health = commands.add_parser("health", help="exit 0 if a worker on this host beats")
     health.add_argument("--max-age", type=float, help="seconds since the last beat")
     return parser
@@ -145,6 +162,8 @@ def _dispatch_trialq(args: argparse.Namespace, rest: list[str]) -> int:
         return _worker(args, rest)
     if args.command == "health":
         return _health(args)
+    if args.command == "report":
+        return _report(args)
     return _status(args)
 
 
@@ -192,6 +211,19 @@ def _status(args: argparse.Namespace) -> int:
     settings = Settings()
     broker = args.broker or settings.broker_url
     return show_status(args.study, args.storage or settings.storage, broker, as_json=args.json)
+
+
+def _report(args: argparse.Namespace) -> int:
+    """Write the study's report and print where its page is."""
+    from trialq.report import write_report
+    from trialq.status import load_study
+
+    storage = args.storage or Settings().storage
+    if storage is None:
+        raise UsageError("trialq report: give --storage or set TRIALQ_STORAGE")
+    page = write_report(load_study(args.study, storage, "trialq report"), args.out)
+    print(page)
+    return 0
 
 
 __all__ = ["submit_study_main", "trialq_main"]

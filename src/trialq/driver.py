@@ -9,6 +9,7 @@ flight, and relays intermediate values to Optuna's pruner.
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import time
 from collections.abc import Callable, Iterator
@@ -19,6 +20,7 @@ import optuna
 import redis
 from optuna.trial import TrialState
 
+from trialq import logs
 from trialq.channel import Report, ReportChannel, TrialAddress
 from trialq.dispatch import Dispatcher, TaskPhase, TaskStatus
 from trialq.errors import BrokerUnreachable, Interrupted, SpecError
@@ -29,6 +31,7 @@ from trialq.study import distributions
 
 FINISHED_STATES = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 _STATE_OF = {Outcome.OK: TrialState.COMPLETE, Outcome.PRUNED: TrialState.PRUNED}
+_log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -150,6 +153,7 @@ class StudyDriver:
         trial.set_user_attr("task_id", task_id)
         trial.set_user_attr("attempts", attempt)
         self.in_flight[task_id] = InFlight(trial, request, task_id)
+        _log.info("sent task_id=%s params=%s", task_id, request.params, extra=logs.fields(request))
 
     def _reattach(self) -> None:
         """Take back trials a previous driver left RUNNING: wait for them or resend them."""
@@ -229,6 +233,7 @@ class StudyDriver:
             self._finish(entry, result.model_copy(update={"peak_rss_bytes": rss}))
         elif entry.request.attempt <= self.spec.trial.max_retries:
             self._forget_reports(entry)
+            _log.info("retried after: %s", detail, extra=logs.fields(entry.request))
             self._resend(entry, attempt=entry.request.attempt + 1)
         else:
             self._finish(entry, self._synthetic(entry, Outcome.WORKER_LOST, detail))
@@ -280,6 +285,7 @@ class StudyDriver:
         )
         self.counts.record(state)
         self._forget_reports(entry)
+        _log.info("told state=%s outcome=%s", state.name, result.outcome, extra=logs.fields(result))
 
     def _oom_is_a_constraint(self) -> bool:
         return self.spec.study.oom_as_constraint and self.spec.study.sampler == "tpe"

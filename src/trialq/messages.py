@@ -67,6 +67,10 @@ class TrialResult(_Message):
     duration_s: float = 0.0
     peak_rss_bytes: int | None = None
     gpu_peak_bytes: int | None = None
+    gpu_memory_used_peak_bytes: int | None = None
+    """Peak of NVML's memory in use on the trial's device (None without NVML)."""
+    gpu_utilization_mean: float | None = None
+    """Mean of NVML's utilisation, percent, sampled while the trial ran."""
     error: str | None = None
     last_step: int | None = None
 

@@ -7,6 +7,7 @@ happened in between. Every failure of the trial becomes an outcome here.
 from __future__ import annotations
 
 import inspect
+import logging
 import math
 import os
 import resource
@@ -17,7 +18,7 @@ from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
-from trialq import failures
+from trialq import failures, logs
 from trialq.channel import ReportChannel, TrialAddress
 from trialq.context import TrialContext
 from trialq.device import Device
@@ -25,6 +26,9 @@ from trialq.entrypoint import importable_from
 from trialq.errors import TrialPruned
 from trialq.memory_guard import MemoryGuard
 from trialq.messages import Outcome, TrialRequest, TrialResult
+from trialq.telemetry import DeviceBaseline, Sampler
+
+_log = logging.getLogger(__name__)
 
 
 def run_trial(
@@ -34,21 +38,39 @@ def run_trial(
     device: Device,
     allowed_modules: tuple[str, ...],
     timeout_errors: tuple[type[BaseException], ...] = (),
+    baseline: DeviceBaseline | None = None,
 ) -> TrialResult:
-    """Run the request's entrypoint once and describe how it ended."""
+    """Run the request's entrypoint once and describe how it ended, in the trial's logs too.
+
+    With a `baseline`, a device still holding memory an earlier trial left behind is
+    refused: the trial ends as `error` without running, rather than run out of memory on it.
+    """
+    with logs.trial_context(request):
+        _log.info("trial started entrypoint=%s", request.entrypoint)
+        refusal = baseline.refusal(device) if baseline is not None else None
+        if refusal is None:
+            result = _attempt(request, channel, device, allowed_modules, timeout_errors)
+        else:
+            result = _refused(request, refusal)
+        _log_finished(result)
+        return result
+
+
+def _attempt(
+    request: TrialRequest,
+    channel: ReportChannel | None,
+    device: Device,
+    allowed_modules: tuple[str, ...],
+    timeout_errors: tuple[type[BaseException], ...],
+) -> TrialResult:
     address = TrialAddress(request.study, request.number, request.attempt)
     context = TrialContext(address, request.params, channel)
     started = time.monotonic()
-    outcome, metrics, error = Outcome.OK, {}, None
-    try:
-        with _memory_cap(request, address, channel):
-            metrics = _call_entrypoint(request, context, device, allowed_modules)
-    except TrialPruned:
-        outcome = Outcome.PRUNED
-    except timeout_errors:
-        outcome, error = Outcome.TIMEOUT, f"soft time limit of {request.timeout_s:g} s exceeded"
-    except Exception as exc:
-        outcome, error = failures.classify(exc), failures.describe(exc)
+    with Sampler(device) as sampler, _memory_cap(request, address, channel):
+        outcome, metrics, error = _outcome(
+            request, context, device, allowed_modules, timeout_errors
+        )
+    gpu = sampler.result()
     return TrialResult(
         study=request.study,
         number=request.number,
@@ -60,9 +82,54 @@ def run_trial(
         duration_s=round(time.monotonic() - started, 6),
         peak_rss_bytes=_peak_rss_bytes(),
         gpu_peak_bytes=device.peak_bytes(),
+        gpu_memory_used_peak_bytes=gpu.memory_used_peak_bytes,
+        gpu_utilization_mean=gpu.utilization_mean,
         error=error,
         last_step=context.last_step,
     )
+
+
+def _outcome(
+    request: TrialRequest,
+    context: TrialContext,
+    device: Device,
+    allowed_modules: tuple[str, ...],
+    timeout_errors: tuple[type[BaseException], ...],
+) -> tuple[Outcome, dict[str, float], str | None]:
+    """Every way the entrypoint can end, as (outcome, metrics, error)."""
+    try:
+        return Outcome.OK, _call_entrypoint(request, context, device, allowed_modules), None
+    except TrialPruned:
+        return Outcome.PRUNED, {}, None
+    except timeout_errors:
+        return Outcome.TIMEOUT, {}, f"soft time limit of {request.timeout_s:g} s exceeded"
+    except Exception as exc:
+        return failures.classify(exc), {}, failures.describe(exc)
+
+
+def _refused(request: TrialRequest, reason: str) -> TrialResult:
+    """The result of a trial this process would not run: nothing was measured."""
+    return TrialResult(
+        study=request.study,
+        number=request.number,
+        attempt=request.attempt,
+        outcome=Outcome.ERROR,
+        worker_pid=os.getpid(),
+        worker_host=socket.gethostname(),
+        error=reason,
+    )
+
+
+def _log_finished(result: TrialResult) -> None:
+    """INFO for a trial that ended as trials do (ok, pruned), WARNING with the error else."""
+    if result.outcome in (Outcome.OK, Outcome.PRUNED):
+        _log.info("trial finished outcome=%s duration_s=%.3f", result.outcome, result.duration_s)
+        return
+    headline = (result.error or "").split("\n", 1)[0]
+    _log.warning(
+        "trial finished outcome=%s duration_s=%.3f error=%s",
+        result.outcome, result.duration_s, headline,
+    )  # fmt: skip
 
 
 def _call_entrypoint(

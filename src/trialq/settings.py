@@ -5,7 +5,7 @@ The CLI builds a `Settings` and passes it on; nothing else calls `os.getenv`.
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -44,12 +44,25 @@ class Settings(BaseSettings):
     max_result_bytes: int = Field(default=1_000_000, gt=0)
     """A trial result larger than this (as JSON) is refused, not stored."""
 
+    gpu_baseline_tolerance_mb: int = Field(default=256, ge=0)
+    """A trial is refused when its device holds more than this above the memory in use when
+    the worker started: a process of an earlier trial may still hold it."""
+
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] | None = None
+    """trialq's log lines on `submit-study`'s stderr from this level up; unset: none (as
+    without `-v`), so the progress bar and the summary stay the whole output."""
+
     @field_validator("allowed_modules", mode="before")
     @classmethod
     def _split_commas(cls, value: object) -> object:
         if isinstance(value, str):
             return tuple(part.strip() for part in value.split(",") if part.strip())
         return value
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _upper(cls, value: object) -> object:
+        return value.upper() if isinstance(value, str) else value
 
     @property
     def backend_url(self) -> str:

@@ -1,77 +1,188 @@
-"""`trialq status`: a study's trials, its best value, and the workers alive right now."""
+"""`trialq status`: a study's trials, its best trial, how they ended, what failed and why,
+and the live workers with the trial each is running.
+
+Trials come from the Optuna storage (the driver's record); workers and their running
+trials from the broker's heartbeat keys. A broker that does not answer leaves the workers
+out, with a note, rather than failing the whole command: the storage alone is worth seeing.
+"""
 
 from __future__ import annotations
 
 import json
 import sys
-from collections import Counter
+import time
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import optuna
 import redis
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
 from trialq import heartbeat
 from trialq.errors import StorageUnreachable, UsageError
+from trialq.heartbeat import RunningTrial, WorkerBeat
+from trialq.rows import (
+    TrialRow,
+    best_line,
+    human_bytes,
+    outcome_counts,
+    trial_rows,
+    value_text,
+    with_running,
+)
 from trialq.summary import study_summary
+
+MAX_FAILURES_SHOWN = 10
+"""The table has every trial; the 'failed' list below it only the latest few, in full."""
+
+_STYLE = {"ok": "green", "pruned": "yellow", "running": "cyan", "waiting": "dim"}
+
+
+@dataclass(frozen=True)
+class LiveWorker:
+    """A worker whose heartbeat is fresh, and the trials its processes claim right now."""
+
+    beat: WorkerBeat
+    running: tuple[RunningTrial, ...]
+
+    def as_json(self) -> dict[str, Any]:
+        """The heartbeat's fields plus `running`: the trials, as their processes said."""
+        return {**asdict(self.beat), "running": [asdict(trial) for trial in self.running]}
 
 
 def show_status(study_name: str, storage: str | None, broker: str, as_json: bool) -> int:
-    """Print the study's table (or JSON); 0 when shown."""
+    """Print the study's tables (or JSON); 0 when shown."""
     if storage is None:
         raise UsageError("trialq status: give --storage or set TRIALQ_STORAGE")
-    study = _load(study_name, storage)
-    summary = study_summary(study)
-    workers = _workers(broker)
+    study = load_study(study_name, storage, "trialq status")
+    workers = live_workers(broker)
+    running = [trial for worker in workers or [] for trial in worker.running]
+    rows = with_running(trial_rows(study), study.study_name, running)
     if as_json:
-        json.dump({**summary, "workers": workers}, sys.stdout, default=str)
-        sys.stdout.write("\n")
-        return 0
-    console = Console()
-    console.print(_trials_table(summary))
-    outcomes = Counter(t["user_attrs"].get("outcome", "-") for t in summary["trials"])
-    console.print(f"best value: {summary['best_value']}  params: {summary['best_params']}")
-    console.print("outcomes: " + ", ".join(f"{k} {v}" for k, v in sorted(outcomes.items())))
-    console.print(f"live workers: {len(workers)}")
-    for worker in workers:
-        console.print(f"  {worker['name']}  host {worker['host']}  gpu {worker['gpu']}")
+        _print_json(study, rows, workers)
+    else:
+        _print_tables(study, rows, workers)
     return 0
 
 
-def _load(study_name: str, storage: str) -> optuna.Study:
+def load_study(study_name: str, storage: str, command: str) -> optuna.Study:
+    """The named study, or one line saying why not (no such study, storage unreachable)."""
     try:
         return optuna.load_study(study_name=study_name, storage=storage)
     except KeyError:
-        raise UsageError(f"trialq status: no study named {study_name!r} in the storage") from None
+        raise UsageError(f"{command}: no study named {study_name!r} in the storage") from None
     except Exception as exc:
         if type(exc).__module__.startswith("sqlalchemy"):
             raise StorageUnreachable(f"storage unreachable: {str(exc).splitlines()[0]}") from None
         raise
 
 
-def _workers(broker: str) -> list[dict[str, Any]]:
+def live_workers(broker: str) -> list[LiveWorker] | None:
+    """Workers that beat, each with its running trials; None when the broker is away."""
     try:
         client = redis.Redis.from_url(broker, socket_timeout=3)
-        return [vars(beat) for beat in heartbeat.live_workers(client)]
+        beats = heartbeat.live_workers(client)
+        running = heartbeat.running_trials(client)
     except redis.RedisError:
-        return []
+        return None
+    return [
+        LiveWorker(beat, tuple(trial for trial in running if trial.worker == beat.name))
+        for beat in beats
+    ]
 
 
-def _trials_table(summary: dict[str, Any]) -> Table:
-    table = Table(title=f"study {summary['study']}")
-    for column in ("number", "state", "outcome", "value", "attempts", "host", "duration s"):
-        table.add_column(column)
-    for trial in summary["trials"]:
-        attrs = trial["user_attrs"]
-        values = trial["values"]
-        table.add_row(
-            str(trial["number"]),
-            trial["state"],
-            str(attrs.get("outcome", "-")),
-            "-" if not values else ", ".join(f"{v:.6g}" for v in values),
-            str(attrs.get("attempts", "-")),
-            str(attrs.get("worker_host", "-")),
-            f"{attrs['duration_s']:.2f}" if "duration_s" in attrs else "-",
-        )
+def _print_json(
+    study: optuna.Study, rows: list[TrialRow], workers: list[LiveWorker] | None
+) -> None:
+    """`submit-study --json`'s summary, plus outcome counts and the live workers."""
+    document = {
+        **study_summary(study),
+        "outcomes": outcome_counts(rows),
+        "workers": None if workers is None else [worker.as_json() for worker in workers],
+    }
+    json.dump(document, sys.stdout, default=str)
+    sys.stdout.write("\n")
+
+
+def _print_tables(
+    study: optuna.Study, rows: list[TrialRow], workers: list[LiveWorker] | None
+) -> None:
+    console = Console()
+    console.print(trials_table(study.study_name, rows))
+    console.print(best_line(study))
+    counts = outcome_counts(rows)
+    console.print("outcomes: " + (", ".join(f"{k} {v}" for k, v in counts.items()) or "none"))
+    for row in [r for r in rows if r.error][-MAX_FAILURES_SHOWN:]:
+        console.print(f"  [red]#{row.number} {row.outcome}[/red]: {row.error}", markup=True)
+    if workers is None:
+        console.print("live workers: unknown (the broker did not answer)")
+    elif not workers:
+        console.print("live workers: none")
+    else:
+        console.print(workers_table(workers))
+
+
+def trials_table(study_name: str, rows: list[TrialRow]) -> Table:
+    """One line per trial: how it ended, where, how long, and how much memory it took.
+
+    GPU columns appear only when some trial has a GPU reading: a CPU study keeps 80 columns.
+    """
+    gpu = any(r.gpu_peak_bytes is not None or r.gpu_utilization_mean is not None for r in rows)
+    table = Table(
+        title=f"study {study_name}",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        padding=(0, 1),
+        collapse_padding=True,
+    )
+    for column in [*_COLUMNS, *(_GPU_COLUMNS if gpu else ())]:
+        if column in ("outcome", "host"):
+            table.add_column(column, min_width=7, overflow="fold")
+        else:
+            table.add_column(column, justify="right", no_wrap=True)
+    for row in rows:
+        cells = _cells(row) + (_gpu_cells(row) if gpu else [])
+        table.add_row(*cells, style=_STYLE.get(row.label, "red"))
     return table
+
+
+_COLUMNS = ("#", "outcome", "value", "tries", "host", "time s", "peak RSS")
+_GPU_COLUMNS = ("peak GPU", "GPU %")
+
+
+def _cells(row: TrialRow) -> list[str]:
+    return [
+        str(row.number),
+        row.label,
+        value_text(row.values),
+        "-" if row.attempts is None else str(row.attempts),
+        row.host or "-",
+        "-" if row.duration_s is None else f"{row.duration_s:.1f}",
+        human_bytes(row.peak_rss_bytes),
+    ]
+
+
+def _gpu_cells(row: TrialRow) -> list[str]:
+    util = row.gpu_utilization_mean
+    return [human_bytes(row.gpu_peak_bytes), "-" if util is None else f"{util:.0f}"]
+
+
+def workers_table(workers: list[LiveWorker]) -> Table:
+    """The workers that beat now, with the trial each of their processes runs."""
+    table = Table(title=f"live workers: {len(workers)}", box=box.SIMPLE_HEAD)
+    for column in ("worker", "host", "gpu", "queues", "running", "last beat"):
+        table.add_column(column, no_wrap=column == "running")
+    now = time.time()
+    for worker in workers:
+        beat = worker.beat
+        running = "\n".join(_running_text(trial, now) for trial in worker.running) or "idle"
+        since = f"{max(0.0, now - beat.beat_at):.0f} s ago"
+        table.add_row(beat.name, beat.host, beat.gpu or "-", ",".join(beat.queues), running, since)
+    return table
+
+
+def _running_text(trial: RunningTrial, now: float) -> str:
+    since = max(0.0, now - trial.started_at)
+    return f"{trial.study} #{trial.number} (try {trial.attempt}, {since:.0f} s, pid {trial.pid})"

@@ -8,22 +8,27 @@ after the trial ends, JSON only. The worker's parent never touches TensorFlow or
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import time
+from collections.abc import Mapping
+from contextvars import Token
 from typing import Any
 
 import redis
 from celery import signals
 from celery.exceptions import Ignore, SoftTimeLimitExceeded
 
+from trialq import logs
 from trialq.celery_app import RESULT_TTL_S, TASK_NAME, create_app, result_key, withdrawn_key
 from trialq.channel import ReportChannel
 from trialq.device import TensorFlowDevice
-from trialq.heartbeat import Heartbeat, WorkerBeat
+from trialq.heartbeat import Heartbeat, RunningTrial, TrialBeacon, WorkerBeat
 from trialq.messages import Outcome, TrialRequest, TrialResult
 from trialq.runner import run_trial
 from trialq.settings import Settings
+from trialq.telemetry import MIB, DeviceBaseline
 
 settings = Settings()
 app = create_app(settings)
@@ -52,6 +57,7 @@ def run_trial_task(self: Any, payload: dict[str, Any]) -> dict[str, Any]:
         device=TensorFlowDevice(),
         allowed_modules=settings.allowed_modules,
         timeout_errors=(SoftTimeLimitExceeded,),
+        baseline=_baseline,
     )
     message = _bounded(result).model_dump_json()
     _keep_result(task_id, message)
@@ -84,6 +90,15 @@ def _bounded(result: TrialResult) -> TrialResult:
 
 
 _heartbeat: Heartbeat | None = None
+_baseline: DeviceBaseline | None = None
+
+
+@signals.worker_init.connect
+def _measure_device_baseline(**_: Any) -> None:
+    """Before the pool forks any trial process: the memory a clean device holds."""
+    global _baseline
+    tolerance = settings.gpu_baseline_tolerance_mb * MIB
+    _baseline = DeviceBaseline.measure(TensorFlowDevice(), tolerance)
 
 
 @signals.worker_ready.connect
@@ -101,6 +116,53 @@ def _start_heartbeat(sender: Any = None, **_: Any) -> None:
     client = redis.Redis.from_url(settings.broker_url, socket_timeout=5)
     _heartbeat = Heartbeat(client, beat, settings.heartbeat_interval_s, settings.heartbeat_ttl_s)
     _heartbeat.start()
+
+
+@signals.after_setup_logger.connect
+def _structured_logs(logger: logging.Logger, **_: Any) -> None:
+    """Every worker line, Celery's too, names its study, trial and attempt (or `-`)."""
+    logs.adopt_handlers(logger)
+
+
+_beacon: TrialBeacon | None = None
+_log_token: Token[Mapping[str, str]] | None = None
+
+
+@signals.task_prerun.connect
+def _claim_trial(sender: Any = None, task_id: str = "", args: Any = (), **_: Any) -> None:
+    """In the trial process: tell `trialq status` which trial this worker now runs, and
+    name it on every log line until the task ends (Celery's 'succeeded' line included)."""
+    global _beacon, _log_token
+    if getattr(sender, "name", None) == TASK_NAME:
+        running = _running_trial(sender.request.hostname, task_id, args[0])
+        _log_token = logs.enter_trial(running)
+        interval, ttl = settings.heartbeat_interval_s, settings.heartbeat_ttl_s
+        _beacon = TrialBeacon(_trial_redis(), running, interval, ttl).start()
+
+
+def _running_trial(worker: str, task_id: str, payload: dict[str, Any]) -> RunningTrial:
+    request = TrialRequest.model_validate(payload)
+    return RunningTrial(
+        worker=worker,
+        study=request.study,
+        number=request.number,
+        attempt=request.attempt,
+        task_id=task_id,
+        pid=os.getpid(),
+        started_at=time.time(),
+    )
+
+
+@signals.task_postrun.connect
+def _release_trial(**_: Any) -> None:
+    """The trial is over, whatever its outcome: this worker no longer runs it."""
+    global _beacon, _log_token
+    if _beacon is not None:
+        _beacon.stop()
+        _beacon = None
+    if _log_token is not None:
+        logs.leave_trial(_log_token)
+        _log_token = None
 
 
 @signals.worker_shutdown.connect

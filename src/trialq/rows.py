@@ -1,0 +1,118 @@
+"""A study's trials as flat rows: the facts `trialq status` and `trialq report` both show.
+
+One place reads the user attrs the driver writes (DESIGN.md, "What every finished trial
+records") and decides what a trial's value, peak memory or error headline is, so the
+terminal table and the report's table never disagree.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, replace
+from typing import Any
+
+import optuna
+
+from trialq.heartbeat import RunningTrial
+
+
+@dataclass(frozen=True)
+class TrialRow:
+    """One trial as shown: None where the trial has not said (yet)."""
+
+    number: int
+    state: str
+    outcome: str | None
+    values: tuple[float, ...] | None
+    params: dict[str, Any]
+    attempts: int | None
+    host: str | None
+    duration_s: float | None
+    peak_rss_bytes: int | None
+    gpu_peak_bytes: int | None
+    gpu_utilization_mean: float | None
+    error: str | None
+
+    @property
+    def label(self) -> str:
+        """The outcome of a finished trial, else its state: `ok`, `pruned`, `running`..."""
+        return self.outcome or self.state.lower()
+
+
+def trial_rows(study: optuna.Study) -> list[TrialRow]:
+    """Every trial of the study, in number order."""
+    return [_row(trial) for trial in study.get_trials(deepcopy=False)]
+
+
+def _row(trial: optuna.trial.FrozenTrial) -> TrialRow:
+    attrs = trial.user_attrs
+    return TrialRow(
+        number=trial.number,
+        state=trial.state.name,
+        outcome=attrs.get("outcome"),
+        values=tuple(trial.values) if trial.values else None,
+        params=dict(trial.params),
+        attempts=attrs.get("attempts"),
+        host=attrs.get("worker_host"),
+        duration_s=attrs.get("duration_s"),
+        peak_rss_bytes=attrs.get("peak_rss_bytes"),
+        gpu_peak_bytes=gpu_peak(attrs),
+        gpu_utilization_mean=attrs.get("gpu_utilization_mean"),
+        error=headline(attrs.get("error")),
+    )
+
+
+def gpu_peak(attrs: dict[str, Any]) -> int | None:
+    """NVML's peak in use (the whole footprint) where sampled, else TensorFlow's peak."""
+    used = attrs.get("gpu_memory_used_peak_bytes")
+    return used if used is not None else attrs.get("gpu_peak_bytes")
+
+
+def headline(error: str | None) -> str | None:
+    """The first line of an error text (`Type: message`); the traceback tail stays in JSON."""
+    return error.split("\n", 1)[0] if error else None
+
+
+def with_running(rows: list[TrialRow], study: str, running: list[RunningTrial]) -> list[TrialRow]:
+    """RUNNING rows gain the worker that runs them and how long it has, from its beacon."""
+    by_number = {r.number: r for r in running if r.study == study}
+    return [_running_row(row, by_number.get(row.number)) for row in rows]
+
+
+def _running_row(row: TrialRow, running: RunningTrial | None) -> TrialRow:
+    if running is None or row.state != "RUNNING":
+        return row
+    since = round(time.time() - running.started_at, 2)
+    return replace(row, host=running.worker, attempts=running.attempt, duration_s=since)
+
+
+def outcome_counts(rows: list[TrialRow]) -> dict[str, int]:
+    """How many trials ended each way (and how many are still running or waiting)."""
+    return dict(sorted(Counter(row.label for row in rows).items()))
+
+
+def best_line(study: optuna.Study) -> str:
+    """The best trial (or the Pareto front's trials, for several objectives)."""
+    try:
+        if len(study.directions) > 1:
+            front = sorted(t.number for t in study.best_trials)
+            return "Pareto front: " + (", ".join(f"#{n}" for n in front) or "none yet")
+        best = study.best_trial
+    except ValueError:
+        return "best trial: none complete yet"
+    return f"best trial: #{best.number} value {best.value:.6g} params {best.params}"
+
+
+def human_bytes(n_bytes: int | None) -> str:
+    """`512 MiB`, `1.5 GiB`; `-` for no reading."""
+    if n_bytes is None:
+        return "-"
+    if n_bytes >= 2**30:
+        return f"{n_bytes / 2**30:.1f} GiB"
+    return f"{n_bytes / 2**20:.0f} MiB"
+
+
+def value_text(values: tuple[float, ...] | None) -> str:
+    """A trial's objective value(s), five significant digits."""
+    return "-" if not values else ", ".join(f"{v:.5g}" for v in values)

@@ -1,0 +1,104 @@
+"""`trialq status` on a study built in SQLite, with heartbeats written to the real Redis."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from pathlib import Path
+
+import optuna
+import pytest
+import redis
+from studies import SPACE, finished_study
+
+from trialq.cli import trialq_main
+from trialq.heartbeat import Heartbeat, RunningTrial, TrialBeacon, WorkerBeat
+
+
+@pytest.fixture
+def storage(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'status.db'}"
+
+
+def _status(capsys: pytest.CaptureFixture[str], *args: str) -> str:
+    assert trialq_main(["status", *args]) == 0
+    return capsys.readouterr().out
+
+
+def test_the_json_counts_match_the_storage(
+    storage: str, redis_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    study = finished_study(storage)
+    shown = json.loads(
+        _status(capsys, "built", "--storage", storage, "--broker", redis_url, "--json")
+    )
+
+    states = Counter(t.state.name for t in study.trials)
+    assert (shown["n_complete"], shown["n_pruned"], shown["n_failed"]) == (
+        states["COMPLETE"], states["PRUNED"], states["FAIL"],
+    )  # fmt: skip
+    assert shown["outcomes"] == {"error": 1, "ok": 4, "oom": 1, "pruned": 2}
+    assert shown["best_value"] == study.best_value
+    assert len(shown["trials"]) == len(study.trials) and shown["workers"] == []
+
+
+def test_the_table_shows_every_trial_the_best_the_counts_and_what_failed(
+    storage: str, redis_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    study = finished_study(storage)
+    out = _status(capsys, "built", "--storage", storage, "--broker", redis_url)
+
+    lines = out.splitlines()
+    for trial in study.trials:
+        assert any(
+            line.split()[:2] == [str(trial.number), trial.user_attrs["outcome"]] for line in lines
+        )
+    assert f"best trial: #{study.best_trial.number}" in out
+    assert "outcomes: error 1, ok 4, oom 1, pruned 2" in out
+    assert "#3 error: error: <b>trial 3</b> failed" in out
+    assert "#5 oom: oom: <b>trial 5</b> failed" in out
+    assert "peak GPU" in out and "live workers: none" in out
+
+
+def test_live_workers_show_the_trial_each_runs_and_the_running_row_its_host(
+    storage: str, redis_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    study = finished_study(storage)
+    running = study.ask(SPACE)
+    client = redis.Redis.from_url(redis_url)
+    beat = WorkerBeat("w1@gpu-a", "gpu-a", 10, ("gpu",), "0", 0.0)
+    heartbeat = Heartbeat(client, beat, interval_s=5, ttl_s=20)
+    heartbeat.start()
+    claim = RunningTrial("w1@gpu-a", "built", running.number, 2, "task-9", 11, time.time() - 3)
+    beacon = TrialBeacon(client, claim, interval_s=5, ttl_s=20).start()
+    try:
+        shown = json.loads(
+            _status(capsys, "built", "--storage", storage, "--broker", redis_url, "--json")
+        )
+        table = _status(capsys, "built", "--storage", storage, "--broker", redis_url)
+    finally:
+        beacon.stop()
+        heartbeat.stop()
+    (worker,) = shown["workers"]
+    assert worker["name"] == "w1@gpu-a" and worker["running"][0]["number"] == running.number
+    assert "built #8 (try 2, 3 s, pid 11)" in table
+    row = next(line for line in table.splitlines() if line.split()[:2] == ["8", "running"])
+    assert "w1@gpu-a" in row
+
+
+def test_an_unreachable_broker_leaves_the_workers_out_not_the_trials(
+    storage: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    finished_study(storage)
+    out = _status(capsys, "built", "--storage", storage, "--broker", "redis://127.0.0.1:1/0")
+    assert "live workers: unknown (the broker did not answer)" in out
+    assert "outcomes: error 1, ok 4, oom 1, pruned 2" in out
+
+
+def test_an_unknown_study_is_one_line_and_exit_2(
+    storage: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    optuna.create_study(study_name="other", storage=storage)
+    assert trialq_main(["status", "nope", "--storage", storage]) == 2
+    assert capsys.readouterr().err == "error: trialq status: no study named 'nope' in the storage\n"
