@@ -35,7 +35,9 @@ class Outcome(StrEnum):
 
 
 class _Message(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # Fields added in a compatible change are ignored by an older reader; an incompatible
+    # change bumps `version`, which an older reader refuses.
+    model_config = ConfigDict(frozen=True, extra="ignore")
 
     version: Literal[1] = MESSAGE_VERSION
 

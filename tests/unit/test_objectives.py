@@ -30,3 +30,10 @@ def test_several_metrics_and_no_name_is_a_spec_error() -> None:
 def test_a_missing_metric_names_what_was_returned() -> None:
     with pytest.raises(KeyError, match="metric acc not returned"):
         objective_values({"loss": 0.1}, ("acc",))
+
+
+def test_a_result_with_fields_from_a_newer_worker_still_reads() -> None:
+    from trialq.messages import TrialResult
+
+    raw = {"study": "s", "number": 1, "attempt": 1, "outcome": "ok", "new_field": 3}
+    assert TrialResult.model_validate(raw).outcome == "ok"
