@@ -257,6 +257,9 @@ class StudyDriver:
 
     def _finish(self, entry: InFlight, result: TrialResult) -> None:
         """Work out the objective, then tell; a spec that cannot pick one stops the run."""
+        if result.device_refused:
+            self._lost(entry, result.error or "the worker's device was not clean")
+            return
         del self.in_flight[entry.task_id]
         try:
             result, values = self._objective(result)

@@ -75,9 +75,11 @@ class TrialResult(_Message):
     """Mean of NVML's utilisation, percent, sampled while the trial ran."""
     error: str | None = None
     last_step: int | None = None
+    device_refused: bool = False
+    """The trial did not run: its worker's device still held an earlier trial's memory.
+    Not the params' fault, so the driver sends it elsewhere (within max_retries)."""
 
     def user_attrs(self) -> dict[str, Any]:
         """The fields recorded on the Optuna trial (DESIGN.md, 'What every trial records')."""
-        return self.model_dump(
-            mode="json", exclude={"version", "study", "number", "attempt", "last_step"}
-        )
+        internal = {"version", "study", "number", "attempt", "last_step", "device_refused"}
+        return self.model_dump(mode="json", exclude=internal)

@@ -117,6 +117,7 @@ def _refused(request: TrialRequest, reason: str) -> TrialResult:
         worker_pid=os.getpid(),
         worker_host=socket.gethostname(),
         error=reason,
+        device_refused=True,
     )
 
 

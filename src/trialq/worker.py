@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import socket
 import time
 from collections.abc import Mapping
@@ -32,6 +33,7 @@ from trialq.telemetry import MIB, DeviceBaseline
 
 settings = Settings()
 app = create_app(settings)
+_log = logging.getLogger(__name__)
 _redis: redis.Redis | None = None
 
 
@@ -61,7 +63,19 @@ def run_trial_task(self: Any, payload: dict[str, Any]) -> dict[str, Any]:
     )
     message = _bounded(result).model_dump_json()
     _keep_result(task_id, message)
+    if result.device_refused:
+        _stop_taking_trials()
     return json.loads(message)  # type: ignore[no-any-return]
+
+
+def _stop_taking_trials() -> None:
+    """Warm-shut the worker down: its device is not clean, so no trial should go to it.
+
+    A container restart (compose's restart policy, Kubernetes) ends whatever process in it
+    still holds the device, and the new worker measures a clean baseline.
+    """
+    _log.critical("device not back to its baseline; this worker stops taking trials")
+    os.kill(os.getppid(), signal.SIGTERM)
 
 
 def _keep_result(task_id: str, message: str) -> None:
