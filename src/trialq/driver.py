@@ -97,14 +97,13 @@ class StudyDriver:
 
     def _step(self, n_trials: int, outage: BrokerOutage) -> bool:
         """One pass: send, collect, relay reports. False once everything is told."""
+        more = True
         with outage.tolerated():
             more = self._fill(n_trials)
             self._collect()
             self._relay_reports()
-            if not (more or self.in_flight):
-                return False
         self.progress.update(self.counts, self._best_value(), len(self.in_flight))
-        return True
+        return bool(more or self.in_flight)
 
     # --- sending -----------------------------------------------------------------------
 
