@@ -81,6 +81,12 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _non_negative_int(text: str) -> int:
+    if text.isdigit():
+        return int(text)
+    raise argparse.ArgumentTypeError(f"expected 0 or a positive integer, got {text!r}")
+
+
 def _submit_study(args: argparse.Namespace) -> int:
     from trialq import submit
 
@@ -128,6 +134,12 @@ def _trialq_parser() -> _Parser:
     worker.add_argument("--concurrency", "-c", type=_positive_int, default=1)
     worker.add_argument("--hostname", "-n", help="Celery node name (default trialq-PID@HOST)")
     worker.add_argument("--loglevel", "-l", default="INFO")
+    worker.add_argument(
+        "--spare",
+        type=_non_negative_int,
+        help="idle processes kept forked beyond the trial slots (default: "
+        "TRIALQ_SPARE_PROCESSES, else 1)",
+    )
     status = commands.add_parser("status", help="a study's trials and the live workers")
     status.add_argument("study")
     status.add_argument("--storage", help="Optuna storage URL (default TRIALQ_STORAGE)")
@@ -152,6 +164,9 @@ def _worker(args: argparse.Namespace, rest: list[str]) -> int:
     """Start the Celery worker in this process, with the design's settings pinned."""
     if args.gpu is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = args.gpu  # read by the trial's process only
+    # Read by the worker module's settings, and inherited by a worker that Celery re-executes.
+    if args.spare is not None:
+        os.environ["TRIALQ_SPARE_PROCESSES"] = str(args.spare)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # Celery's own warm shutdown
     from trialq.worker import app
 

@@ -44,6 +44,10 @@ class Settings(BaseSettings):
     max_result_bytes: int = Field(default=1_000_000, gt=0)
     """A trial result larger than this (as JSON) is refused, not stored."""
 
+    spare_processes: int = Field(default=1, ge=0)
+    """Idle, already forked processes a worker keeps beyond its trial slots, so that the next
+    trial starts without waiting for a fork; 0 leaves Celery's own replacement."""
+
     @field_validator("allowed_modules", mode="before")
     @classmethod
     def _split_commas(cls, value: object) -> object:

@@ -20,6 +20,7 @@ from trialq.channel import ReportChannel
 from trialq.device import TensorFlowDevice
 from trialq.heartbeat import Heartbeat, WorkerBeat
 from trialq.messages import Outcome, TrialRequest, TrialResult
+from trialq.pool import claim_trial_slot
 from trialq.runner import run_trial
 from trialq.settings import Settings
 
@@ -42,6 +43,7 @@ def run_trial_task(self: Any, payload: dict[str, Any]) -> dict[str, Any]:
     request = TrialRequest.model_validate(payload)
     if _trial_redis().exists(withdrawn_key(self.request.id)):
         return _withdrawn(request).model_dump(mode="json")
+    claim_trial_slot()
     result = run_trial(
         request,
         channel=ReportChannel(_trial_redis()),
