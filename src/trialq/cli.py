@@ -135,6 +135,11 @@ def _trialq_parser() -> _Parser:
     worker.add_argument("--hostname", "-n", help="Celery node name (default trialq-PID@HOST)")
     worker.add_argument("--loglevel", "-l", default="INFO")
     worker.add_argument(
+        "--preload",
+        help="modules the worker imports once, before forking trials: auto (TensorFlow when "
+        "installed), none, or comma-separated names (default: TRIALQ_PRELOAD, else auto)",
+    )
+    worker.add_argument(
         "--spare",
         type=_non_negative_int,
         help="idle processes kept forked beyond the trial slots (default: "
@@ -165,9 +170,14 @@ def _worker(args: argparse.Namespace, rest: list[str]) -> int:
     if args.gpu is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = args.gpu  # read by the trial's process only
     # Read by the worker module's settings, and inherited by a worker that Celery re-executes.
+    if args.preload is not None:
+        os.environ["TRIALQ_PRELOAD"] = args.preload
     if args.spare is not None:
         os.environ["TRIALQ_SPARE_PROCESSES"] = str(args.spare)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # Celery's own warm shutdown
+    from trialq.prewarm import preload, preload_modules
+
+    preload(preload_modules(Settings().preload))  # refused here: one line, exit code 2
     from trialq.worker import app
 
     hostname = args.hostname or f"trialq-{os.getpid()}@%h"

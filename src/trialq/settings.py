@@ -44,6 +44,12 @@ class Settings(BaseSettings):
     max_result_bytes: int = Field(default=1_000_000, gt=0)
     """A trial result larger than this (as JSON) is refused, not stored."""
 
+    preload: str = "auto"
+    """Modules a worker's parent imports before it forks trial processes, so that trials start
+    with them loaded: `auto` (TensorFlow when installed), `none`, or comma-separated names.
+    Importing is all the parent does with them: a module that runs a TensorFlow op or touches
+    CUDA at import is refused (the forked trials would hang)."""
+
     spare_processes: int = Field(default=1, ge=0)
     """Idle, already forked processes a worker keeps beyond its trial slots, so that the next
     trial starts without waiting for a fork; 0 leaves Celery's own replacement."""

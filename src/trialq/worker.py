@@ -2,27 +2,37 @@
 
 `celery -A trialq.worker worker` and `trialq worker` both start this app. The settings here
 carry the design: one trial per process, one message reserved at a time, acknowledged only
-after the trial ends, JSON only. The worker's parent never touches TensorFlow or a GPU.
+after the trial ends, JSON only. The worker's parent may import TensorFlow (`preload`) but
+never initialises it or a GPU: it checks that before every fork, and each child at its start.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
+import sys
 from typing import Any
 
 import redis
 from celery import signals
-from celery.exceptions import SoftTimeLimitExceeded
+from celery.exceptions import SoftTimeLimitExceeded, WorkerShutdown
 
 from trialq.celery_app import TASK_NAME, create_app, withdrawn_key
 from trialq.channel import ReportChannel
 from trialq.device import TensorFlowDevice
+from trialq.errors import TrialqError
 from trialq.heartbeat import Heartbeat, WorkerBeat
 from trialq.messages import Outcome, TrialRequest, TrialResult
 from trialq.pool import claim_trial_slot
+from trialq.prewarm import device_in_use, preload, preload_modules
 from trialq.runner import run_trial
 from trialq.settings import Settings
+
+EX_SOFTWARE = 70
+"""Exit status of a worker, or a pool child, that refuses to go on (os.EX_SOFTWARE)."""
+
+logger = logging.getLogger(__name__)
 
 settings = Settings()
 app = create_app(settings)
@@ -77,6 +87,34 @@ def _bounded(result: TrialResult) -> TrialResult:
             "error": f"result of {size} bytes refused (limit {settings.max_result_bytes})",
         }
     )
+
+
+@signals.worker_init.connect
+def _preload(**_: Any) -> None:
+    """Import the framework in the parent, before the pool forks (`trialq worker` did already)."""
+    try:
+        preload(preload_modules(settings.preload))
+    except TrialqError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(exc.exit_code) from None
+
+
+@signals.worker_before_create_process.connect
+def _refuse_fork_after_device_use(**_: Any) -> None:
+    """The parent is about to fork a trial process: never with a device initialised."""
+    reason = device_in_use()
+    if reason is not None:
+        logger.critical("worker stops: %s in its parent; no trial process is forked", reason)
+        raise WorkerShutdown(EX_SOFTWARE)
+
+
+@signals.worker_process_init.connect
+def _refuse_inherited_device(**_: Any) -> None:
+    """A new child, before it takes a trial, must not have inherited device state."""
+    reason = device_in_use()
+    if reason is not None:
+        logger.critical("pool child %d exits unused: %s before the fork", os.getpid(), reason)
+        os._exit(EX_SOFTWARE)
 
 
 _heartbeat: Heartbeat | None = None
