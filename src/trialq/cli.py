@@ -178,11 +178,15 @@ def _worker(args: argparse.Namespace, rest: list[str]) -> int:
     from trialq.prewarm import preload, preload_modules
 
     preload(preload_modules(Settings().preload))  # refused here: one line, exit code 2
-    from trialq.worker import app
+    from celery.bin.celery import celery as celery_command
+
+    import trialq.worker  # noqa: F401  (the app, its task and signal handlers)
 
     hostname = args.hostname or f"trialq-{os.getpid()}@%h"
-    app.worker_main(
-        [
+    # `app.worker_main` drops the worker's exit status; Celery's own command returns it.
+    status = celery_command.main(
+        args=[
+            "--app", "trialq.worker:app",
             "worker",
             "--queues", args.queue,
             "--concurrency", str(args.concurrency),
@@ -191,9 +195,10 @@ def _worker(args: argparse.Namespace, rest: list[str]) -> int:
             "--hostname", hostname,
             "--loglevel", args.loglevel,
             *rest,
-        ]
+        ],
+        standalone_mode=False,
     )  # fmt: skip
-    return 0
+    return status if isinstance(status, int) else 0
 
 
 def _health(args: argparse.Namespace) -> int:
