@@ -8,6 +8,7 @@ never initialises it or a GPU: it checks that before every fork, and each child 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -40,10 +41,14 @@ _redis: redis.Redis | None = None
 
 
 def _trial_redis() -> redis.Redis:
-    """The trial process's own Redis connection (created after the fork, never inherited)."""
+    """The trial process's Redis (connected after the fork, never inherited): the result
+    backend's client when the backend is the broker, so that a trial opens one connection."""
     global _redis
     if _redis is None:
-        _redis = redis.Redis.from_url(settings.broker_url)
+        if settings.backend_url == settings.broker_url:
+            _redis = app.backend.client
+        else:
+            _redis = redis.Redis.from_url(settings.broker_url)
     return _redis
 
 
@@ -109,12 +114,20 @@ def _refuse_fork_after_device_use(**_: Any) -> None:
 
 
 @signals.worker_process_init.connect
-def _refuse_inherited_device(**_: Any) -> None:
-    """A new child, before it takes a trial, must not have inherited device state."""
+def _prepare_trial_process(**_: Any) -> None:
+    """A new child, before it takes a trial: refuse inherited device state, then connect.
+
+    A spare child waits idle for its trial, so it opens its Redis connections now rather than
+    on the trial's time.
+    """
     reason = device_in_use()
     if reason is not None:
         logger.critical("pool child %d exits unused: %s before the fork", os.getpid(), reason)
         os._exit(EX_SOFTWARE)
+    with contextlib.suppress(redis.RedisError):
+        _trial_redis().ping()
+        if _trial_redis() is not app.backend.client:
+            app.backend.client.ping()
 
 
 _heartbeat: Heartbeat | None = None
