@@ -70,11 +70,14 @@ def _submit(folder: Path, *extra: str) -> subprocess.Popen[str]:
 
 
 def _descendants_of_trialq() -> list[str]:
-    """Local workers still running (their command line names them `local<N>@...`)."""
+    """Local workers of this interpreter still running (named `local<N>@...`); other checkouts'
+    tests on a shared machine start workers of their own, with their own interpreter."""
     found = []
     for process in psutil.process_iter(["cmdline"]):
-        command = " ".join(process.info["cmdline"] or [])
-        if "trialq worker" in command and "--hostname local" in command:
+        words = process.info["cmdline"] or []
+        command = " ".join(words)
+        ours = bool(words) and words[0] == sys.executable
+        if ours and "trialq worker" in command and "--hostname local" in command:
             found.append(command)
     return found
 
