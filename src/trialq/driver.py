@@ -24,6 +24,7 @@ from trialq.messages import Outcome, TrialRequest, TrialResult
 from trialq.progress import Counts, ProgressSink
 from trialq.spec import StudySpec
 from trialq.study import distributions
+from trialq.trial_attrs import set_user_attrs
 
 FINISHED_STATES = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 _STATE_OF = {Outcome.OK: TrialState.COMPLETE, Outcome.PRUNED: TrialState.PRUNED}
@@ -125,8 +126,7 @@ class StudyDriver:
         task_id = self.dispatcher.submit(
             request, self.spec.trial.queue, self.spec.trial.hard_limit_s
         )
-        trial.set_user_attr("task_id", task_id)
-        trial.set_user_attr("attempts", attempt)
+        set_user_attrs(trial, {"task_id": task_id, "attempts": attempt})
         self.in_flight[task_id] = InFlight(trial, request, task_id)
 
     def _reattach(self) -> None:
@@ -239,8 +239,7 @@ class StudyDriver:
             )
             raise
         attrs = {**result.user_attrs(), "attempts": entry.request.attempt, "task_id": entry.task_id}
-        for key, value in attrs.items():
-            entry.trial.set_user_attr(key, value)
+        set_user_attrs(entry.trial, attrs)
         state = _STATE_OF.get(result.outcome, TrialState.FAIL)
         self.study.tell(
             entry.trial,
