@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 from trialq import TrialContext, TrialPruned
 
@@ -243,3 +247,47 @@ def curve_or_raise(params: dict[str, Any], trial: TrialContext) -> float:
             raise TrialPruned()
         time.sleep(0.2)
     return params["x"] * 8.0
+
+
+def records_its_process(params: dict[str, Any], trial: TrialContext) -> dict[str, float]:
+    """Notes its pid in `params["log"]`, and how many earlier trial processes still ran then.
+
+    With `linger_s`, its process takes that long to exit once asked to (as one tearing down a
+    large GPU context does): a later trial must not start meanwhile.
+    """
+    linger_s = float(params.get("linger_s", 0.0))
+    if linger_s:
+        signal.signal(signal.SIGTERM, lambda *_: (time.sleep(linger_s), os._exit(0)))
+    log = Path(str(params["log"]))
+    earlier = [int(pid) for pid in log.read_text().split()] if log.exists() else []
+    still_running = [pid for pid in earlier if _running(pid)]
+    with log.open("a") as out:
+        out.write(f"{os.getpid()}\n")
+    time.sleep(float(params.get("sleep_s", 0.0)))
+    return {
+        "pid": float(os.getpid()),
+        "earlier_still_running": float(len(still_running)),
+        "tensorflow_loaded": float("tensorflow" in sys.modules),
+    }
+
+
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def kills_its_process(params: dict[str, Any], trial: TrialContext) -> float:
+    """Dies the way an out-of-memory kill looks from outside: SIGKILL, no result."""
+    os.kill(os.getpid(), signal.SIGKILL)
+    return 0.0
+
+
+def ignores_the_soft_limit_for(params: dict[str, Any], trial: TrialContext) -> float:
+    """Swallows SoftTimeLimitExceeded and keeps going until the hard limit kills it."""
+    deadline = time.monotonic() + float(params["sleep_s"])
+    while time.monotonic() < deadline:
+        with contextlib.suppress(BaseException):  # SoftTimeLimitExceeded, on purpose
+            time.sleep(0.05)
+    return 1.0

@@ -54,6 +54,8 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "broker_connection_retry_on_startup": True,
         "task_default_queue": "gpu",
         "worker_hijack_root_logger": False,
+        # Prefork with a warm spare process and prompt replacement of each trial's process.
+        "worker_pool": "trialq.pool:TrialPool",
     }
 
 

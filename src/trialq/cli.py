@@ -84,6 +84,12 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _non_negative_int(text: str) -> int:
+    if text.isdigit():
+        return int(text)
+    raise argparse.ArgumentTypeError(f"expected 0 or a positive integer, got {text!r}")
+
+
 def _submit_study(args: argparse.Namespace) -> int:
     from trialq import submit
 
@@ -141,6 +147,17 @@ def _trialq_parser() -> _Parser:
     worker.add_argument("--concurrency", "-c", type=_positive_int, default=1)
     worker.add_argument("--hostname", "-n", help="Celery node name (default trialq-PID@HOST)")
     worker.add_argument("--loglevel", "-l", default="INFO")
+    worker.add_argument(
+        "--preload",
+        help="modules the worker imports once, before forking trials: auto (TensorFlow when "
+        "installed), none, or comma-separated names (default: TRIALQ_PRELOAD, else auto)",
+    )
+    worker.add_argument(
+        "--spare",
+        type=_non_negative_int,
+        help="idle processes kept forked beyond the trial slots (default: "
+        "TRIALQ_SPARE_PROCESSES, else 1)",
+    )
     status = commands.add_parser("status", help="a study's trials and the live workers")
     status.add_argument("study")
     status.add_argument("--storage", help="Optuna storage URL (default TRIALQ_STORAGE)")
@@ -171,12 +188,24 @@ def _worker(args: argparse.Namespace, rest: list[str]) -> int:
     """Start the Celery worker in this process, with the design's settings pinned."""
     if args.gpu is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = args.gpu  # read by the trial's process only
+    # Read by the worker module's settings, and inherited by a worker that Celery re-executes.
+    if args.preload is not None:
+        os.environ["TRIALQ_PRELOAD"] = args.preload
+    if args.spare is not None:
+        os.environ["TRIALQ_SPARE_PROCESSES"] = str(args.spare)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # Celery's own warm shutdown
-    from trialq.worker import app
+    from trialq.prewarm import preload, preload_modules
+
+    preload(preload_modules(Settings().preload))  # refused here: one line, exit code 2
+    from celery.bin.celery import celery as celery_command
+
+    import trialq.worker  # noqa: F401  (the app, its task and signal handlers)
 
     hostname = args.hostname or f"trialq-{os.getpid()}@%h"
-    app.worker_main(
-        [
+    # `app.worker_main` drops the worker's exit status; Celery's own command returns it.
+    status = celery_command.main(
+        args=[
+            "--app", "trialq.worker:app",
             "worker",
             "--queues", args.queue,
             "--concurrency", str(args.concurrency),
@@ -185,9 +214,10 @@ def _worker(args: argparse.Namespace, rest: list[str]) -> int:
             "--hostname", hostname,
             "--loglevel", args.loglevel,
             *rest,
-        ]
+        ],
+        standalone_mode=False,
     )  # fmt: skip
-    return 0
+    return status if isinstance(status, int) else 0
 
 
 def _health(args: argparse.Namespace) -> int:

@@ -28,6 +28,7 @@ from trialq.messages import Outcome, TrialRequest, TrialResult
 from trialq.progress import Counts, ProgressSink
 from trialq.spec import StudySpec
 from trialq.study import distributions
+from trialq.trial_attrs import set_user_attrs
 
 FINISHED_STATES = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 _STATE_OF = {Outcome.OK: TrialState.COMPLETE, Outcome.PRUNED: TrialState.PRUNED}
@@ -149,8 +150,7 @@ class StudyDriver:
         except BaseException:
             self.unsent.append((trial, attempt))
             raise
-        trial.set_user_attr("task_id", task_id)
-        trial.set_user_attr("attempts", attempt)
+        set_user_attrs(trial, {"task_id": task_id, "attempts": attempt})
         self.in_flight[task_id] = InFlight(trial, request, task_id)
         _log.info("sent task_id=%s params=%s", task_id, request.params, extra=logs.fields(request))
 
@@ -271,8 +271,7 @@ class StudyDriver:
     def _tell(self, entry: InFlight, result: TrialResult, values: list[float] | None) -> None:
         """Record the result on the trial and tell Optuna, once."""
         attrs = {**result.user_attrs(), "attempts": entry.request.attempt, "task_id": entry.task_id}
-        for key, value in attrs.items():
-            entry.trial.set_user_attr(key, value)
+        set_user_attrs(entry.trial, attrs)
         state = _STATE_OF.get(result.outcome, TrialState.FAIL)
         if result.outcome is Outcome.OOM and self._oom_is_a_constraint():
             # Samplers never look at FAIL trials; a PRUNED one with a violated constraint is

@@ -27,6 +27,17 @@ class EntrypointError(SpecError):
     """Raised when a trial entrypoint cannot be imported, is not callable or is not allowed."""
 
 
+class PreloadError(UsageError):
+    """Raised when a module the worker should preload is unknown or fails to import."""
+
+
+class DeviceInParent(TrialqError):
+    """Raised when the worker's parent initialised a device (a TensorFlow op, CUDA): trial
+    processes forked from it would hang, so the worker refuses to fork them."""
+
+    exit_code = 2
+
+
 class ServiceUnreachable(TrialqError):
     """Raised when the broker or the Optuna storage does not answer."""
 

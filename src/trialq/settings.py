@@ -52,6 +52,16 @@ class Settings(BaseSettings):
     """trialq's log lines on `submit-study`'s stderr from this level up; unset: none (as
     without `-v`), so the progress bar and the summary stay the whole output."""
 
+    preload: str = "auto"
+    """Modules a worker's parent imports before it forks trial processes, so that trials start
+    with them loaded: `auto` (TensorFlow when installed), `none`, or comma-separated names.
+    Importing is all the parent does with them: a module that runs a TensorFlow op or touches
+    CUDA at import is refused (the forked trials would hang)."""
+
+    spare_processes: int = Field(default=1, ge=0)
+    """Idle, already forked processes a worker keeps beyond its trial slots, so that the next
+    trial starts without waiting for a fork; 0 leaves Celery's own replacement."""
+
     @field_validator("allowed_modules", mode="before")
     @classmethod
     def _split_commas(cls, value: object) -> object:

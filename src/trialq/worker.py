@@ -2,16 +2,19 @@
 
 `celery -A trialq.worker worker` and `trialq worker` both start this app. The settings here
 carry the design: one trial per process, one message reserved at a time, acknowledged only
-after the trial ends, JSON only. The worker's parent never touches TensorFlow or a GPU.
+after the trial ends, JSON only. The worker's parent may import TensorFlow (`preload`) but
+never initialises it or a GPU: it checks that before every fork, and each child at its start.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import signal
 import socket
+import sys
 import time
 from collections.abc import Mapping
 from contextvars import Token
@@ -19,29 +22,40 @@ from typing import Any
 
 import redis
 from celery import signals
-from celery.exceptions import Ignore, SoftTimeLimitExceeded
+from celery.exceptions import Ignore, SoftTimeLimitExceeded, WorkerShutdown
 
 from trialq import logs
 from trialq.celery_app import RESULT_TTL_S, TASK_NAME, create_app, result_key, withdrawn_key
 from trialq.channel import ReportChannel
 from trialq.device import TensorFlowDevice
+from trialq.errors import TrialqError
 from trialq.heartbeat import Heartbeat, RunningTrial, TrialBeacon, WorkerBeat
 from trialq.messages import Outcome, TrialRequest, TrialResult
+from trialq.pool import claim_trial_slot
+from trialq.prewarm import device_in_use, preload, preload_modules
 from trialq.runner import run_trial
 from trialq.settings import Settings
 from trialq.telemetry import MIB, DeviceBaseline
 
+EX_SOFTWARE = 70
+"""Exit status of a worker, or a pool child, that refuses to go on (os.EX_SOFTWARE)."""
+
+logger = logging.getLogger(__name__)
+
 settings = Settings()
 app = create_app(settings)
-_log = logging.getLogger(__name__)
 _redis: redis.Redis | None = None
 
 
 def _trial_redis() -> redis.Redis:
-    """The trial process's own Redis connection (created after the fork, never inherited)."""
+    """The trial process's Redis (connected after the fork, never inherited): the result
+    backend's client when the backend is the broker, so that a trial opens one connection."""
     global _redis
     if _redis is None:
-        _redis = redis.Redis.from_url(settings.broker_url)
+        if settings.backend_url == settings.broker_url:
+            _redis = app.backend.client
+        else:
+            _redis = redis.Redis.from_url(settings.broker_url)
     return _redis
 
 
@@ -53,6 +67,7 @@ def run_trial_task(self: Any, payload: dict[str, Any]) -> dict[str, Any]:
     if _trial_redis().exists(withdrawn_key(task_id), result_key(task_id)):
         # Withdrawn by the driver, or a redelivery of a trial that already ended: not run.
         raise Ignore()
+    claim_trial_slot()
     result = run_trial(
         request,
         channel=ReportChannel(_trial_redis()),
@@ -74,7 +89,7 @@ def _stop_taking_trials() -> None:
     A container restart (compose's restart policy, Kubernetes) ends whatever process in it
     still holds the device, and the new worker measures a clean baseline.
     """
-    _log.critical("device not back to its baseline; this worker stops taking trials")
+    logger.critical("device not back to its baseline; this worker stops taking trials")
     os.kill(os.getppid(), signal.SIGTERM)
 
 
@@ -101,6 +116,42 @@ def _bounded(result: TrialResult) -> TrialResult:
             "error": f"result of {size} bytes refused (limit {settings.max_result_bytes})",
         }
     )
+
+
+@signals.worker_init.connect
+def _preload(**_: Any) -> None:
+    """Import the framework in the parent, before the pool forks (`trialq worker` did already)."""
+    try:
+        preload(preload_modules(settings.preload))
+    except TrialqError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(exc.exit_code) from None
+
+
+@signals.worker_before_create_process.connect
+def _refuse_fork_after_device_use(**_: Any) -> None:
+    """The parent is about to fork a trial process: never with a device initialised."""
+    reason = device_in_use()
+    if reason is not None:
+        logger.critical("worker stops: %s in its parent; no trial process is forked", reason)
+        raise WorkerShutdown(EX_SOFTWARE)
+
+
+@signals.worker_process_init.connect
+def _prepare_trial_process(**_: Any) -> None:
+    """A new child, before it takes a trial: refuse inherited device state, then connect.
+
+    A spare child waits idle for its trial, so it opens its Redis connections now rather than
+    on the trial's time.
+    """
+    reason = device_in_use()
+    if reason is not None:
+        logger.critical("pool child %d exits unused: %s before the fork", os.getpid(), reason)
+        os._exit(EX_SOFTWARE)
+    with contextlib.suppress(redis.RedisError):
+        _trial_redis().ping()
+        if _trial_redis() is not app.backend.client:
+            app.backend.client.ping()
 
 
 _heartbeat: Heartbeat | None = None

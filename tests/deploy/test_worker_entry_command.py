@@ -27,7 +27,7 @@ celery = pytest.importorskip("celery")
 redis = pytest.importorskip("redis")
 messages = pytest.importorskip("trialq.messages")
 
-BROKER_URL = "redis://127.0.0.1:6379/14"
+BROKER_URL = os.environ.get("TRIALQ_TEST_REDIS_URL", "redis://127.0.0.1:6379/14")
 PROBE_MODULE = "trialq_deploy_probe"
 TRIAL_TIMEOUT_S = 120
 STOP_TIMEOUT_S = 60

@@ -1,0 +1,304 @@
+"""What the driver itself costs a trial: Optuna's ask and tell and the user attrs it writes.
+
+    python -m benchmarks.driver [--quick] [--trials N] [--workers N] [--storage URL]
+
+Runs N no-op trials (default 1,000) through `--local`-style workers (default 8, nothing
+preloaded: the trials import nothing) with the real `StudyDriver` and TPE over a three-param
+space, on PostgreSQL by default. Times, with `time.perf_counter` around the calls (here, not in
+trialq), every `study.ask`, `study.tell` and `Trial.set_user_attr` the driver makes, and
+the storage reads its progress line makes. Prints the per-trial cost, how it grows with the
+number of finished trials (TPE's ask reads and fits every trial so far), and the throughput
+ceiling the driver alone sets; writes JSON under benchmarks/results/. The study is deleted
+afterwards (`--keep` keeps it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import textwrap
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+import trialq.driver
+from benchmarks.overhead import RESULTS, ROOT, environment
+from trialq.celery_dispatch import CeleryDispatcher
+from trialq.driver import DriverOptions, StudyDriver
+from trialq.local import LocalCluster
+from trialq.progress import NoProgress
+from trialq.settings import Settings
+from trialq.spec import load_spec
+from trialq.study import open_study
+
+DEFAULT_STORAGE = "postgresql+psycopg2://postgres@127.0.0.1:5432/test"
+BUCKET = 100
+
+
+class Timings:
+    """Seconds spent in each instrumented call, by trial number where there is one."""
+
+    def __init__(self) -> None:
+        self.by_trial: dict[str, dict[int, float]] = defaultdict(lambda: defaultdict(float))
+        self.calls: dict[str, int] = defaultdict(int)
+        self.totals: dict[str, float] = defaultdict(float)
+
+    def add(self, kind: str, seconds: float, number: int | None = None) -> None:
+        self.calls[kind] += 1
+        self.totals[kind] += seconds
+        if number is not None:
+            self.by_trial[kind][number] += seconds
+
+
+@contextmanager
+def instrumented(study: optuna.Study, timings: Timings, attrs_one_by_one: bool) -> Iterator[None]:
+    """Time the driver's storage calls without touching trialq's code.
+
+    With `attrs_one_by_one`, the driver's batched user-attr write is swapped for one
+    `Trial.set_user_attr` a key (what it did before), to compare in the same run.
+    """
+    ask, tell = study.ask, study.tell
+    set_user_attr = optuna.Trial.set_user_attr
+    best_value = optuna.Study.best_value
+    batched = getattr(trialq.driver, "set_user_attrs", None)
+
+    def timed_ask(*args: Any, **kwargs: Any) -> optuna.Trial:
+        started = time.perf_counter()
+        trial = ask(*args, **kwargs)
+        timings.add("ask", time.perf_counter() - started, trial.number)
+        return trial
+
+    def timed_tell(trial: optuna.Trial, *args: Any, **kwargs: Any) -> Any:
+        started = time.perf_counter()
+        frozen = tell(trial, *args, **kwargs)
+        timings.add("tell", time.perf_counter() - started, trial.number)
+        return frozen
+
+    def timed_set_user_attrs(trial: optuna.Trial, attrs: dict[str, Any]) -> None:
+        started = time.perf_counter()
+        if batched is None or attrs_one_by_one:
+            for key, value in attrs.items():
+                set_user_attr(trial, key, value)
+        else:
+            batched(trial, attrs)
+        timings.add("user_attrs", time.perf_counter() - started, trial.number)
+
+    def timed_set_user_attr(self: optuna.Trial, key: str, value: Any) -> None:
+        timed_set_user_attrs(self, {key: value})  # a driver from before the batching
+
+    def timed_best_value(self: optuna.Study) -> float:
+        started = time.perf_counter()
+        try:
+            return float(best_value.fget(self))
+        finally:
+            timings.add("progress_best_value", time.perf_counter() - started)
+
+    study.ask, study.tell = timed_ask, timed_tell
+    optuna.Study.best_value = property(timed_best_value)
+    if batched is None:
+        optuna.Trial.set_user_attr = timed_set_user_attr
+    else:
+        trialq.driver.set_user_attrs = timed_set_user_attrs
+    try:
+        yield
+    finally:
+        optuna.Trial.set_user_attr = set_user_attr
+        optuna.Study.best_value = best_value
+        if batched is not None:
+            trialq.driver.set_user_attrs = batched
+
+
+def timed_dispatcher(dispatcher: CeleryDispatcher, timings: Timings) -> None:
+    """Time the driver's Redis calls too (sending trials, reading their states)."""
+    for name in ("submit", "statuses", "pending_ids"):
+        method: Callable[..., Any] = getattr(dispatcher, name)
+
+        def timed(*args: Any, _method: Callable[..., Any] = method, _name: str = name) -> Any:
+            started = time.perf_counter()
+            try:
+                return _method(*args)
+            finally:
+                timings.add(f"redis_{_name}", time.perf_counter() - started)
+
+        setattr(dispatcher, name, timed)
+
+
+def write_spec(folder: Path, name: str, n_trials: int, workers: int, sampler: str) -> Path:
+    path = folder / "driver-bench.toml"
+    path.write_text(
+        textwrap.dedent(
+            f"""
+            [study]
+            name = "{name}"
+            direction = "maximize"
+            n_trials = {n_trials}
+            max_in_flight = {workers}
+            sampler = "{sampler}"
+            sampler_args = {{ seed = 0 }}
+            pruner = "none"
+            [trial]
+            entrypoint = "benchmarks.trials:noop"
+            timeout_s = 60
+            [space.x]
+            type = "float"
+            low = -1.0
+            high = 1.0
+            [space.units]
+            type = "int"
+            low = 4
+            high = 32
+            [space.learning_rate]
+            type = "float"
+            low = 1e-4
+            high = 1e-1
+            log = true
+            """
+        )
+    )
+    return path
+
+
+def summarise(timings: Timings, n_trials: int, wall_s: float) -> dict[str, Any]:
+    """Per-trial driver cost (mean, p50, p95), its growth by bucket of trials, and the ceiling."""
+    kinds = ("ask", "tell", "user_attrs")
+    per_trial = {
+        number: sum(timings.by_trial[kind].get(number, 0.0) for kind in kinds)
+        for number in range(n_trials)
+    }
+    costs = sorted(per_trial.values())
+    buckets = []
+    for start in range(0, n_trials, BUCKET):
+        numbers = range(start, min(start + BUCKET, n_trials))
+        row: dict[str, Any] = {"trials": f"{start}-{numbers[-1]}"}
+        for kind in kinds:
+            row[f"{kind}_ms"] = round(
+                1e3 * statistics.mean(timings.by_trial[kind].get(n, 0.0) for n in numbers), 2
+            )
+        row["total_ms"] = round(1e3 * statistics.mean(per_trial[n] for n in numbers), 2)
+        buckets.append(row)
+    last = buckets[-1]["total_ms"] / 1e3
+    driver_s = sum(timings.totals.values())
+    return {
+        "trials": n_trials,
+        "wall_s": round(wall_s, 2),
+        "trials_per_s": round(n_trials / wall_s, 1),
+        "driver_per_trial_ms": {
+            "mean": round(1e3 * statistics.mean(costs), 2),
+            "p50": round(1e3 * costs[len(costs) // 2], 2),
+            "p95": round(1e3 * costs[int(len(costs) * 0.95)], 2),
+        },
+        "per_trial_ms_by_kind": {
+            kind: round(1e3 * timings.totals[kind] / n_trials, 2) for kind in sorted(timings.totals)
+        },
+        "calls_per_trial": {
+            kind: round(timings.calls[kind] / n_trials, 2) for kind in sorted(timings.calls)
+        },
+        "growth_by_bucket": buckets,
+        "driver_busy_fraction": round(driver_s / wall_s, 3),
+        "ceiling_trials_per_s_at_end": round(1 / last, 1) if last > 0 else None,
+    }
+
+
+def print_summary(summary: dict[str, Any]) -> None:
+    cost = summary["driver_per_trial_ms"]
+    print(
+        f"{summary['trials']} trials in {summary['wall_s']} s ({summary['trials_per_s']}/s); "
+        f"driver ask+tell+user attrs per trial: mean {cost['mean']} ms, p50 {cost['p50']} ms, "
+        f"p95 {cost['p95']} ms"
+    )
+    print("per trial, by call (ms):", summary["per_trial_ms_by_kind"])
+    print("calls per trial:", summary["calls_per_trial"])
+    print(f"{'trials':>10} {'ask ms':>8} {'tell ms':>8} {'attrs ms':>9} {'total ms':>9}")
+    for row in summary["growth_by_bucket"]:
+        print(
+            f"{row['trials']:>10} {row['ask_ms']:>8} {row['tell_ms']:>8} "
+            f"{row['user_attrs_ms']:>9} {row['total_ms']:>9}"
+        )
+    print(
+        f"driver busy {100 * summary['driver_busy_fraction']:.0f}% of the run; at the last "
+        f"bucket's cost it alone caps the study at "
+        f"{summary['ceiling_trials_per_s_at_end']} trials/s"
+    )
+
+
+def run_study(args: argparse.Namespace, attrs_one_by_one: bool) -> dict[str, Any]:
+    """One study of `args.trials` no-op trials; the driver's timings, summarised."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    name = f"trialq-bench-driver-{stamp}-{'one-by-one' if attrs_one_by_one else 'batched'}"
+    with tempfile.TemporaryDirectory() as folder:
+        spec = load_spec(write_spec(Path(folder), name, args.trials, args.workers, args.sampler))
+    timings = Timings()
+    env = {"PYTHONPATH": str(ROOT), "TRIALQ_PRELOAD": "none"}
+    study = open_study(spec, args.storage)
+    try:
+        with LocalCluster(args.workers, "gpu", ("benchmarks",), extra_env=env) as cluster:
+            dispatcher = CeleryDispatcher(Settings(broker_url=cluster.broker_url))
+            timed_dispatcher(dispatcher, timings)
+            options = DriverOptions(max_in_flight=args.workers)
+            driver = StudyDriver(spec, study, dispatcher, None, NoProgress(), options)
+            with instrumented(study, timings, attrs_one_by_one):
+                started = time.perf_counter()
+                driver.run(args.trials)
+                wall_s = time.perf_counter() - started
+        summary = summarise(timings, args.trials, wall_s)
+        states = [t.state.name for t in study.get_trials(deepcopy=False)]
+    finally:
+        if not args.keep:
+            optuna.delete_study(study_name=name, storage=args.storage)
+    summary.update(
+        user_attrs="one by one" if attrs_one_by_one else "batched",
+        complete=states.count("COMPLETE"),
+    )
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.driver", description=__doc__)
+    parser.add_argument("--trials", type=int, default=1000)
+    parser.add_argument("--workers", type=int, default=8)
+    parser.add_argument("--storage", default=DEFAULT_STORAGE, help="Optuna storage URL")
+    parser.add_argument("--sampler", default="tpe", choices=["tpe", "random"])
+    parser.add_argument("--quick", action="store_true", help="100 trials through 4 workers")
+    parser.add_argument(
+        "--no-baseline", action="store_true", help="skip the run with one write per user attr"
+    )
+    parser.add_argument("--keep", action="store_true", help="keep the studies in the storage")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.trials, args.workers = 100, 4
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    args.out.mkdir(parents=True, exist_ok=True)
+    runs = [run_study(args, attrs_one_by_one=False)]
+    if not args.no_baseline:
+        runs.append(run_study(args, attrs_one_by_one=True))
+    for summary in runs:
+        print(f"\n== user attrs {summary['user_attrs']}")
+        print_summary(summary)
+    if len(runs) == 2:
+        ratio = runs[1]["driver_per_trial_ms"]["mean"] / runs[0]["driver_per_trial_ms"]["mean"]
+        print(f"\nbatched user attrs: {ratio:.2f}x less driver time a trial than one by one")
+    result = {
+        "benchmark": "driver",
+        "storage": args.storage.split(":", 1)[0],
+        "workers": args.workers,
+        "sampler": args.sampler,
+        "environment": environment(),
+        "runs": runs,
+    }
+    out = args.out / f"driver-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    out.write_text(json.dumps(result, indent=1))
+    print(f"wrote {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

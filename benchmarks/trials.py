@@ -1,0 +1,52 @@
+"""The trials every approach of the overhead benchmark runs: the same functions, same params.
+
+Each takes `(params, trial=None)`, so trialq's runner, a Celery task and a plain loop can all
+call it. TensorFlow is imported inside the trial, as a user's trial would; nothing else heavy
+is imported here, since trialq imports this module afresh in every trial's process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+Trial = Callable[..., Any]
+
+
+def noop(params: dict[str, Any], trial: object = None) -> float:
+    """Nothing at all: what remains is the cost of running a trial."""
+    return float(params["x"])
+
+
+def tf_op(params: dict[str, Any], trial: object = None) -> float:
+    """One small TensorFlow op: the import (or not) and the runtime's start in this process."""
+    import tensorflow as tf
+
+    return float(tf.reduce_sum(tf.ones((2, 2)) * params["x"]))
+
+
+def keras_fit(params: dict[str, Any], trial: object = None) -> dict[str, float]:
+    """A small Keras model fitted for one epoch: what leaks when trials share a process."""
+    import keras
+    import numpy as np
+
+    rng = np.random.default_rng(int(params["seed"]))
+    x = rng.normal(size=(512, 8)).astype("float32")
+    y = (x.sum(axis=1) > 0).astype("float32")
+    model = keras.Sequential(
+        [
+            keras.Input(shape=(8,)),
+            keras.layers.Dense(int(params["units"]), activation="relu"),
+            keras.layers.Dense(1, activation="sigmoid"),
+        ]
+    )
+    model.compile(
+        optimizer=keras.optimizers.Adam(float(params["learning_rate"])),
+        loss="binary_crossentropy",
+        metrics=["accuracy"],
+    )
+    history = model.fit(x, y, epochs=1, batch_size=64, verbose=0)
+    return {"accuracy": float(history.history["accuracy"][-1])}
+
+
+WORKLOADS: dict[str, Trial] = {"noop": noop, "tf": tf_op, "keras": keras_fit}

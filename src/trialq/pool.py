@@ -1,0 +1,255 @@
+"""The worker's process pool: Celery's prefork pool with a warm spare and prompt replacement.
+
+Every trial runs in a process that exits after it (`worker_max_tasks_per_child=1`), so the
+pool replaces a process after every trial, and Celery does that on the trial's critical path:
+the next trial waits for the old child to linger and exit, for a fork, and for the new child
+to report ready. Measured here, that was 0.2 s a trial at best and 5 s at worst (see
+`TrialAsynPool`). This pool takes the replacement off the critical path:
+
+- it keeps `spare_processes` forked, idle processes beyond its trial slots. The consumer's
+  prefetch follows `num_processes`, which stays at the trial slots, so no more trials run at
+  once than before; the next trial simply goes to a process that is already up.
+- every trial holds a slot lock for the whole life of its process (`claim_trial_slot`). The
+  kernel drops the lock only when that process is gone, so a trial that starts in a spare
+  still waits for its predecessor to exit: the device is clean when a trial starts, and no
+  two trials of a worker ever share it.
+- it reaps an exited child as soon as the child can be reaped, not at the next 5 s timer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+from billiard import pool as billiard_pool
+from celery.concurrency import asynpool
+from celery.concurrency.prefork import TaskPool
+
+logger = logging.getLogger(__name__)
+
+SLOT_WAIT_S = 60.0
+"""How long a trial waits for its predecessor's process to exit before it runs anyway."""
+
+_POLL_S = 0.001
+"""Polling step while waiting for a slot, or for the parent to read a finished trial's result."""
+
+_RESULT_READ_WAIT_S = 30.0
+"""How long a finished child waits for the parent to read its result (billiard's own limit)."""
+
+_REAP_FIRST_RETRY_S = 0.002
+_REAP_LAST_RETRY_S = 0.5
+
+
+class TrialSlots:
+    """One lock file per trial slot; a trial process holds one for as long as it lives.
+
+    The kernel drops a process's lock while it closes its files on exit, a moment before the
+    process has finished exiting (and, on a GPU, maybe before its device files are closed). So
+    each holder also writes who it is into the file, and the next one waits for that process to
+    be gone entirely.
+    """
+
+    def __init__(self, directory: Path, count: int) -> None:
+        self.directory = directory
+        self.count = count
+        self._held: int | None = None
+
+    @classmethod
+    def create(cls, count: int) -> TrialSlots:
+        """Make the lock files in a fresh private folder (done by the parent, before forking)."""
+        directory = Path(tempfile.mkdtemp(prefix="trialq-slots-"))
+        for index in range(count):
+            (directory / f"slot{index}").touch()
+        return cls(directory, count)
+
+    def claim(self, timeout_s: float = SLOT_WAIT_S) -> bool:
+        """Take a free slot for the rest of this process's life, once its previous holder is
+        gone; False if that did not happen within `timeout_s`."""
+        if self._held is not None:
+            return True
+        deadline = time.monotonic() + timeout_s
+        while True:
+            for index in range(self.count):
+                previous = self._try_lock(self.directory / f"slot{index}")
+                if previous is not None:
+                    return _wait_until_gone(previous, deadline)
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(_POLL_S)
+
+    def _try_lock(self, path: Path) -> tuple[int, float] | None:
+        """Lock `path` and sign it; the previous holder's (pid, start time), or None if busy."""
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        self._held = fd
+        # A process the trial forks shares the lock; it must not keep the slot after the trial.
+        os.register_at_fork(after_in_child=self._drop_inherited)
+        previous = _read_holder(fd)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()} {_started_at(os.getpid())}".encode(), 0)
+        return previous
+
+    def release(self) -> None:
+        """Give the slot back before this process exits (trials never do: exiting frees it)."""
+        if self._held is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._held)
+            self._held = None
+
+    def _drop_inherited(self) -> None:
+        self.release()
+
+    def remove(self) -> None:
+        """Delete the lock files (the worker is stopping)."""
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def _read_holder(fd: int) -> tuple[int, float]:
+    try:
+        pid, started = os.pread(fd, 64, 0).split()
+        return int(pid), float(started)
+    except ValueError:
+        return 0, 0.0  # a fresh slot: nobody held it
+
+
+def _started_at(pid: int) -> float:
+    try:
+        return float(psutil.Process(pid).create_time())
+    except psutil.NoSuchProcess:
+        return -1.0
+
+
+def _wait_until_gone(holder: tuple[int, float], deadline: float) -> bool:
+    """Wait until the process `holder` names has exited (a zombie is gone enough)."""
+    pid, started = holder
+    while pid and pid != os.getpid() and _started_at(pid) == started:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(_POLL_S)
+    return True
+
+
+_slots: TrialSlots | None = None
+"""This worker's slots: set in the parent before it forks, so every child inherits them."""
+
+
+def claim_trial_slot() -> None:
+    """Wait until this trial may use the device: its predecessor's process has exited.
+
+    A no-op outside `TrialPool` (e.g. `celery worker -P solo`), where nothing overlaps.
+    """
+    if _slots is None:
+        return
+    started = time.monotonic()
+    if not _slots.claim():
+        logger.warning(
+            "trial process %d: the previous trial's process still holds the slot after %.0f s; "
+            "running anyway",
+            os.getpid(),
+            SLOT_WAIT_S,
+        )
+    waited = time.monotonic() - started
+    if waited > 1.0:
+        logger.info("trial process %d waited %.1f s for its slot", os.getpid(), waited)
+
+
+class TrialProcess(asynpool.Worker):  # type: ignore[misc]
+    """A pool child that exits as soon as the parent has read its last result.
+
+    billiard polls for that every 0.1 s; a child with one task to run lingers that long for
+    nothing, and with a spare, the next trial waits on it (its slot lock).
+    """
+
+    def _ensure_messages_consumed(self, completed: int) -> bool:
+        if not self.on_ready_counter:
+            return False
+        deadline = time.monotonic() + _RESULT_READ_WAIT_S
+        while time.monotonic() < deadline:
+            if self.on_ready_counter.value >= completed:
+                return True
+            time.sleep(_POLL_S)
+        logger.warning("pool child %d exits before its result was read", os.getpid())
+        return False
+
+
+class TrialAsynPool(asynpool.AsynPool):  # type: ignore[misc]
+    """Celery's event-loop pool, replacing an exited child as soon as it can be reaped.
+
+    Celery untracks a child when its sentinel pipe closes and replaces it if it can be
+    reaped then. A dying child closes the pipe a moment before the kernel lets the parent
+    reap it; when the parent looks in that moment, the child is left for the pool's 5 s
+    maintenance timer. On this project's machines that happened to a third of all trials.
+    """
+
+    Worker = TrialProcess
+
+    def _event_process_exit(self, hub: Any, proc: Any) -> None:
+        super()._event_process_exit(hub, proc)
+        if proc in self._pool:
+            hub.call_later(_REAP_FIRST_RETRY_S, self._reap_again, hub, proc, _REAP_FIRST_RETRY_S)
+
+    def _reap_again(self, hub: Any, proc: Any, delay: float) -> None:
+        if proc not in self._pool or self._state != billiard_pool.RUN:
+            return
+        self.maintain_pool()
+        if proc in self._pool and delay < _REAP_LAST_RETRY_S:
+            hub.call_later(delay * 2, self._reap_again, hub, proc, delay * 2)
+
+
+class TrialPool(TaskPool):  # type: ignore[misc]
+    """`worker_pool` of trialq: prefork with spare processes and trial slots.
+
+    `limit` (Celery's concurrency) stays the number of trial slots, and so does
+    `num_processes`, from which Celery's consumer derives how many messages it reserves.
+    """
+
+    Pool = TrialAsynPool
+    limit: int
+
+    def on_start(self) -> None:
+        global _slots
+        slots = self.limit
+        _slots = TrialSlots.create(slots)
+        self.limit = slots + self._spare_processes()
+        try:
+            super().on_start()
+        finally:
+            self.limit = slots
+
+    def _spare_processes(self) -> int:
+        settings = getattr(self.app.conf, "trialq_settings", None) if self.app else None
+        return int(getattr(settings, "spare_processes", 0))
+
+    @property
+    def num_processes(self) -> int:
+        return self.limit
+
+    def on_stop(self) -> None:
+        super().on_stop()
+        _remove_slots()
+
+    def on_terminate(self) -> None:
+        super().on_terminate()
+        _remove_slots()
+
+
+def _remove_slots() -> None:
+    global _slots
+    if _slots is not None:
+        _slots.remove()
+        _slots = None

@@ -1,0 +1,216 @@
+"""trialq's pool (a spare process, prompt replacement, preloading) keeps the design's promises:
+a process per trial that exits after it, lost workers, time limits, warm shutdown, and never a
+device state carried across a fork."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+import redis
+
+from trialq import heartbeat
+from trialq.celery_dispatch import CeleryDispatcher
+from trialq.dispatch import TaskPhase, TaskStatus
+from trialq.entrypoint import Entrypoint
+from trialq.local import LocalCluster
+from trialq.messages import Outcome, TrialRequest
+from trialq.settings import Settings
+
+pytestmark = pytest.mark.integration
+
+TESTS_DIR = Path(__file__).resolve().parent.parent
+WAIT_S = 90.0
+
+
+def _request(
+    function: str, number: int = 0, timeout_s: float = 60, **params: object
+) -> TrialRequest:
+    return TrialRequest(
+        study="pool", number=number, attempt=1, params=params,  # type: ignore[arg-type]
+        entrypoint=Entrypoint("trials", function), timeout_s=timeout_s,
+    )  # fmt: skip
+
+
+def _wait(
+    dispatcher: CeleryDispatcher, task_ids: list[str], done: tuple[TaskPhase, ...]
+) -> dict[str, TaskStatus]:
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        statuses = dispatcher.statuses(task_ids)
+        if all(s.phase in done for s in statuses.values()):
+            return statuses
+        time.sleep(0.05)
+    pytest.fail(f"trials did not reach {done} in time: {dispatcher.statuses(task_ids)}")
+
+
+FINAL = (TaskPhase.FINISHED, TaskPhase.FAILED)
+
+
+def _worker_pid(redis_url: str) -> int:
+    beats = heartbeat.live_workers(redis.Redis.from_url(redis_url))
+    assert len(beats) == 1
+    return beats[0].pid
+
+
+def test_each_trial_runs_in_its_own_process_after_the_previous_one_exited(
+    start_workers: Callable[..., LocalCluster], redis_url: str, tmp_path: Path
+) -> None:
+    start_workers(1, extra_env={"TRIALQ_PRELOAD": "none", "TRIALQ_SPARE_PROCESSES": "1"})
+    dispatcher = CeleryDispatcher(Settings(broker_url=redis_url))
+    log = str(tmp_path / "pids")
+    ids = [
+        dispatcher.submit(_request("records_its_process", n, log=log, linger_s=0.3), "gpu", 120)
+        for n in range(8)
+    ]
+    statuses = _wait(dispatcher, ids, FINAL)
+
+    results = [statuses[i].result for i in ids]
+    assert all(r is not None and r.outcome is Outcome.OK for r in results), statuses
+    pids = [r.worker_pid for r in results if r is not None]
+    assert len(set(pids)) == 8, f"a process ran more than one trial: {pids}"
+    assert _worker_pid(redis_url) not in pids, "a trial ran in the worker's parent"
+    overlaps = [r.metrics["earlier_still_running"] for r in results if r is not None]
+    assert overlaps == [0.0] * 8, (overlaps, pids)
+
+
+def test_a_killed_trial_process_is_a_lost_worker_and_the_next_trial_runs(
+    start_workers: Callable[..., LocalCluster], redis_url: str, tmp_path: Path
+) -> None:
+    start_workers(1, extra_env={"TRIALQ_PRELOAD": "none"})
+    dispatcher = CeleryDispatcher(Settings(broker_url=redis_url))
+    killed = dispatcher.submit(_request("kills_its_process"), "gpu", 120)
+    log = str(tmp_path / "pids")
+    after = dispatcher.submit(_request("records_its_process", 1, log=log), "gpu", 120)
+    statuses = _wait(dispatcher, [killed, after], FINAL)
+
+    assert statuses[killed].phase is TaskPhase.FAILED
+    assert statuses[killed].failure is Outcome.WORKER_LOST, statuses[killed].detail
+    result = statuses[after].result
+    assert result is not None and result.outcome is Outcome.OK
+
+
+def test_soft_and_hard_time_limits_still_end_trials_as_timeouts(
+    start_workers: Callable[..., LocalCluster], redis_url: str
+) -> None:
+    start_workers(1, extra_env={"TRIALQ_PRELOAD": "none"})
+    dispatcher = CeleryDispatcher(Settings(broker_url=redis_url))
+    soft = _request("sleeps_then_echoes", timeout_s=1, sleep_s=30.0)
+    hard = _request("ignores_the_soft_limit_for", number=1, timeout_s=1, sleep_s=30.0)
+    soft_id = dispatcher.submit(soft, "gpu", hard_limit_s=20)
+    hard_id = dispatcher.submit(hard, "gpu", hard_limit_s=3)
+    statuses = _wait(dispatcher, [soft_id, hard_id], FINAL)
+
+    soft_result = statuses[soft_id].result
+    assert soft_result is not None and soft_result.outcome is Outcome.TIMEOUT
+    assert statuses[hard_id].phase is TaskPhase.FAILED
+    assert statuses[hard_id].failure is Outcome.TIMEOUT, statuses[hard_id].detail
+
+
+def test_sigterm_lets_the_running_trial_finish_and_acknowledges_it(
+    start_workers: Callable[..., LocalCluster], redis_url: str
+) -> None:
+    start_workers(1, extra_env={"TRIALQ_PRELOAD": "none"})
+    dispatcher = CeleryDispatcher(Settings(broker_url=redis_url))
+    task_id = dispatcher.submit(_request("sleeps_then_echoes", sleep_s=3.0), "gpu", 60)
+    _wait(dispatcher, [task_id], (TaskPhase.RUNNING, *FINAL))
+    worker = psutil.Process(_worker_pid(redis_url))
+
+    worker.send_signal(signal.SIGTERM)
+    worker.wait(timeout=WAIT_S)
+
+    status = dispatcher.statuses([task_id])[task_id]
+    assert status.result is not None and status.result.outcome is Outcome.OK
+    assert status.result.metrics["echo"] == 300.0
+    assert dispatcher.pending_ids("gpu") == set(), "the finished trial's message was kept"
+
+
+def test_preloaded_tensorflow_reaches_every_trial_in_a_process_of_its_own(
+    start_workers: Callable[..., LocalCluster], redis_url: str, tmp_path: Path
+) -> None:
+    pytest.importorskip("tensorflow")
+    start_workers(1, extra_env={"TRIALQ_PRELOAD": "tensorflow"})
+    dispatcher = CeleryDispatcher(Settings(broker_url=redis_url))
+    log = str(tmp_path / "pids")
+    ids = [
+        dispatcher.submit(_request("records_its_process", n, log=log), "gpu", 120) for n in range(4)
+    ]
+    statuses = _wait(dispatcher, ids, FINAL)
+
+    results = [statuses[i].result for i in ids]
+    assert all(r is not None and r.outcome is Outcome.OK for r in results), statuses
+    assert len({r.worker_pid for r in results if r is not None}) == 4
+    assert all(r.metrics["tensorflow_loaded"] == 1.0 for r in results if r is not None)
+
+
+@pytest.fixture
+def spawn_worker(redis_url: str, tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen[str]]]:
+    """A `trialq worker` process of the test's own, whose exit status the test can read."""
+    started: list[subprocess.Popen[str]] = []
+
+    def spawn(*args: str) -> subprocess.Popen[str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TRIALQ_")}
+        env.update(
+            TRIALQ_BROKER_URL=redis_url,
+            TRIALQ_ALLOWED_MODULES="trials",
+            PYTHONPATH=os.pathsep.join(filter(None, [str(TESTS_DIR), env.get("PYTHONPATH")])),
+            TF_CPP_MIN_LOG_LEVEL="3",
+        )
+        command = [sys.executable, "-m", "trialq", "worker", "--loglevel", "WARNING", *args]
+        process = subprocess.Popen(
+            command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            start_new_session=True,
+        )  # fmt: skip
+        started.append(process)
+        return process
+
+    yield spawn
+    for process in started:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+def test_the_worker_refuses_to_preload_a_module_that_ran_a_tensorflow_op(
+    spawn_worker: Callable[..., subprocess.Popen[str]],
+) -> None:
+    pytest.importorskip("tensorflow")
+    worker = spawn_worker("--preload", "tf_op_at_import")
+    output, _ = worker.communicate(timeout=WAIT_S)
+
+    assert worker.returncode == 2, output
+    assert "TensorFlow's runtime was initialised" in output
+
+
+def test_the_worker_stops_rather_than_fork_once_its_parent_ran_a_tensorflow_op(
+    spawn_worker: Callable[..., subprocess.Popen[str]], redis_url: str, tmp_path: Path
+) -> None:
+    pytest.importorskip("tensorflow")
+    worker = spawn_worker("--preload", "tensorflow,parent_runs_tf_op")
+    client = redis.Redis.from_url(redis_url)
+    deadline = time.monotonic() + WAIT_S
+    while not heartbeat.live_workers(client):
+        assert worker.poll() is None and time.monotonic() < deadline, worker.communicate()[0]
+        time.sleep(0.1)
+    dispatcher = CeleryDispatcher(Settings(broker_url=redis_url))
+    log = str(tmp_path / "pids")
+    ids = [
+        dispatcher.submit(_request("records_its_process", n, log=log), "gpu", 120) for n in range(3)
+    ]
+
+    output, _ = worker.communicate(timeout=WAIT_S)
+
+    assert worker.returncode == 70, output
+    assert "no trial process is forked" in output
+    ran = Path(log).read_text().split() if Path(log).exists() else []
+    # Only the processes forked before the op (the first and the spare) may have run trials.
+    assert len(ran) <= 2
+    statuses = dispatcher.statuses(ids)
+    assert sum(s.phase is TaskPhase.WAITING for s in statuses.values()) >= 1

@@ -1,0 +1,104 @@
+"""Trial slots: a trial process holds one for its whole life, and only it does."""
+
+from __future__ import annotations
+
+import multiprocessing
+import multiprocessing.connection
+import multiprocessing.synchronize
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+
+from trialq.pool import TrialSlots
+
+
+def _hold_slot(directory: str, count: int, held: multiprocessing.synchronize.Event) -> None:
+    slots = TrialSlots(Path(directory), count)
+    assert slots.claim(timeout_s=5)
+    held.set()
+    time.sleep(1.0)
+
+
+def test_a_slot_is_held_until_its_process_exits(tmp_path: Path) -> None:
+    slots = TrialSlots.create(1)
+    try:
+        held = multiprocessing.Event()
+        holder = multiprocessing.Process(target=_hold_slot, args=(slots.directory, 1, held))
+        holder.start()
+        assert held.wait(10)
+        other = TrialSlots(slots.directory, 1)
+        assert not other.claim(timeout_s=0.2), "two processes held one slot"
+        assert other.claim(timeout_s=10), "the slot was not freed when its holder exited"
+        assert not holder.is_alive()
+        other.release()
+    finally:
+        slots.remove()
+
+
+def _hold_slot_and_fork(directory: str, pipe: multiprocessing.connection.Connection) -> None:
+    slots = TrialSlots(Path(directory), 1)
+    assert slots.claim(timeout_s=5)
+    grandchild = os.fork()
+    if grandchild == 0:  # outlives the trial process, as a leaked helper process would
+        time.sleep(3)
+        os._exit(0)
+    pipe.send(grandchild)
+
+
+def test_a_process_forked_by_a_trial_does_not_keep_its_slot(tmp_path: Path) -> None:
+    slots = TrialSlots.create(1)
+    receiver, sender = multiprocessing.Pipe(duplex=False)
+    try:
+        trial = multiprocessing.Process(target=_hold_slot_and_fork, args=(slots.directory, sender))
+        trial.start()
+        grandchild = receiver.recv()
+        trial.join()
+        after = TrialSlots(slots.directory, 1)
+        assert after.claim(timeout_s=2), "the grandchild kept the slot"
+        os.kill(grandchild, 0)  # still alive: the slot was freed by the trial's exit alone
+        after.release()
+    finally:
+        slots.remove()
+
+
+def test_every_slot_of_a_worker_can_be_held_at_once() -> None:
+    slots = TrialSlots.create(2)
+    try:
+        first, second, third = (TrialSlots(slots.directory, 2) for _ in range(3))
+        assert first.claim(timeout_s=1) and second.claim(timeout_s=1)
+        assert not third.claim(timeout_s=0.1)
+        first.release()
+        assert third.claim(timeout_s=1)
+        second.release()
+        third.release()
+    finally:
+        slots.remove()
+
+
+def _sign_slot_for(slots: TrialSlots, process: subprocess.Popen[bytes]) -> None:
+    started = psutil.Process(process.pid).create_time()
+    (slots.directory / "slot0").write_text(f"{process.pid} {started}")
+
+
+def test_a_slot_waits_until_its_previous_holder_has_exited_entirely() -> None:
+    slots = TrialSlots.create(1)
+    holder = subprocess.Popen(["sleep", "30"])
+    try:
+        _sign_slot_for(slots, holder)  # its lock is gone, the process is not (it is exiting)
+        waiting = TrialSlots(slots.directory, 1)
+        assert not waiting.claim(timeout_s=0.3), "claimed while the previous holder ran"
+        waiting.release()
+        _sign_slot_for(slots, holder)
+        holder.kill()
+        while psutil.Process(holder.pid).status() != psutil.STATUS_ZOMBIE:
+            time.sleep(0.01)
+        after = TrialSlots(slots.directory, 1)
+        assert after.claim(timeout_s=5), "a zombie (exited, not yet reaped) still blocked"
+        after.release()
+    finally:
+        holder.kill()
+        holder.wait()
+        slots.remove()
