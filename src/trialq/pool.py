@@ -9,10 +9,10 @@ to report ready. Measured here, that was 0.2 s a trial at best and 5 s at worst 
 - it keeps `spare_processes` forked, idle processes beyond its trial slots. The consumer's
   prefetch follows `num_processes`, which stays at the trial slots, so no more trials run at
   once than before; the next trial simply goes to a process that is already up.
-- every trial holds a slot lock for the whole life of its process (`claim_trial_slot`). The
-  kernel drops the lock only when that process is gone, so a trial that starts in a spare
-  still waits for its predecessor to exit: the device is clean when a trial starts, and no
-  two trials of a worker ever share it.
+- every trial holds a slot lock for the whole life of its process (`claim_trial_slot`) and
+  takes it only once the previous holder's process has exited entirely, so a trial that
+  starts in a spare still waits for its predecessor: the device is clean when a trial
+  starts, and no two trials of a worker ever share it.
 - it reaps an exited child as soon as the child can be reaped, not at the next 5 s timer.
 """
 
@@ -156,7 +156,12 @@ def claim_trial_slot() -> None:
     if _slots is None:
         return
     started = time.monotonic()
-    if not _slots.claim():
+    try:
+        claimed = _slots.claim()
+    except OSError as exc:  # the worker is stopping and removed its slots
+        logger.warning("trial process %d: no slot to claim (%s); running anyway", os.getpid(), exc)
+        return
+    if not claimed:
         logger.warning(
             "trial process %d: the previous trial's process still holds the slot after %.0f s; "
             "running anyway",
