@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.table import Table
 
 from trialq import heartbeat
-from trialq.errors import StorageUnreachable, UsageError
+from trialq.errors import UsageError
 from trialq.heartbeat import RunningTrial, WorkerBeat
 from trialq.rows import (
     TrialRow,
@@ -32,6 +32,7 @@ from trialq.rows import (
     value_text,
     with_running,
 )
+from trialq.study import storage_errors
 from trialq.summary import study_summary
 
 MAX_FAILURES_SHOWN = 10
@@ -70,13 +71,10 @@ def show_status(study_name: str, storage: str | None, broker: str, as_json: bool
 def load_study(study_name: str, storage: str, command: str) -> optuna.Study:
     """The named study, or one line saying why not (no such study, storage unreachable)."""
     try:
-        return optuna.load_study(study_name=study_name, storage=storage)
+        with storage_errors(storage):
+            return optuna.load_study(study_name=study_name, storage=storage)
     except KeyError:
         raise UsageError(f"{command}: no study named {study_name!r} in the storage") from None
-    except Exception as exc:
-        if type(exc).__module__.startswith("sqlalchemy"):
-            raise StorageUnreachable(f"storage unreachable: {str(exc).splitlines()[0]}") from None
-        raise
 
 
 def live_workers(broker: str) -> list[LiveWorker] | None:

@@ -5,6 +5,8 @@ Only the driver opens studies; workers never reach the storage.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,16 +36,22 @@ def open_study(spec: StudySpec, url: str) -> optuna.Study:
     """Create the study, or load it if it exists (that is how a run resumes)."""
     sampler = make_sampler(spec)
     pruner = make_pruner(spec)
-    try:
-        storage = optuna.storages.get_storage(url)
+    with storage_errors(url):
         return optuna.create_study(
-            storage=storage,
+            storage=optuna.storages.get_storage(url),
             study_name=spec.study.name,
             directions=list(spec.study.objective_directions),
             sampler=sampler,
             pruner=pruner,
             load_if_exists=True,
         )
+
+
+@contextlib.contextmanager
+def storage_errors(url: str) -> Iterator[None]:
+    """A storage that cannot be opened becomes one `StorageUnreachable` line, password hidden."""
+    try:
+        yield
     except ImportError as exc:
         raise StorageUnreachable(f"storage {_redacted(url)}: driver missing: {exc}") from None
     except Exception as exc:
