@@ -42,9 +42,11 @@ class CeleryDispatcher:
         except redis.RedisError as exc:
             raise BrokerUnreachable(f"broker unreachable: {_without_password(exc)}") from None
 
-    def submit(self, request: TrialRequest, queue: str, hard_limit_s: float) -> str:
+    def submit(
+        self, request: TrialRequest, queue: str, hard_limit_s: float, task_id: str | None = None
+    ) -> str:
         """Publish the request on the queue with its soft and hard time limits."""
-        task_id = str(uuid.uuid4())
+        task_id = task_id or str(uuid.uuid4())
         try:
             self._app.send_task(
                 TASK_NAME,

@@ -37,8 +37,11 @@ class TaskStatus:
 class Dispatcher(Protocol):
     """Sends trial requests to workers and tells what became of them."""
 
-    def submit(self, request: TrialRequest, queue: str, hard_limit_s: float) -> str:
-        """Send one attempt; return its task id."""
+    def submit(
+        self, request: TrialRequest, queue: str, hard_limit_s: float, task_id: str | None = None
+    ) -> str:
+        """Send one attempt under `task_id` (the driver records it first), else a new id;
+        return the task id."""
 
     def statuses(self, task_ids: Iterable[str]) -> dict[str, TaskStatus]:
         """The current status of each task id, in one round trip where possible."""

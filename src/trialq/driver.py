@@ -12,6 +12,7 @@ import contextlib
 import logging
 import math
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +26,7 @@ from trialq.channel import Report, ReportChannel, TrialAddress
 from trialq.dispatch import Dispatcher, TaskPhase, TaskStatus
 from trialq.errors import BrokerUnreachable, Interrupted, SpecError
 from trialq.messages import Outcome, TrialRequest, TrialResult
+from trialq.mirror import persist
 from trialq.progress import Counts, ProgressSink
 from trialq.spec import StudySpec
 from trialq.study import distributions
@@ -142,15 +144,19 @@ class StudyDriver:
         )
 
     def _send(self, trial: optuna.Trial, attempt: int) -> None:
+        """Record the attempt in the storage, then send it: a trial in a queue always has its
+        params and task id in the database, so a restarted driver finds it."""
         request = self._request(trial, attempt)
+        task_id = str(uuid.uuid4())
+        set_user_attrs(trial, {"task_id": task_id, "attempts": attempt})
+        persist(trial)
         try:
-            task_id = self.dispatcher.submit(
-                request, self.spec.trial.queue, self.spec.trial.hard_limit_s
+            self.dispatcher.submit(
+                request, self.spec.trial.queue, self.spec.trial.hard_limit_s, task_id
             )
         except BaseException:
             self.unsent.append((trial, attempt))
             raise
-        set_user_attrs(trial, {"task_id": task_id, "attempts": attempt})
         self.in_flight[task_id] = InFlight(trial, request, task_id)
         _log.info("sent task_id=%s params=%s", task_id, request.params, extra=logs.fields(request))
 

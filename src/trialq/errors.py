@@ -52,6 +52,13 @@ class StorageUnreachable(ServiceUnreachable):
     """Raised when the Optuna storage cannot be opened."""
 
 
+class ForeignWriter(TrialqError):
+    """Raised when something besides this driver writes trials of its study (a second
+    submit-study on the same study): the driver's copy of the study would be wrong."""
+
+    exit_code = 2
+
+
 class LocalClusterError(TrialqError):
     """Raised when `--local` cannot start its embedded Redis or its workers."""
 

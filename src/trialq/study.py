@@ -13,6 +13,7 @@ from typing import Any
 import optuna
 
 from trialq.errors import SpecError, StorageUnreachable
+from trialq.mirror import mirrored
 from trialq.spec import CategoricalParam, FloatParam, IntParam, StudySpec
 
 
@@ -33,12 +34,15 @@ def _anchor_sqlite(url: str, base: Path) -> str:
 
 
 def open_study(spec: StudySpec, url: str) -> optuna.Study:
-    """Create the study, or load it if it exists (that is how a run resumes)."""
+    """Create the study, or load it if it exists (that is how a run resumes).
+
+    The study is the driver's to write, so its trials are read from memory (`mirror`).
+    """
     sampler = make_sampler(spec)
     pruner = make_pruner(spec)
     with storage_errors(url):
         return optuna.create_study(
-            storage=optuna.storages.get_storage(url),
+            storage=mirrored(optuna.storages.get_storage(url)),
             study_name=spec.study.name,
             directions=list(spec.study.objective_directions),
             sampler=sampler,

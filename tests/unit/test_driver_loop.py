@@ -27,8 +27,10 @@ class StandInDispatcher:
         self.script = script
         self.sent: dict[str, TrialRequest] = {}
 
-    def submit(self, request: TrialRequest, queue: str, hard_limit_s: float) -> str:
-        task_id = f"task-{len(self.sent)}"
+    def submit(
+        self, request: TrialRequest, queue: str, hard_limit_s: float, task_id: str | None = None
+    ) -> str:
+        assert task_id is not None, "the driver names each attempt before sending it"
         self.sent[task_id] = request
         return task_id
 
@@ -36,7 +38,7 @@ class StandInDispatcher:
         found = {}
         for task_id in task_ids:
             request = self.sent[task_id]
-            fields = self.script[int(task_id.split("-")[1])]
+            fields = self.script[list(self.sent).index(task_id)]
             result = TrialResult(
                 study=request.study, number=request.number, attempt=request.attempt, **fields
             )

@@ -1,0 +1,301 @@
+"""A study's database read from memory, and written in one transaction a step.
+
+The driver is the single writer of its study's trials (workers never reach the storage), so
+after one load the driver's copy of the trials is exactly what the database holds. Optuna's
+own cache layer cannot assume that: it re-reads every unfinished trial, with five SELECTs,
+on every `get_all_trials`, and TPE calls that several times an ask; and it commits every
+param and attr on its own. On PostgreSQL that was 80 % of the driver's time a trial
+(benchmarks/driver.py). `MirroredStorage` answers reads from the copy, and writes a trial's
+params and attrs together with its next durable step: before it is sent (`persist`), when
+it is told, or when it reports a value. Nothing is ever sent or told that the database does
+not hold.
+
+A second writer would make the copy wrong, so one is detected where it would do harm: a
+new trial whose number is not the next one in the copy stops the run with `ForeignWriter`.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import threading
+from collections.abc import Container, Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+import optuna
+from optuna.distributions import BaseDistribution, check_distribution_compatibility
+from optuna.storages import BaseStorage
+from optuna.study import StudyDirection
+from optuna.study._frozen import FrozenStudy
+from optuna.trial import FrozenTrial, TrialState
+
+from trialq.errors import ForeignWriter
+from trialq.trial_writes import TrialWrites, commit
+
+
+class _StudyCopy:
+    """The trials of one study, by number, and the distribution each param was first given."""
+
+    def __init__(self, trials: Sequence[FrozenTrial]) -> None:
+        self.trials: dict[int, FrozenTrial] = {t.number: t for t in trials}
+        self.distributions: dict[str, BaseDistribution] = {}
+        for trial in trials:
+            for name, distribution in trial.distributions.items():
+                self.distributions.setdefault(name, distribution)
+
+
+class MirroredStorage(BaseStorage):
+    """`backend` (Optuna's RDB storage) with every trial of a loaded study kept in memory."""
+
+    def __init__(self, backend: optuna.storages.RDBStorage) -> None:
+        self._backend = backend
+        self._studies: dict[int, _StudyCopy] = {}
+        self._where: dict[int, tuple[int, int]] = {}  # trial id -> (study id, number)
+        self._unwritten: dict[int, TrialWrites] = {}
+        self._directions: dict[int, list[StudyDirection]] = {}
+        self._lock = threading.RLock()
+
+    @property
+    def backend(self) -> optuna.storages.RDBStorage:
+        """The database every write goes to."""
+        return self._backend
+
+    # --- studies: few calls, straight through -------------------------------------------------
+
+    def create_new_study(
+        self, directions: Sequence[StudyDirection], study_name: str | None = None
+    ) -> int:
+        return self._backend.create_new_study(directions, study_name)
+
+    def delete_study(self, study_id: int) -> None:
+        self._backend.delete_study(study_id)
+        with self._lock:
+            self._directions.pop(study_id, None)
+            study = self._studies.pop(study_id, None)
+            for trial in study.trials.values() if study else ():
+                self._where.pop(trial._trial_id, None)
+
+    def set_study_user_attr(self, study_id: int, key: str, value: Any) -> None:
+        self._backend.set_study_user_attr(study_id, key, value)
+
+    def set_study_system_attr(self, study_id: int, key: str, value: Any) -> None:
+        self._backend.set_study_system_attr(study_id, key, value)
+
+    def get_study_id_from_name(self, study_name: str) -> int:
+        return self._backend.get_study_id_from_name(study_name)
+
+    def get_study_name_from_id(self, study_id: int) -> str:
+        return self._backend.get_study_name_from_id(study_id)
+
+    def get_study_directions(self, study_id: int) -> list[StudyDirection]:
+        """Read once: a study's directions never change (and `best_trial` asks every time)."""
+        with self._lock:
+            directions = self._directions.get(study_id)
+            if directions is None:
+                directions = self._directions[study_id] = self._backend.get_study_directions(
+                    study_id
+                )
+        return list(directions)
+
+    def get_study_user_attrs(self, study_id: int) -> dict[str, Any]:
+        return self._backend.get_study_user_attrs(study_id)
+
+    def get_study_system_attrs(self, study_id: int) -> dict[str, Any]:
+        return self._backend.get_study_system_attrs(study_id)
+
+    def get_all_studies(self) -> list[FrozenStudy]:
+        return self._backend.get_all_studies()
+
+    # --- trial reads: from the copy ---------------------------------------------------------
+
+    def get_all_trials(
+        self,
+        study_id: int,
+        deepcopy: bool = True,
+        states: Container[TrialState] | None = None,
+    ) -> list[FrozenTrial]:
+        with self._lock:
+            trials = sorted(self._study(study_id).trials.values(), key=lambda t: t.number)
+        if states is not None:
+            trials = [t for t in trials if t.state in states]
+        return copy.deepcopy(trials) if deepcopy else trials
+
+    def get_trial(self, trial_id: int) -> FrozenTrial:
+        with self._lock:
+            trial = self._mirrored(trial_id)
+        return trial if trial is not None else self._backend.get_trial(trial_id)
+
+    def get_trial_id_from_study_id_trial_number(self, study_id: int, trial_number: int) -> int:
+        with self._lock:
+            trial = self._study(study_id).trials.get(trial_number)
+        if trial is None:
+            return self._backend.get_trial_id_from_study_id_trial_number(study_id, trial_number)
+        return trial._trial_id
+
+    # --- trial writes ------------------------------------------------------------------------
+    # A new trial and a state change are written at once, with whatever the trial had pending
+    # (its params, attrs) in the same transaction; `persist` writes the pending ones earlier.
+    # The copy always shows them. The driver persists a trial before it sends it, so a trial in
+    # any queue has its params and task id in the database.
+
+    def create_new_trial(self, study_id: int, template_trial: FrozenTrial | None = None) -> int:
+        with self._lock:
+            study = self._study(study_id)
+            expected = len(study.trials)
+            trial = self._backend._create_new_trial(study_id, template_trial)
+            if trial.number != expected:
+                raise ForeignWriter(
+                    f"another process is writing trials of this study (the database gave "
+                    f"trial number {trial.number}, this driver expected {expected}); "
+                    "run one submit-study per study"
+                )
+            study.trials[trial.number] = trial
+            self._where[trial._trial_id] = (study_id, trial.number)
+        return trial._trial_id
+
+    def set_trial_param(
+        self,
+        trial_id: int,
+        param_name: str,
+        param_value_internal: float,
+        distribution: BaseDistribution,
+    ) -> None:
+        with self._lock:
+            trial = self._mirrored(trial_id)
+            if trial is None:
+                self._backend.set_trial_param(
+                    trial_id, param_name, param_value_internal, distribution
+                )
+                return
+            self.check_trial_is_updatable(trial_id, trial.state)
+            study = self._studies[self._where[trial_id][0]]
+            known = study.distributions.setdefault(param_name, distribution)
+            check_distribution_compatibility(known, distribution)
+            self._pending(trial_id).params[param_name] = (param_value_internal, distribution)
+            value = distribution.to_external_repr(param_value_internal)
+            self._replace(
+                trial,
+                params={**trial.params, param_name: value},
+                distributions={**trial.distributions, param_name: distribution},
+            )
+
+    def set_trial_system_attr(self, trial_id: int, key: str, value: Any) -> None:
+        with self._lock:
+            trial = self._mirrored(trial_id)
+            if trial is None:
+                self._backend.set_trial_system_attr(trial_id, key, value)
+                return
+            self.check_trial_is_updatable(trial_id, trial.state)
+            self._pending(trial_id).system_attrs[key] = value
+            self._replace(trial, system_attrs={**trial.system_attrs, key: value})
+
+    def set_trial_user_attr(self, trial_id: int, key: str, value: Any) -> None:
+        self.set_trial_user_attrs(trial_id, {key: value})
+
+    def set_trial_user_attrs(self, trial_id: int, attrs: Mapping[str, Any]) -> None:
+        """Several user attrs at once (the driver writes a dozen a trial)."""
+        with self._lock:
+            trial = self._mirrored(trial_id)
+            if trial is None:
+                commit(self._backend, trial_id, TrialWrites(user_attrs=dict(attrs)))
+                return
+            self.check_trial_is_updatable(trial_id, trial.state)
+            self._pending(trial_id).user_attrs.update(attrs)
+            self._replace(trial, user_attrs={**trial.user_attrs, **attrs})
+
+    def set_trial_intermediate_value(
+        self, trial_id: int, step: int, intermediate_value: float
+    ) -> None:
+        """Written at once: a pruner's decision rests on it."""
+        with self._lock:
+            writes = self._unwritten.pop(trial_id, TrialWrites())
+            writes.intermediate_values[step] = intermediate_value
+            self._commit(trial_id, writes)
+            trial = self._mirrored(trial_id)
+            if trial is not None:
+                values = {**trial.intermediate_values, step: intermediate_value}
+                self._replace(trial, intermediate_values=values)
+
+    def set_trial_state_values(
+        self, trial_id: int, state: TrialState, values: Sequence[float] | None = None
+    ) -> bool:
+        """Written at once, with every write the trial had pending, in one transaction."""
+        with self._lock:
+            writes = self._unwritten.pop(trial_id, TrialWrites())
+            writes.state, writes.values = state, None if values is None else list(values)
+            if not self._commit(trial_id, writes):
+                return False
+            trial = self._mirrored(trial_id)
+            if trial is None:
+                return True
+            changes: dict[str, Any] = {"state": state}
+            if values is not None:
+                changes["values"] = list(values)
+            if state is TrialState.RUNNING:
+                changes["datetime_start"] = datetime.now()
+            if state.is_finished():
+                changes["datetime_complete"] = datetime.now()
+            self._replace(trial, **changes)
+        return True
+
+    def persist(self, trial_id: int) -> None:
+        """Write what the trial has pending now, in one transaction."""
+        with self._lock:
+            writes = self._unwritten.pop(trial_id, None)
+            if writes:
+                self._commit(trial_id, writes)
+
+    def _pending(self, trial_id: int) -> TrialWrites:
+        return self._unwritten.setdefault(trial_id, TrialWrites())
+
+    def _commit(self, trial_id: int, writes: TrialWrites) -> bool:
+        """Write a batch; what the database did not take stays pending, to be written again."""
+        written = False
+        try:
+            written = commit(self._backend, trial_id, writes)
+        finally:
+            rest = dataclasses.replace(writes, state=None, values=None)
+            if not written and rest:
+                self._unwritten[trial_id] = rest
+        return written
+
+    # --- the copy --------------------------------------------------------------------------
+
+    def _study(self, study_id: int) -> _StudyCopy:
+        """The copy of a study, loaded from the database the first time it is asked for."""
+        study = self._studies.get(study_id)
+        if study is None:
+            trials = self._backend.get_all_trials(study_id, deepcopy=False)
+            study = self._studies[study_id] = _StudyCopy(trials)
+            for trial in trials:
+                self._where[trial._trial_id] = (study_id, trial.number)
+        return study
+
+    def _mirrored(self, trial_id: int) -> FrozenTrial | None:
+        """The copy's trial, or None for a trial of a study this driver has not loaded."""
+        where = self._where.get(trial_id)
+        return None if where is None else self._studies[where[0]].trials[where[1]]
+
+    def _replace(self, trial: FrozenTrial, **changes: Any) -> None:
+        """Store a changed copy of the trial: objects already handed out keep their values."""
+        changed = copy.copy(trial)
+        for name, value in changes.items():
+            setattr(changed, name, value)
+        self._studies[self._where[trial._trial_id][0]].trials[trial.number] = changed
+
+
+def mirrored(storage: BaseStorage) -> BaseStorage:
+    """An RDB storage (bare or in Optuna's cache layer) mirrored; any other as it is."""
+    backend = getattr(storage, "_backend", storage)
+    if isinstance(backend, optuna.storages.RDBStorage):
+        return MirroredStorage(backend)
+    return storage
+
+
+def persist(trial: optuna.Trial) -> None:
+    """Make everything written to the trial durable now (storages other than
+    `MirroredStorage` already wrote it)."""
+    write_now = getattr(trial.storage, "persist", None)
+    if write_now is not None:
+        write_now(trial._trial_id)

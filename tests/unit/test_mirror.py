@@ -1,0 +1,169 @@
+"""The driver's mirrored storage: what it writes is exactly what Optuna would have written,
+it reads nothing back, and it notices a second writer. Run on SQLite and on the machine's
+real PostgreSQL (skipped locally, failed in CI, where PostgreSQL is not answering)."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+import sqlalchemy
+from optuna.trial import TrialState
+
+from trialq.errors import ForeignWriter
+from trialq.mirror import MirroredStorage, mirrored, persist
+from trialq.trial_attrs import set_user_attrs
+
+POSTGRES_URL = os.environ.get(
+    "TRIALQ_TEST_POSTGRES_URL", "postgresql+psycopg2://postgres@127.0.0.1:5432/test"
+)
+SPACE = {
+    "lr": optuna.distributions.FloatDistribution(1e-5, 1e-1, log=True),
+    "units": optuna.distributions.IntDistribution(8, 256),
+    "act": optuna.distributions.CategoricalDistribution(["relu", "tanh"]),
+}
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def storage_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'mirror.db'}"
+    try:
+        sqlalchemy.create_engine(POSTGRES_URL).connect().close()
+    except sqlalchemy.exc.OperationalError as exc:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"PostgreSQL at {POSTGRES_URL} is required in CI: {exc}")
+        pytest.skip(f"PostgreSQL is not answering: {exc}")
+    return POSTGRES_URL
+
+
+@pytest.fixture
+def study_name(storage_url: str) -> Iterator[str]:
+    name = f"mirror-{uuid.uuid4().hex[:8]}"
+    yield name
+    optuna.delete_study(study_name=name, storage=storage_url)
+
+
+def _open(url: str, name: str, sampler: optuna.samplers.BaseSampler) -> optuna.Study:
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    storage = mirrored(optuna.storages.get_storage(url))
+    assert isinstance(storage, MirroredStorage)
+    return optuna.create_study(
+        storage=storage, study_name=name, sampler=sampler, load_if_exists=True
+    )
+
+
+def _drive(study: optuna.Study, n: int) -> None:
+    """What the driver does with a trial: ask, record and persist, report, record, tell."""
+    for i in range(n):
+        trial = study.ask(SPACE)
+        set_user_attrs(trial, {"task_id": f"t{i}", "attempts": 1})
+        persist(trial)
+        trial.report(0.5, step=0)
+        set_user_attrs(trial, {"outcome": "ok", "metrics": {"loss": i / n}, "attempts": 1})
+        if i % 4 == 3:
+            trial.set_constraint("oom", 1.0)
+            study.tell(trial, state=TrialState.PRUNED)
+        else:
+            study.tell(trial, i / n)
+
+
+def _fields(trial: optuna.trial.FrozenTrial) -> tuple[Any, ...]:
+    return (
+        trial.number,
+        trial.state,
+        trial.values,
+        trial.params,
+        trial.distributions,
+        trial.user_attrs,
+        trial.system_attrs,
+        trial.intermediate_values,
+    )
+
+
+def test_the_database_holds_exactly_what_the_driver_saw(storage_url: str, study_name: str) -> None:
+    study = _open(storage_url, study_name, optuna.samplers.TPESampler(seed=1, n_startup_trials=5))
+    _drive(study, 16)
+
+    fresh = optuna.load_study(study_name=study_name, storage=storage_url)
+    assert [_fields(t) for t in fresh.trials] == [_fields(t) for t in study.trials]
+    assert fresh.trials[3].constraints == {"oom": 1.0}
+    # TPE wrote its relative params as system attrs: they went through too.
+    assert any(t.system_attrs for t in fresh.trials[5:])
+    assert fresh.best_trial.number == study.best_trial.number
+
+
+def test_reads_never_go_back_to_the_database(storage_url: str, study_name: str) -> None:
+    study = _open(storage_url, study_name, optuna.samplers.RandomSampler(seed=0))
+    _drive(study, 3)
+    storage = study._storage
+    assert isinstance(storage, MirroredStorage)
+    statements: list[str] = []
+
+    def record(*args: Any) -> None:
+        statements.append(args[2])
+
+    sqlalchemy.event.listen(storage.backend.engine, "before_cursor_execute", record)
+    try:
+        assert len(study.get_trials()) == 3
+        assert study.best_trial.number in range(3)
+        study.trials[0].params  # noqa: B018
+    finally:
+        sqlalchemy.event.remove(storage.backend.engine, "before_cursor_execute", record)
+    assert statements == []
+
+
+def test_a_trial_is_in_the_database_with_its_params_once_persisted(
+    storage_url: str, study_name: str
+) -> None:
+    study = _open(storage_url, study_name, optuna.samplers.RandomSampler(seed=0))
+    trial = study.ask(SPACE)
+    set_user_attrs(trial, {"task_id": "abc"})
+    before = optuna.load_study(study_name=study_name, storage=storage_url).trials[0]
+    persist(trial)
+    after = optuna.load_study(study_name=study_name, storage=storage_url).trials[0]
+
+    assert before.state is TrialState.RUNNING and before.params == {}
+    assert after.params == trial.params and after.user_attrs == {"task_id": "abc"}
+
+
+def test_a_second_writer_stops_the_driver(storage_url: str, study_name: str) -> None:
+    study = _open(storage_url, study_name, optuna.samplers.RandomSampler(seed=0))
+    _drive(study, 1)
+    other = optuna.load_study(study_name=study_name, storage=storage_url)
+    other.tell(other.ask(SPACE), 0.0)
+
+    with pytest.raises(ForeignWriter, match="one submit-study per study"):
+        study.ask(SPACE)
+
+
+def test_a_finished_trial_is_refused_as_optuna_refuses_it(
+    storage_url: str, study_name: str
+) -> None:
+    study = _open(storage_url, study_name, optuna.samplers.RandomSampler(seed=0))
+    trial = study.ask(SPACE)
+    study.tell(trial, 1.0)
+    with pytest.raises(optuna.exceptions.UpdateFinishedTrialError):
+        set_user_attrs(trial, {"late": True})
+    assert study.tell(trial, 2.0, skip_if_finished=True).values == [1.0]
+
+
+def test_a_resumed_study_is_loaded_once_and_continues(storage_url: str, study_name: str) -> None:
+    sampler = optuna.samplers.TPESampler(seed=3, n_startup_trials=2)
+    _drive(_open(storage_url, study_name, sampler), 4)
+    resumed = _open(storage_url, study_name, sampler)
+    _drive(resumed, 2)
+
+    fresh = optuna.load_study(study_name=study_name, storage=storage_url)
+    assert [t.number for t in fresh.trials] == list(range(6))
+    assert [_fields(t) for t in fresh.trials] == [_fields(t) for t in resumed.trials]
+
+
+def test_other_storages_are_left_as_they_are() -> None:
+    storage = optuna.storages.InMemoryStorage()
+    assert mirrored(storage) is storage
