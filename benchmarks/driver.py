@@ -5,11 +5,15 @@
 Runs N no-op trials (default 1,000) through `--local`-style workers (default 8, nothing
 preloaded: the trials import nothing) with the real `StudyDriver` and TPE over a three-param
 space, on PostgreSQL by default. Times, with `time.perf_counter` around the calls (here, not in
-trialq), every `study.ask`, `study.tell` and `Trial.set_user_attr` the driver makes, and
+trialq), every `study.ask`, `study.tell`, user-attr write and `persist` the driver makes, and
 the storage reads its progress line makes. Prints the per-trial cost, how it grows with the
 number of finished trials (TPE's ask reads and fits every trial so far), and the throughput
 ceiling the driver alone sets; writes JSON under benchmarks/results/. The study is deleted
 afterwards (`--keep` keeps it).
+
+Two runs, same trials, same driver: `trialq` (the study in trialq's `MirroredStorage`, as
+submit-study opens it) and the baseline `optuna` (Optuna's own storage layer, one
+`set_user_attr` a key: the same loop written with plain Optuna calls).
 """
 
 from __future__ import annotations
@@ -36,8 +40,8 @@ from trialq.driver import DriverOptions, StudyDriver
 from trialq.local import LocalCluster
 from trialq.progress import NoProgress
 from trialq.settings import Settings
-from trialq.spec import load_spec
-from trialq.study import open_study
+from trialq.spec import StudySpec, load_spec
+from trialq.study import make_pruner, make_sampler, open_study
 
 DEFAULT_STORAGE = "postgresql+psycopg2://postgres@127.0.0.1:5432/test"
 BUCKET = 100
@@ -63,12 +67,13 @@ def instrumented(study: optuna.Study, timings: Timings, attrs_one_by_one: bool) 
     """Time the driver's storage calls without touching trialq's code.
 
     With `attrs_one_by_one`, the driver's batched user-attr write is swapped for one
-    `Trial.set_user_attr` a key (what it did before), to compare in the same run.
+    `Trial.set_user_attr` a key (what plain Optuna does), to compare in the same run.
     """
     ask, tell = study.ask, study.tell
     set_user_attr = optuna.Trial.set_user_attr
     best_value = optuna.Study.best_value
     batched = getattr(trialq.driver, "set_user_attrs", None)
+    persist = getattr(trialq.driver, "persist", None)
 
     def timed_ask(*args: Any, **kwargs: Any) -> optuna.Trial:
         started = time.perf_counter()
@@ -91,6 +96,12 @@ def instrumented(study: optuna.Study, timings: Timings, attrs_one_by_one: bool) 
             batched(trial, attrs)
         timings.add("user_attrs", time.perf_counter() - started, trial.number)
 
+    def timed_persist(trial: optuna.Trial) -> None:
+        started = time.perf_counter()
+        if persist is not None:
+            persist(trial)
+        timings.add("persist", time.perf_counter() - started, trial.number)
+
     def timed_set_user_attr(self: optuna.Trial, key: str, value: Any) -> None:
         timed_set_user_attrs(self, {key: value})  # a driver from before the batching
 
@@ -107,6 +118,8 @@ def instrumented(study: optuna.Study, timings: Timings, attrs_one_by_one: bool) 
         optuna.Trial.set_user_attr = timed_set_user_attr
     else:
         trialq.driver.set_user_attrs = timed_set_user_attrs
+    if persist is not None:
+        trialq.driver.persist = timed_persist
     try:
         yield
     finally:
@@ -114,6 +127,8 @@ def instrumented(study: optuna.Study, timings: Timings, attrs_one_by_one: bool) 
         optuna.Study.best_value = best_value
         if batched is not None:
             trialq.driver.set_user_attrs = batched
+        if persist is not None:
+            trialq.driver.persist = persist
 
 
 def timed_dispatcher(dispatcher: CeleryDispatcher, timings: Timings) -> None:
@@ -168,7 +183,7 @@ def write_spec(folder: Path, name: str, n_trials: int, workers: int, sampler: st
 
 def summarise(timings: Timings, n_trials: int, wall_s: float) -> dict[str, Any]:
     """Per-trial driver cost (mean, p50, p95), its growth by bucket of trials, and the ceiling."""
-    kinds = ("ask", "tell", "user_attrs")
+    kinds = ("ask", "tell", "user_attrs", "persist")
     per_trial = {
         number: sum(timings.by_trial[kind].get(number, 0.0) for kind in kinds)
         for number in range(n_trials)
@@ -216,11 +231,14 @@ def print_summary(summary: dict[str, Any]) -> None:
     )
     print("per trial, by call (ms):", summary["per_trial_ms_by_kind"])
     print("calls per trial:", summary["calls_per_trial"])
-    print(f"{'trials':>10} {'ask ms':>8} {'tell ms':>8} {'attrs ms':>9} {'total ms':>9}")
+    print(
+        f"{'trials':>10} {'ask ms':>8} {'tell ms':>8} {'attrs ms':>9} {'persist ms':>11} "
+        f"{'total ms':>9}"
+    )
     for row in summary["growth_by_bucket"]:
         print(
             f"{row['trials']:>10} {row['ask_ms']:>8} {row['tell_ms']:>8} "
-            f"{row['user_attrs_ms']:>9} {row['total_ms']:>9}"
+            f"{row['user_attrs_ms']:>9} {row['persist_ms']:>11} {row['total_ms']:>9}"
         )
     print(
         f"driver busy {100 * summary['driver_busy_fraction']:.0f}% of the run; at the last "
@@ -229,22 +247,34 @@ def print_summary(summary: dict[str, Any]) -> None:
     )
 
 
-def run_study(args: argparse.Namespace, attrs_one_by_one: bool) -> dict[str, Any]:
+def open_plain_study(spec: StudySpec, url: str) -> optuna.Study:
+    """The study as plain Optuna opens it: Optuna's own storage layer, nothing mirrored."""
+    return optuna.create_study(
+        storage=optuna.storages.get_storage(url),
+        study_name=spec.study.name,
+        directions=list(spec.study.objective_directions),
+        sampler=make_sampler(spec),
+        pruner=make_pruner(spec),
+    )
+
+
+def run_study(args: argparse.Namespace, variant: str) -> dict[str, Any]:
     """One study of `args.trials` no-op trials; the driver's timings, summarised."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    name = f"trialq-bench-driver-{stamp}-{'one-by-one' if attrs_one_by_one else 'batched'}"
+    name = f"trialq-bench-driver-{stamp}-{variant}"
     with tempfile.TemporaryDirectory() as folder:
         spec = load_spec(write_spec(Path(folder), name, args.trials, args.workers, args.sampler))
     timings = Timings()
     env = {"PYTHONPATH": str(ROOT), "TRIALQ_PRELOAD": "none"}
-    study = open_study(spec, args.storage)
+    plain = variant == "optuna"
+    study = open_plain_study(spec, args.storage) if plain else open_study(spec, args.storage)
     try:
         with LocalCluster(args.workers, "gpu", ("benchmarks",), extra_env=env) as cluster:
             dispatcher = CeleryDispatcher(Settings(broker_url=cluster.broker_url))
             timed_dispatcher(dispatcher, timings)
             options = DriverOptions(max_in_flight=args.workers)
             driver = StudyDriver(spec, study, dispatcher, None, NoProgress(), options)
-            with instrumented(study, timings, attrs_one_by_one):
+            with instrumented(study, timings, attrs_one_by_one=plain):
                 started = time.perf_counter()
                 driver.run(args.trials)
                 wall_s = time.perf_counter() - started
@@ -253,10 +283,7 @@ def run_study(args: argparse.Namespace, attrs_one_by_one: bool) -> dict[str, Any
     finally:
         if not args.keep:
             optuna.delete_study(study_name=name, storage=args.storage)
-    summary.update(
-        user_attrs="one by one" if attrs_one_by_one else "batched",
-        complete=states.count("COMPLETE"),
-    )
+    summary.update(variant=variant, complete=states.count("COMPLETE"))
     return summary
 
 
@@ -268,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sampler", default="tpe", choices=["tpe", "random"])
     parser.add_argument("--quick", action="store_true", help="100 trials through 4 workers")
     parser.add_argument(
-        "--no-baseline", action="store_true", help="skip the run with one write per user attr"
+        "--no-baseline", action="store_true", help="skip the run on Optuna's own storage layer"
     )
     parser.add_argument("--keep", action="store_true", help="keep the studies in the storage")
     parser.add_argument("--out", type=Path, default=RESULTS)
@@ -277,15 +304,15 @@ def main(argv: list[str] | None = None) -> int:
         args.trials, args.workers = 100, 4
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     args.out.mkdir(parents=True, exist_ok=True)
-    runs = [run_study(args, attrs_one_by_one=False)]
+    runs = [run_study(args, "trialq")]
     if not args.no_baseline:
-        runs.append(run_study(args, attrs_one_by_one=True))
+        runs.append(run_study(args, "optuna"))
     for summary in runs:
-        print(f"\n== user attrs {summary['user_attrs']}")
+        print(f"\n== {summary['variant']}")
         print_summary(summary)
     if len(runs) == 2:
         ratio = runs[1]["driver_per_trial_ms"]["mean"] / runs[0]["driver_per_trial_ms"]["mean"]
-        print(f"\nbatched user attrs: {ratio:.2f}x less driver time a trial than one by one")
+        print(f"\ntrialq's driver: {ratio:.1f}x less time a trial than on Optuna's storage layer")
     result = {
         "benchmark": "driver",
         "storage": args.storage.split(":", 1)[0],
