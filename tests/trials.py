@@ -146,6 +146,14 @@ def oom_above(params: dict[str, Any], trial: TrialContext) -> float:
     return float(params["size"])
 
 
+def oom_above_area(params: dict[str, Any], trial: TrialContext) -> dict[str, float]:
+    """A wider and deeper 'model' is more accurate and costs more, until it does not fit."""
+    area = params["width"] * params["depth"]
+    if area > 0.3:
+        raise MemoryError(f"area {area:.2f} does not fit")
+    return {"accuracy": area, "cost": params["depth"]}
+
+
 def two_objectives(params: dict[str, Any], trial: TrialContext) -> dict[str, float]:
     """Accuracy up, cost up: a trade-off."""
     return {"accuracy": params["x"], "cost": params["x"] ** 2 + 0.1}

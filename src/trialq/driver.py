@@ -27,6 +27,7 @@ from trialq.dispatch import Dispatcher, TaskPhase, TaskStatus
 from trialq.errors import BrokerUnreachable, Interrupted, SpecError
 from trialq.messages import Outcome, TrialRequest, TrialResult
 from trialq.mirror import persist
+from trialq.oom_constraint import OOM_CONSTRAINT, OomTelling, counted_state, oom_telling
 from trialq.progress import Counts, ProgressSink
 from trialq.spec import StudySpec
 from trialq.study import distributions
@@ -279,23 +280,26 @@ class StudyDriver:
         attrs = {**result.user_attrs(), "attempts": entry.request.attempt, "task_id": entry.task_id}
         set_user_attrs(entry.trial, attrs)
         state = _STATE_OF.get(result.outcome, TrialState.FAIL)
-        if result.outcome is Outcome.OOM and self._oom_is_a_constraint():
-            # Samplers never look at FAIL trials; a PRUNED one with a violated constraint is
-            # what TPE learns "infeasible here" from. The outcome attr still says oom.
-            entry.trial.set_constraint("oom", 1.0)
-            state = TrialState.PRUNED
+        self.counts.record(state)
+        told = self._oom_telling() if result.outcome is Outcome.OOM else None
+        if told is not None:
+            # A FAIL trial teaches no sampler anything; see trialq.oom_constraint.
+            entry.trial.set_constraint(OOM_CONSTRAINT, 1.0)
+            state, values = told.state, told.values
         self.study.tell(
             entry.trial,
             values=values if state is TrialState.COMPLETE else None,
             state=state,
             skip_if_finished=True,
         )
-        self.counts.record(state)
         self._forget_reports(entry)
         _log.info("told state=%s outcome=%s", state.name, result.outcome, extra=logs.fields(result))
 
-    def _oom_is_a_constraint(self) -> bool:
-        return self.spec.study.oom_as_constraint and self.spec.study.sampler == "tpe"
+    def _oom_telling(self) -> OomTelling | None:
+        study = self.spec.study
+        if not study.oom_as_constraint:
+            return None
+        return oom_telling(study.sampler, study.objective_directions)
 
     def _objective(self, result: TrialResult) -> tuple[TrialResult, list[float] | None]:
         """The objective values of an ok result, or the result turned into an error."""
@@ -347,7 +351,7 @@ class StudyDriver:
 
     def _count_finished(self) -> None:
         for frozen in self.study.get_trials(deepcopy=False, states=FINISHED_STATES):
-            self.counts.record(frozen.state)
+            self.counts.record(counted_state(frozen))
 
     def _best_value(self) -> float | None:
         if len(self.spec.study.objective_directions) > 1 or self.counts.complete == 0:

@@ -24,6 +24,7 @@ import optuna
 from optuna.trial import TrialState
 
 from trialq.errors import UsageError
+from trialq.oom_constraint import has_stand_in_values
 from trialq.rows import (
     TrialRow,
     best_line,
@@ -60,10 +61,34 @@ def write_report(study: optuna.Study, out_dir: Path) -> Path:
     """Draw every plot into `out_dir` and write `index.html` there; return the page's path."""
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = trial_rows(study)
-    plots = [_draw(study, rows, title, name, out_dir) for title, name in _plot_list(study)]
+    plotted = _without_stand_ins(study)
+    plots = [_draw(plotted, rows, title, name, out_dir) for title, name in _plot_list(study)]
     page = out_dir / "index.html"
     page.write_text(render_page(study, rows, plots, out_dir), encoding="utf-8")
     return page
+
+
+def _without_stand_ins(study: optuna.Study) -> optuna.Study:
+    """The study as Optuna's plots should see it: an OOM trial told COMPLETE with stand-in
+    values (for NSGA-II, see trialq.oom_constraint) is shown as the failure it was."""
+    trials = study.get_trials(deepcopy=False)
+    if not any(has_stand_in_values(t) for t in trials):
+        return study
+    view = optuna.create_study(directions=study.directions, study_name=study.study_name)
+    if study.metric_names:
+        view.set_metric_names(study.metric_names)
+    for trial in trials:
+        if has_stand_in_values(trial):
+            trial = optuna.trial.create_trial(
+                state=TrialState.FAIL,
+                params=trial.params,
+                distributions=trial.distributions,
+                user_attrs=trial.user_attrs,
+                system_attrs=trial.system_attrs,
+                intermediate_values=trial.intermediate_values,
+            )
+        view.add_trial(trial)
+    return view
 
 
 def _plot_list(study: optuna.Study) -> list[tuple[str, str]]:

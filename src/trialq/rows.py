@@ -15,6 +15,7 @@ from typing import Any
 import optuna
 
 from trialq.heartbeat import RunningTrial
+from trialq.oom_constraint import real_values
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,7 @@ def _row(trial: optuna.trial.FrozenTrial) -> TrialRow:
         number=trial.number,
         state=trial.state.name,
         outcome=attrs.get("outcome"),
-        values=tuple(trial.values) if trial.values else None,
+        values=tuple(values) if (values := real_values(trial)) else None,
         params=dict(trial.params),
         attempts=attrs.get("attempts"),
         host=attrs.get("worker_host"),

@@ -7,24 +7,27 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
+from trialq.oom_constraint import counted_state, real_values
+
 
 def study_summary(study: optuna.Study) -> dict[str, Any]:
     """Counts, the best trial and every trial with its state, values, params and attrs."""
     trials = study.get_trials(deepcopy=False)
-    complete = [t for t in trials if t.state is TrialState.COMPLETE]
+    counted = [counted_state(t) for t in trials]
+    complete = [t for t, state in zip(trials, counted, strict=True) if state is TrialState.COMPLETE]
     best_value, best_params = _best(study, complete)
     return {
         "study": study.study_name,
         "n_complete": len(complete),
-        "n_pruned": sum(t.state is TrialState.PRUNED for t in trials),
-        "n_failed": sum(t.state is TrialState.FAIL for t in trials),
+        "n_pruned": counted.count(TrialState.PRUNED),
+        "n_failed": counted.count(TrialState.FAIL),
         "best_value": best_value,
         "best_params": best_params,
         "trials": [
             {
                 "number": t.number,
                 "state": t.state.name,
-                "values": t.values,
+                "values": real_values(t),
                 "params": t.params,
                 "user_attrs": t.user_attrs,
             }

@@ -3,6 +3,8 @@ with real workers on the real Redis."""
 
 from __future__ import annotations
 
+import json
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -210,6 +212,55 @@ def test_oom_as_constraint_steers_tpe_away_from_what_does_not_fit(
             f"\nOOM share, trials 20-39: without {without:.0%}, with oom_as_constraint {with_constraint:.0%}"
         )
     assert with_constraint < without
+
+
+def test_nsga2_sees_oom_trials_as_infeasible_and_they_count_as_failures(
+    write_spec: Callable[..., Path], start_workers: Callable[..., LocalCluster], redis_url: str
+) -> None:
+    start_workers(2)
+    spec = write_spec(
+        """
+        [study]
+        name = "pareto-oom"
+        directions = ["maximize", "minimize"]
+        metrics = ["accuracy", "cost"]
+        n_trials = 12
+        max_in_flight = 2
+        sampler = "nsga2"
+        sampler_args = { seed = 0, population_size = 4 }
+        [trial]
+        entrypoint = "trials:oom_above_area"
+        [space.width]
+        type = "float"
+        low = 0
+        high = 1
+        [space.depth]
+        type = "float"
+        low = 0
+        high = 1
+        """
+    )
+    summary = _run(spec, redis_url)
+    study = optuna.load_study(
+        study_name="pareto-oom", storage=f"sqlite:///{spec.parent / 'pareto-oom.db'}"
+    )
+    oom = [t for t in study.trials if t.user_attrs["outcome"] == "oom"]
+    fits = [t for t in study.trials if t.user_attrs["outcome"] == "ok"]
+    assert oom and len(oom) + len(fits) == 12
+
+    # NSGA-II reads only COMPLETE trials: told so, infeasible, with the worst values there are.
+    for trial in oom:
+        assert trial.state.name == "COMPLETE" and trial.constraints == {"oom": 1.0}
+        assert trial.values == [-math.inf, math.inf]
+    assert {t.number for t in study.best_trials} <= {t.number for t in fits}
+    # They took their place in NSGA-II's generations (a FAIL trial would not).
+    assert any(t.system_attrs.get("NSGAIISampler:generation", 0) > 0 for t in study.trials)
+
+    # trialq's own summary counts them as failures and never shows the stand-in values.
+    assert (summary["n_complete"], summary["n_failed"]) == (len(fits), len(oom))
+    numbers = {t.number for t in oom}
+    assert all(t["values"] is None for t in summary["trials"] if t["number"] in numbers)
+    json.dumps(summary, allow_nan=False)  # what submit-study --json prints stays valid JSON
 
 
 def test_two_objectives_go_through_the_same_path(

@@ -93,3 +93,22 @@ def test_the_command_writes_the_report_and_prints_the_page(
     assert capsys.readouterr().out == f"{out / 'index.html'}\n"
     assert trialq_main(["report", "built", "--out", str(out)]) == 2
     assert "give --storage or set TRIALQ_STORAGE" in capsys.readouterr().err
+
+
+def test_an_oom_trial_told_complete_for_nsga2_is_drawn_as_the_failure_it_was(
+    storage: str, tmp_path: Path
+) -> None:
+    study = finished_study(storage, outcomes="ok ok ok ok")
+    trial = study.ask({"x": optuna.distributions.FloatDistribution(0, 1)})
+    trial.set_user_attr("outcome", "oom")
+    trial.set_constraint("oom", 1.0)
+    study.tell(trial, float("-inf"))  # the stand-in value trialq.oom_constraint gives NSGA-II
+
+    page = write_report(study, tmp_path / "out")
+
+    text = page.read_text()
+    assert "not drawn" not in text
+    for name in ("history", "importances", "parallel_coordinate"):
+        assert_valid_png(tmp_path / "out" / f"{name}.png")
+    assert "-inf" not in text and "Infinity" not in text
+    assert "oom 1" in text
