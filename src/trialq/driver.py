@@ -162,13 +162,23 @@ class StudyDriver:
         _log.info("sent task_id=%s params=%s", task_id, request.params, extra=logs.fields(request))
 
     def _reattach(self) -> None:
-        """Take back trials a previous driver left RUNNING: wait for them or resend them."""
+        """Take back trials a previous driver left RUNNING: wait for them or resend them.
+
+        A trial is persisted with its params and task id in one transaction before it is
+        sent, so one with neither was asked and never sent: it ends as failed, with a note,
+        and a fresh trial takes its place.
+        """
         for frozen in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
             trial = optuna.Trial(self.study, frozen._trial_id)
             task_id = frozen.user_attrs.get("task_id")
             attempt = int(frozen.user_attrs.get("attempts", 1))
-            if task_id is None:
-                self._send(trial, attempt=attempt)
+            if task_id is None and not frozen.params:
+                note = "never sent: the previous driver stopped between asking and sending it"
+                set_user_attrs(trial, {"outcome": Outcome.ERROR.value, "error": note})
+                self.study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
+                self.counts.record(TrialState.FAIL)
+            elif task_id is None:
+                self._send(trial, attempt=attempt)  # an older driver recorded ids after sending
             else:
                 self.in_flight[task_id] = InFlight(trial, self._request(trial, attempt), task_id)
 

@@ -123,3 +123,20 @@ def test_refusals_beyond_max_retries_end_the_trial_as_failed(tmp_path: Path) -> 
     assert trial.state is optuna.trial.TrialState.FAIL
     assert trial.user_attrs["attempts"] == 2
     assert "device GPU-0 still holds" in trial.user_attrs["error"]
+
+
+def test_a_trial_asked_but_never_sent_ends_as_failed_and_another_takes_its_place(
+    tmp_path: Path,
+) -> None:
+    driver, _ = _driver(tmp_path, [{"outcome": Outcome.OK, "metrics": {"value": 0.5}}])
+    driver.study.ask({"x": optuna.distributions.FloatDistribution(0, 1)})
+    # The driver stops here: the trial's params were never persisted, nothing was sent.
+
+    resumed, dispatcher = _driver(tmp_path, [{"outcome": Outcome.OK, "metrics": {"value": 0.5}}])
+    resumed.run(2)
+
+    first, second = resumed.study.trials
+    assert first.state is optuna.trial.TrialState.FAIL and first.params == {}
+    assert "never sent" in first.user_attrs["error"]
+    assert second.state is optuna.trial.TrialState.COMPLETE and second.value == 0.5
+    assert [r.number for r in dispatcher.sent.values()] == [1]
