@@ -38,7 +38,11 @@ class _StudyCopy:
     """The trials of one study, by number, and the distribution each param was first given."""
 
     def __init__(self, trials: Sequence[FrozenTrial]) -> None:
-        self.trials: dict[int, FrozenTrial] = {t.number: t for t in trials}
+        # Kept in number order: new trials come with the next number (or `ForeignWriter`),
+        # and a changed trial keeps its place, so reads need no sort.
+        self.trials: dict[int, FrozenTrial] = {
+            t.number: t for t in sorted(trials, key=lambda t: t.number)
+        }
         self.distributions: dict[str, BaseDistribution] = {}
         for trial in trials:
             for name, distribution in trial.distributions.items():
@@ -116,7 +120,7 @@ class MirroredStorage(BaseStorage):
         states: Container[TrialState] | None = None,
     ) -> list[FrozenTrial]:
         with self._lock:
-            trials = sorted(self._study(study_id).trials.values(), key=lambda t: t.number)
+            trials = list(self._study(study_id).trials.values())
         if states is not None:
             trials = [t for t in trials if t.state in states]
         return copy.deepcopy(trials) if deepcopy else trials

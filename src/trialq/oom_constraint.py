@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 from optuna.trial import FrozenTrial, TrialState
 
+from trialq.messages import Outcome
+
 OOM_CONSTRAINT = "oom"
 """The constraint's name; 1.0 on a trial that ran out of memory (feasible trials have none)."""
 
@@ -43,17 +45,19 @@ def oom_telling(sampler: str, directions: Sequence[str]) -> OomTelling | None:
 
 def has_stand_in_values(trial: FrozenTrial) -> bool:
     """A COMPLETE trial whose values only stand in for an out-of-memory end."""
-    return trial.state is TrialState.COMPLETE and trial.user_attrs.get("outcome") == "oom"
+    return trial.state is TrialState.COMPLETE and _ran_out_of_memory(trial)
 
 
 def counted_state(trial: FrozenTrial) -> TrialState:
     """The state a trial counts as in trialq's summaries: an OOM trial is a failure, whatever
     state the sampler was told."""
-    if trial.user_attrs.get("outcome") == "oom":
-        return TrialState.FAIL
-    return trial.state
+    return TrialState.FAIL if _ran_out_of_memory(trial) else trial.state
 
 
 def real_values(trial: FrozenTrial) -> list[float] | None:
     """The trial's objective values, or None where they are stand-ins."""
     return None if has_stand_in_values(trial) else trial.values
+
+
+def _ran_out_of_memory(trial: FrozenTrial) -> bool:
+    return trial.user_attrs.get("outcome") == Outcome.OOM.value

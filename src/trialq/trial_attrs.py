@@ -15,6 +15,7 @@ from typing import Any
 
 import optuna
 
+from trialq.mirror import MirroredStorage
 from trialq.trial_writes import TrialWrites, commit
 
 
@@ -23,10 +24,9 @@ def set_user_attrs(trial: optuna.Trial, attrs: Mapping[str, Any]) -> None:
     if not attrs:
         return
     storage = trial.storage
-    batched = getattr(storage, "set_trial_user_attrs", None)  # trialq's MirroredStorage
     rdb = getattr(storage, "_backend", storage)  # unwrap Optuna's cache layer
-    if batched is not None:
-        batched(trial._trial_id, attrs)
+    if isinstance(storage, MirroredStorage):
+        storage.set_trial_user_attrs(trial._trial_id, attrs)
     elif isinstance(rdb, optuna.storages.RDBStorage):
         commit(rdb, trial._trial_id, TrialWrites(user_attrs=dict(attrs)))
     else:
