@@ -155,26 +155,25 @@ def _target_name(study: optuna.Study) -> str:
 
 
 def _history(study: optuna.Study, rows: list[TrialRow]) -> Figure:
-    _single_objective(study)
-    _complete(study, 1)
-    vis = _optuna_matplotlib()
-    return _figure(vis.plot_optimization_history(study, target_name=_target_name(study)))
+    return _one_objective_plot(study, "plot_optimization_history", at_least=1)
 
 
 def _importances(study: optuna.Study, rows: list[TrialRow]) -> Figure:
     """Optuna's default evaluator (PED-ANOVA) needs no scikit-learn, but two trials at least."""
-    _single_objective(study)
-    _complete(study, 2)
-    vis = _optuna_matplotlib()
-    return _figure(vis.plot_param_importances(study, target_name=_target_name(study)))
+    return _one_objective_plot(study, "plot_param_importances", at_least=2)
 
 
 def _parallel_coordinate(study: optuna.Study, rows: list[TrialRow]) -> Figure:
     """One line per trial: lines only compare once there are two."""
+    return _one_objective_plot(study, "plot_parallel_coordinate", at_least=2)
+
+
+def _one_objective_plot(study: optuna.Study, plot: str, at_least: int) -> Figure:
+    """One of Optuna's plots of a single objective, named after the study's metric."""
     _single_objective(study)
-    _complete(study, 2)
-    vis = _optuna_matplotlib()
-    return _figure(vis.plot_parallel_coordinate(study, target_name=_target_name(study)))
+    _complete(study, at_least)
+    draw = getattr(_optuna_matplotlib(), plot)
+    return _figure(draw(study, target_name=_target_name(study)))
 
 
 def _intermediate_values(study: optuna.Study, rows: list[TrialRow]) -> Figure:
