@@ -34,41 +34,62 @@ class WorkerBeat:
     beat_at: float
 
 
-class Heartbeat:
-    """Writes one worker's key every `interval_s` from a daemon thread of the worker's parent."""
+class _RenewedKey:
+    """A Redis key with a TTL, rewritten every `interval_s` from a daemon thread and deleted
+    on `stop`. Redis being away for a while leaves the TTL to decide, not the thread."""
+
+    def __init__(self, client: redis.Redis, interval_s: float, ttl_s: float, name: str) -> None:
+        self._client = client
+        self._interval_s = interval_s
+        self._ttl_ms = int(ttl_s * 1000)
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def _key(self) -> str:
+        raise NotImplementedError
+
+    def _value(self) -> str:
+        raise NotImplementedError
+
+    def _write(self) -> None:
+        self._client.set(self._key(), self._value(), px=self._ttl_ms)
+
+    def _run(self) -> None:
+        while not self._stopped.wait(self._interval_s):
+            with contextlib.suppress(redis.RedisError):
+                self._write()
+
+    def stop(self) -> None:
+        """Stop renewing and delete the key (where Redis is away, the TTL removes it)."""
+        self._stopped.set()
+        self._thread.join(timeout=self._interval_s + 1)
+        with contextlib.suppress(redis.RedisError):
+            self._client.delete(self._key())
+
+
+class Heartbeat(_RenewedKey):
+    """Writes one worker's key every `interval_s` from a daemon thread of the worker's parent.
+
+    `stop` removes it: a clean exit is not a lost worker.
+    """
 
     def __init__(
         self, client: redis.Redis, beat: WorkerBeat, interval_s: float, ttl_s: float
     ) -> None:
-        self._client = client
+        super().__init__(client, interval_s, ttl_s, "trialq-heartbeat")
         self._beat = beat
-        self._interval_s = interval_s
-        self._ttl_ms = int(ttl_s * 1000)
-        self._stopped = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="trialq-heartbeat", daemon=True)
 
     def start(self) -> None:
-        """Beat once now (so readiness is immediate), then keep beating."""
+        """Beat once now (so readiness is immediate; a Redis error here is raised), then keep
+        beating."""
         self._write()
         self._thread.start()
 
-    def stop(self) -> None:
-        """Stop beating and remove the key: a clean exit is not a lost worker."""
-        self._stopped.set()
-        self._thread.join(timeout=self._interval_s + 1)
-        with contextlib.suppress(redis.RedisError):  # Redis away: the TTL removes it
-            self._client.delete(_PREFIX + self._beat.name)
+    def _key(self) -> str:
+        return _PREFIX + self._beat.name
 
-    def _run(self) -> None:
-        while not self._stopped.wait(self._interval_s):
-            try:
-                self._write()
-            except redis.RedisError:
-                continue  # Redis away for a moment: the TTL decides, not this thread
-
-    def _write(self) -> None:
-        beat = WorkerBeat(**{**asdict(self._beat), "beat_at": time.time()})
-        self._client.set(_PREFIX + beat.name, json.dumps(asdict(beat)), px=self._ttl_ms)
+    def _value(self) -> str:
+        return json.dumps(asdict(self._beat) | {"beat_at": time.time()})
 
 
 @dataclass(frozen=True)
@@ -89,44 +110,33 @@ class RunningTrial:
         return f"{_RUNNING_PREFIX}{self.worker}:{self.pid}"
 
 
-class TrialBeacon:
+class TrialBeacon(_RenewedKey):
     """The running trial's key, renewed from a daemon thread of the trial process.
 
     The key lives one heartbeat TTL past its last renewal: a trial process killed outright
     (SIGKILL, the OOM killer, a hard time limit) stops claiming its trial that soon after,
-    and a clean end deletes it at once. Redis being away only leaves a gap in `status`.
+    and a clean end (`stop`) deletes it at once. Redis being away only leaves a gap in
+    `status`.
     """
 
     def __init__(
         self, client: redis.Redis, trial: RunningTrial, interval_s: float, ttl_s: float
     ) -> None:
-        self._client = client
+        super().__init__(client, interval_s, ttl_s, "trialq-beacon")
         self._trial = trial
-        self._interval_s = interval_s
-        self._ttl_ms = int(ttl_s * 1000)
-        self._stopped = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="trialq-beacon", daemon=True)
 
     def start(self) -> TrialBeacon:
         """Claim the trial now, then keep claiming it."""
-        self._write()
+        with contextlib.suppress(redis.RedisError):
+            self._write()
         self._thread.start()
         return self
 
-    def stop(self) -> None:
-        """The trial is over: stop renewing and delete the key."""
-        self._stopped.set()
-        self._thread.join(timeout=self._interval_s + 1)
-        with contextlib.suppress(redis.RedisError):
-            self._client.delete(self._trial.key)
+    def _key(self) -> str:
+        return self._trial.key
 
-    def _run(self) -> None:
-        while not self._stopped.wait(self._interval_s):
-            self._write()
-
-    def _write(self) -> None:
-        with contextlib.suppress(redis.RedisError):
-            self._client.set(self._trial.key, json.dumps(asdict(self._trial)), px=self._ttl_ms)
+    def _value(self) -> str:
+        return json.dumps(asdict(self._trial))
 
 
 def running_trials(client: redis.Redis) -> list[RunningTrial]:
