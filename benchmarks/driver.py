@@ -118,6 +118,23 @@ def instrumented(study: optuna.Study, timings: Timings, attrs_one_by_one: bool) 
         with timings.measure("progress_best_value"):
             return float(best_value.fget(self))
 
+    sampler = study.sampler
+    sampler_methods = {
+        name: getattr(sampler, name)
+        for name in ("infer_relative_search_space", "sample_relative", "sample_independent")
+    }
+
+    def timed_sampler_method(name: str) -> Callable[..., Any]:
+        method = sampler_methods[name]
+
+        def timed(study: optuna.Study, trial: optuna.trial.FrozenTrial, *args: Any) -> Any:
+            with timings.measure("sampler", trial.number):
+                return method(study, trial, *args)
+
+        return timed
+
+    for name in sampler_methods:
+        setattr(sampler, name, timed_sampler_method(name))
     study.ask, study.tell = timed_ask, timed_tell
     optuna.Study.best_value = property(timed_best_value)
     if batched is None:
@@ -129,6 +146,8 @@ def instrumented(study: optuna.Study, timings: Timings, attrs_one_by_one: bool) 
     try:
         yield
     finally:
+        for name in sampler_methods:
+            delattr(sampler, name)
         optuna.Trial.set_user_attr = set_user_attr
         optuna.Study.best_value = best_value
         if batched is not None:
@@ -196,14 +215,14 @@ def summarise(timings: Timings, n_trials: int, wall_s: float) -> dict[str, Any]:
     for start in range(0, n_trials, BUCKET):
         numbers = range(start, min(start + BUCKET, n_trials))
         row: dict[str, Any] = {"trials": f"{start}-{numbers[-1]}"}
-        for kind in kinds:
+        for kind in (*kinds, "sampler"):
             row[f"{kind}_ms"] = round(
                 1e3 * statistics.mean(timings.by_trial[kind].get(n, 0.0) for n in numbers), 2
             )
         row["total_ms"] = round(1e3 * statistics.mean(per_trial[n] for n in numbers), 2)
         buckets.append(row)
     last = buckets[-1]["total_ms"] / 1e3
-    driver_s = sum(timings.totals.values())
+    driver_s = sum(t for kind, t in timings.totals.items() if kind != "sampler")  # within ask
     return {
         "trials": n_trials,
         "wall_s": round(wall_s, 2),
@@ -216,6 +235,12 @@ def summarise(timings: Timings, n_trials: int, wall_s: float) -> dict[str, Any]:
         "driver_cpu_per_trial_ms": round(
             1e3 * sum(timings.cpu_totals[kind] for kind in kinds) / n_trials, 2
         ),
+        "sampler_per_trial_ms": round(1e3 * timings.totals["sampler"] / n_trials, 2),
+        "sampler_cpu_per_trial_ms": round(1e3 * timings.cpu_totals["sampler"] / n_trials, 2),
+        "cpu_per_trial_ms_by_kind": {
+            kind: round(1e3 * timings.cpu_totals[kind] / n_trials, 2)
+            for kind in sorted(timings.cpu_totals)
+        },
         "per_trial_ms_by_kind": {
             kind: round(1e3 * timings.totals[kind] / n_trials, 2) for kind in sorted(timings.totals)
         },
@@ -239,15 +264,20 @@ def print_summary(summary: dict[str, Any]) -> None:
         f"of which the driver's own CPU: {summary['driver_cpu_per_trial_ms']} ms a trial "
         "(the rest is waiting for PostgreSQL, Redis or a core)"
     )
+    print(
+        f"of which the sampler's own work inside ask: {summary['sampler_per_trial_ms']} ms "
+        f"({summary['sampler_cpu_per_trial_ms']} ms CPU)"
+    )
     print("per trial, by call (ms):", summary["per_trial_ms_by_kind"])
+    print("CPU per trial, by call (ms):", summary["cpu_per_trial_ms_by_kind"])
     print("calls per trial:", summary["calls_per_trial"])
     print(
-        f"{'trials':>10} {'ask ms':>8} {'tell ms':>8} {'attrs ms':>9} {'persist ms':>11} "
-        f"{'total ms':>9}"
+        f"{'trials':>10} {'ask ms':>8} {'sampler':>8} {'tell ms':>8} {'attrs ms':>9} "
+        f"{'persist ms':>11} {'total ms':>9}"
     )
     for row in summary["growth_by_bucket"]:
         print(
-            f"{row['trials']:>10} {row['ask_ms']:>8} {row['tell_ms']:>8} "
+            f"{row['trials']:>10} {row['ask_ms']:>8} {row['sampler_ms']:>8} {row['tell_ms']:>8} "
             f"{row['user_attrs_ms']:>9} {row['persist_ms']:>11} {row['total_ms']:>9}"
         )
     print(

@@ -31,7 +31,7 @@ from optuna.study._frozen import FrozenStudy
 from optuna.trial import FrozenTrial, TrialState
 
 from trialq.errors import ForeignWriter
-from trialq.trial_writes import TrialWrites, commit
+from trialq.trial_writes import TrialWrites, commit, insert_trial
 
 
 class _StudyCopy:
@@ -147,7 +147,12 @@ class MirroredStorage(BaseStorage):
         with self._lock:
             study = self._study(study_id)
             expected = len(study.trials)
-            trial = self._backend._create_new_trial(study_id, template_trial)
+            if template_trial is None:
+                started = datetime.now()
+                trial_id, number = insert_trial(self._backend, study_id, started)
+                trial = _new_running_trial(trial_id, number, started)
+            else:  # enqueued and added trials: rare, Optuna's own path
+                trial = self._backend._create_new_trial(study_id, template_trial)
             if trial.number != expected:
                 raise ForeignWriter(
                     f"another process is writing trials of this study (the database gave "
@@ -213,13 +218,17 @@ class MirroredStorage(BaseStorage):
     ) -> None:
         """Written at once: a pruner's decision rests on it."""
         with self._lock:
+            trial = self._mirrored(trial_id)
+            if trial is None:
+                writes = TrialWrites(intermediate_values={step: intermediate_value})
+                commit(self._backend, trial_id, writes)
+                return
+            self.check_trial_is_updatable(trial_id, trial.state)
             writes = self._unwritten.pop(trial_id, TrialWrites())
             writes.intermediate_values[step] = intermediate_value
             self._commit(trial_id, writes)
-            trial = self._mirrored(trial_id)
-            if trial is not None:
-                values = {**trial.intermediate_values, step: intermediate_value}
-                self._replace(trial, intermediate_values=values)
+            values = {**trial.intermediate_values, step: intermediate_value}
+            self._replace(trial, intermediate_values=values)
 
     def set_trial_state_values(
         self, trial_id: int, state: TrialState, values: Sequence[float] | None = None
@@ -228,6 +237,7 @@ class MirroredStorage(BaseStorage):
         with self._lock:
             writes = self._unwritten.pop(trial_id, TrialWrites())
             writes.state, writes.values = state, None if values is None else list(values)
+            writes.changed_at = datetime.now()
             if not self._commit(trial_id, writes):
                 return False
             trial = self._mirrored(trial_id)
@@ -237,9 +247,9 @@ class MirroredStorage(BaseStorage):
             if values is not None:
                 changes["values"] = list(values)
             if state is TrialState.RUNNING:
-                changes["datetime_start"] = datetime.now()
+                changes["datetime_start"] = writes.changed_at
             if state.is_finished():
-                changes["datetime_complete"] = datetime.now()
+                changes["datetime_complete"] = writes.changed_at
             self._replace(trial, **changes)
         return True
 
@@ -257,9 +267,9 @@ class MirroredStorage(BaseStorage):
         """Write a batch; what the database did not take stays pending, to be written again."""
         written = False
         try:
-            written = commit(self._backend, trial_id, writes)
+            written = commit(self._backend, trial_id, writes, checked=True)
         finally:
-            rest = dataclasses.replace(writes, state=None, values=None)
+            rest = dataclasses.replace(writes, state=None, values=None, changed_at=None)
             if not written and rest:
                 self._unwritten[trial_id] = rest
         return written
@@ -287,6 +297,23 @@ class MirroredStorage(BaseStorage):
         for name, value in changes.items():
             setattr(changed, name, value)
         self._studies[self._where[trial._trial_id][0]].trials[trial.number] = changed
+
+
+def _new_running_trial(trial_id: int, number: int, started: datetime) -> FrozenTrial:
+    return FrozenTrial(
+        number=number,
+        state=TrialState.RUNNING,
+        value=None,
+        values=None,
+        datetime_start=started,
+        datetime_complete=None,
+        params={},
+        distributions={},
+        user_attrs={},
+        system_attrs={},
+        intermediate_values={},
+        trial_id=trial_id,
+    )
 
 
 def mirrored(storage: BaseStorage) -> BaseStorage:

@@ -1,10 +1,13 @@
-"""Many writes to one trial in one transaction of Optuna's RDB storage.
+"""A trial's writes to Optuna's RDB storage, each batch in one transaction of plain SQL.
 
-Optuna's RDB storage commits every write on its own, after reading the trial again: one
-`ask` over three params is five transactions, a finished trial's dozen user attrs twelve.
-On PostgreSQL each costs 1-4 ms, more than the sampler's own work. `commit` writes a batch of
-params, attrs, intermediate values and a state change in one transaction. It leans on
-Optuna's RDB models and session helper, so the tests run it against SQLite and PostgreSQL.
+Optuna's RDB storage commits every write on its own, after reading the trial back through
+the ORM: one `ask` over three params is five transactions, a finished trial's dozen user
+attrs twelve. `commit` writes a batch of params, attrs, intermediate values and a state
+change in one transaction, and `insert_trial` creates a trial as Optuna does (the study row
+locked, the number counted). Both go through SQLAlchemy Core on Optuna's own tables: the
+ORM's unit of work cost more CPU than PostgreSQL took to run the statements
+(benchmarks/driver.py). The tests run them against SQLite and PostgreSQL and compare with
+what Optuna itself reads back.
 """
 
 from __future__ import annotations
@@ -12,17 +15,16 @@ from __future__ import annotations
 import functools
 import json
 import sqlite3
-from collections.abc import Mapping
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import optuna
 import sqlalchemy
 from optuna.distributions import BaseDistribution, distribution_to_json
 from optuna.trial import TrialState
-from sqlalchemy.dialects import mysql, postgresql
-from sqlalchemy.dialects import sqlite as sqlite_dialect
 
 
 @dataclass
@@ -35,6 +37,8 @@ class TrialWrites:
     intermediate_values: dict[int, float] = field(default_factory=dict)
     state: TrialState | None = None
     values: list[float] | None = None
+    changed_at: datetime | None = None
+    """When the state changed, in local time (now, if not given)."""
 
     def __bool__(self) -> bool:
         return bool(
@@ -46,80 +50,200 @@ class TrialWrites:
         )
 
 
-def commit(rdb: optuna.storages.RDBStorage, trial_id: int, writes: TrialWrites) -> bool:
-    """Write everything in one transaction. False, and nothing written, where Optuna's own
-    `set_trial_state_values` would refuse: a trial set RUNNING that was not WAITING."""
+def insert_trial(
+    rdb: optuna.storages.RDBStorage, study_id: int, started: datetime
+) -> tuple[int, int]:
+    """A new RUNNING trial of the study, started at `started` (local time, as Optuna shows
+    it): its (trial id, number). The number counts the study's trials before it, under a lock
+    on the study's row, as Optuna numbers them."""
     from optuna.storages._rdb import models
-    from optuna.storages._rdb.storage import _create_scoped_session
 
-    with _create_scoped_session(rdb.scoped_session) as session:
-        lock = writes.state is not None
-        trial: Any = models.TrialModel.find_or_raise_by_id(trial_id, session, for_update=lock)
-        rdb.check_trial_is_updatable(trial_id, trial.state)
-        if writes.state is TrialState.RUNNING and trial.state != TrialState.WAITING:
-            session.rollback()
+    studies, trials = models.StudyModel.__table__, models.TrialModel.__table__
+    with _transaction(rdb) as connection:
+        locked = sqlalchemy.select(studies.c.study_id).where(studies.c.study_id == study_id)
+        if connection.execute(locked.with_for_update()).first() is None:
+            raise KeyError(f"No study with study_id {study_id} exists.")
+        count = sqlalchemy.select(sqlalchemy.func.count()).where(trials.c.study_id == study_id)
+        number = int(connection.execute(count).scalar_one())
+        row = {
+            "study_id": study_id,
+            "number": number,
+            "state": TrialState.RUNNING,
+            "datetime_start": _stored(started),
+        }
+        inserted = connection.execute(sqlalchemy.insert(trials), row)
+        return int(inserted.inserted_primary_key[0]), number
+
+
+def commit(
+    rdb: optuna.storages.RDBStorage, trial_id: int, writes: TrialWrites, *, checked: bool = False
+) -> bool:
+    """Write everything in one transaction. False, and nothing written, where Optuna's own
+    `set_trial_state_values` would refuse: a trial set RUNNING that was not WAITING.
+
+    `checked`: the caller knows the trial may still be written (the driver's copy of its
+    study does), so a batch without a state change does not read the trial first."""
+    from optuna.storages._rdb import models
+
+    with _transaction(rdb) as connection:
+        must_read = writes.state is not None or not checked
+        if must_read and not _change_state(rdb, connection, trial_id, writes):
             return False
-        if writes.params:
-            rows = [
-                {
-                    "trial_id": trial_id,
-                    "param_name": name,
-                    "param_value": internal,
-                    "distribution_json": distribution_to_json(distribution),
-                }
-                for name, (internal, distribution) in writes.params.items()
-            ]
-            session.execute(sqlalchemy.insert(models.TrialParamModel), rows)
+        params = [
+            {
+                "trial_id": trial_id,
+                "param_name": name,
+                "param_value": internal,
+                "distribution_json": distribution_to_json(distribution),
+            }
+            for name, (internal, distribution) in writes.params.items()
+        ]
+        _insert(connection, models.TrialParamModel, params)  # a param is set once
         for model, attrs in (
             (models.TrialSystemAttributeModel, writes.system_attrs),
             (models.TrialUserAttributeModel, writes.user_attrs),
         ):
-            _write_attrs(rdb, session, model, trial_id, attrs)
+            rows = [
+                {"trial_id": trial_id, "key": key, "value_json": json.dumps(value)}
+                for key, value in attrs.items()
+            ]
+            _upsert(connection, model, rows, key="key")
+        intermediate = models.TrialIntermediateValueModel
+        reports = []
         for step, value in writes.intermediate_values.items():
-            rdb._set_trial_intermediate_value_without_commit(session, trial_id, step, value)
-        if writes.state is not None:
-            for objective, value in enumerate(writes.values or ()):
-                rdb._set_trial_value_without_commit(session, trial, objective, value)
-            trial.state = writes.state
-            if writes.state is TrialState.RUNNING:
-                trial.datetime_start = datetime.now()
-            if writes.state.is_finished():
-                trial.datetime_complete = datetime.now()
+            stored, kind = intermediate.intermediate_value_to_stored_repr(value)
+            reports.append(
+                {
+                    "trial_id": trial_id,
+                    "step": step,
+                    "intermediate_value": stored,
+                    "intermediate_value_type": kind,
+                }
+            )
+        _upsert(connection, intermediate, reports, key="step")
+        values = []
+        for objective, value in enumerate(writes.values or ()):
+            stored, kind = models.TrialValueModel.value_to_stored_repr(value)
+            values.append(
+                {"trial_id": trial_id, "objective": objective, "value": stored, "value_type": kind}
+            )
+        _insert(connection, models.TrialValueModel, values)  # with the finishing state, once
     return True
 
 
-def _write_attrs(
+def _change_state(
     rdb: optuna.storages.RDBStorage,
-    session: Any,
-    model: Any,
+    connection: sqlalchemy.Connection,
     trial_id: int,
-    attrs: Mapping[str, Any],
+    writes: TrialWrites,
+) -> bool:
+    """Set the new state, if any, where Optuna would; check the trial may still be written.
+
+    The UPDATE names the states it may leave, so one statement both checks and writes (and
+    locks the row); only a refusal reads the trial to say why."""
+    from optuna.storages._rdb import models
+
+    trials = models.TrialModel.__table__
+    if writes.state is not None:
+        leaving = (TrialState.WAITING,)
+        if writes.state is not TrialState.RUNNING:
+            leaving = (TrialState.WAITING, TrialState.RUNNING)
+        changes: dict[str, Any] = {"state": writes.state}
+        now = _stored(writes.changed_at or datetime.now())
+        if writes.state is TrialState.RUNNING:
+            changes["datetime_start"] = now
+        if writes.state.is_finished():
+            changes["datetime_complete"] = now
+        update = (
+            sqlalchemy.update(trials)
+            .where(trials.c.trial_id == trial_id, trials.c.state.in_(leaving))
+            .values(changes)
+        )
+        if connection.execute(update).rowcount == 1:
+            return True
+    state = connection.execute(
+        sqlalchemy.select(trials.c.state).where(trials.c.trial_id == trial_id)
+    ).scalar_one_or_none()
+    if state is None:
+        raise KeyError(f"No trial with trial_id {trial_id} exists.")
+    rdb.check_trial_is_updatable(trial_id, state)
+    return writes.state is None  # a RUNNING trial set RUNNING again: refused, as Optuna does
+
+
+def _insert(connection: sqlalchemy.Connection, model: Any, rows: list[dict[str, Any]]) -> None:
+    if rows:
+        connection.execute(sqlalchemy.insert(model.__table__), rows)
+
+
+def _upsert(
+    connection: sqlalchemy.Connection, model: Any, rows: list[dict[str, Any]], key: str
 ) -> None:
-    """All attrs in one statement that overwrites existing keys, where the dialect has one."""
-    if not attrs:
+    """Insert the trial's rows, overwriting those with the same `key`, in one statement."""
+    if not rows:
         return
-    upsert = _upsert(rdb.engine.name, model)
-    if upsert is None:
-        for key, value in attrs.items():
-            rdb._set_trial_attr_without_commit(session, model, trial_id, key, value)
+    statement = _upsert_statement(connection.dialect, model, key, len(rows))
+    if statement is None:  # no upsert in this database: delete, then insert
+        table = model.__table__
+        keys = [row[key] for row in rows]
+        trial_id = rows[0]["trial_id"]
+        connection.execute(
+            sqlalchemy.delete(table).where(table.c.trial_id == trial_id, table.c[key].in_(keys))
+        )
+        connection.execute(sqlalchemy.insert(table), rows)
         return
-    rows = [
-        {"trial_id": trial_id, "key": key, "value_json": json.dumps(value)}
-        for key, value in attrs.items()
-    ]
-    session.execute(upsert, rows)
+    params = {f"{name}_{i}": value for i, row in enumerate(rows) for name, value in row.items()}
+    connection.execute(statement, params)
 
 
 @functools.cache
-def _upsert(dialect: str, model: Any) -> Any:
-    """An INSERT that overwrites an existing key, built once (SQLAlchemy caches its SQL)."""
-    if dialect == "postgresql" or (dialect == "sqlite" and sqlite3.sqlite_version_info >= (3, 24)):
-        insert = (postgresql if dialect == "postgresql" else sqlite_dialect).insert(model)
-        return insert.on_conflict_do_update(
-            index_elements=[model.trial_id, model.key],
-            set_={"value_json": insert.excluded.value_json},
+def _upsert_statement(
+    dialect: sqlalchemy.Dialect, model: Any, key: str, n_rows: int
+) -> sqlalchemy.TextClause | None:
+    """The database's multi-row upsert for `n_rows` rows, or None where it has none.
+
+    Written as SQL text, built once per size: SQLAlchemy's executemany sends an upsert one row
+    per round trip, and it compiles a multi-row INSERT built from the values on every call."""
+    table = model.__table__
+    quote = dialect.identifier_preparer.quote
+    columns = [c for c in table.columns if not c.primary_key]
+    overwritten = [quote(c.name) for c in columns if c.name not in (key, "trial_id")]
+    if dialect.name == "postgresql" or (
+        dialect.name == "sqlite" and sqlite3.sqlite_version_info >= (3, 24)
+    ):
+        on_conflict = f"ON CONFLICT ({quote('trial_id')}, {quote(key)}) DO UPDATE SET " + ", ".join(
+            f"{name} = excluded.{name}" for name in overwritten
         )
-    if dialect == "mysql":
-        insert = mysql.insert(model)
-        return insert.on_duplicate_key_update(value_json=insert.inserted.value_json)
-    return None
+    elif dialect.name in ("mysql", "mariadb"):
+        on_conflict = "ON DUPLICATE KEY UPDATE " + ", ".join(
+            f"{name} = VALUES({name})" for name in overwritten
+        )
+    else:
+        return None
+    names = ", ".join(quote(c.name) for c in columns)
+    rows = ", ".join(
+        "(" + ", ".join(f":{c.name}_{i}" for c in columns) + ")" for i in range(n_rows)
+    )
+    sql = f"INSERT INTO {quote(table.name)} ({names}) VALUES {rows} {on_conflict}"
+    types = [
+        sqlalchemy.bindparam(f"{c.name}_{i}", type_=c.type) for i in range(n_rows) for c in columns
+    ]
+    return sqlalchemy.text(sql).bindparams(*types)
+
+
+def _stored(moment: datetime) -> datetime:
+    """A local time as Optuna's RDB storage keeps it: naive UTC."""
+    return moment.astimezone(UTC).replace(tzinfo=None)
+
+
+@contextmanager
+def _transaction(rdb: optuna.storages.RDBStorage) -> Iterator[sqlalchemy.Connection]:
+    """One transaction on the storage's engine; its errors surface as Optuna's would."""
+    try:
+        with rdb.engine.begin() as connection:
+            yield connection
+    except sqlalchemy.exc.IntegrityError:
+        raise
+    except sqlalchemy.exc.SQLAlchemyError as exc:
+        raise optuna.exceptions.StorageInternalError(
+            f"writing trial data failed: {type(exc).__name__}: {str(exc).splitlines()[0]}"
+        ) from exc
