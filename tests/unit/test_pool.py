@@ -9,10 +9,14 @@ import os
 import subprocess
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import psutil
+import pytest
+from billiard.queues import _SimpleQueue
+from celery.concurrency import asynpool
 
-from trialq.pool import TrialSlots
+from trialq.pool import TrialAsynPool, TrialSlots
 
 
 def _hold_slot(directory: str, count: int, held: multiprocessing.synchronize.Event) -> None:
@@ -102,3 +106,30 @@ def test_a_slot_waits_until_its_previous_holder_has_exited_entirely() -> None:
         holder.kill()
         holder.wait()
         slots.remove()
+
+
+def _leave_results(outq: _SimpleQueue) -> None:
+    outq._writer.send(("ACK", 1))
+    outq._writer.send(("READY", 1))
+
+
+def test_a_reaped_childs_last_messages_are_read_without_waiting_for_more(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Celery waits on the pipe of every reaped child for more; none can come from it."""
+    outq = _SimpleQueue(rnonblock=True)  # as Celery makes them; the parent keeps both ends
+    child = multiprocessing.get_context("fork").Process(target=_leave_results, args=(outq,))
+    child.start()
+    child.join()
+    received: list[object] = []
+    pool = SimpleNamespace(_result_handler=SimpleNamespace(on_state_change=received.append))
+    proc = SimpleNamespace(exitcode=child.exitcode, outq=outq)
+
+    def waits(*args: object, **kwargs: object) -> None:
+        raise AssertionError("waited on a reaped child's pipe")
+
+    monkeypatch.setattr(asynpool, "_select", waits)
+    TrialAsynPool.process_flush_queues(pool, proc)  # type: ignore[arg-type]
+
+    assert received == [("ACK", 1), ("READY", 1)]
+    assert not outq._reader.poll(0)
