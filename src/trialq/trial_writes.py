@@ -71,8 +71,9 @@ def insert_trial(
             "state": TrialState.RUNNING,
             "datetime_start": _stored(started),
         }
-        inserted = connection.execute(sqlalchemy.insert(trials), row)
-        return int(inserted.inserted_primary_key[0]), number
+        trial_id = connection.execute(sqlalchemy.insert(trials), row).inserted_primary_key
+        assert trial_id is not None
+        return int(trial_id[0]), number
 
 
 def commit(
@@ -123,9 +124,14 @@ def commit(
         _upsert(connection, intermediate, reports, key="step")
         values = []
         for objective, value in enumerate(writes.values or ()):
-            stored, kind = models.TrialValueModel.value_to_stored_repr(value)
+            stored_value, value_type = models.TrialValueModel.value_to_stored_repr(value)
             values.append(
-                {"trial_id": trial_id, "objective": objective, "value": stored, "value_type": kind}
+                {
+                    "trial_id": trial_id,
+                    "objective": objective,
+                    "value": stored_value,
+                    "value_type": value_type,
+                }
             )
         _insert(connection, models.TrialValueModel, values)  # with the finishing state, once
     return True
@@ -145,7 +151,7 @@ def _change_state(
 
     trials = models.TrialModel.__table__
     if writes.state is not None:
-        leaving = (TrialState.WAITING,)
+        leaving: tuple[TrialState, ...] = (TrialState.WAITING,)
         if writes.state is not TrialState.RUNNING:
             leaving = (TrialState.WAITING, TrialState.RUNNING)
         changes: dict[str, Any] = {"state": writes.state}

@@ -4,9 +4,12 @@ real PostgreSQL (skipped locally, failed in CI, where PostgreSQL is not answerin
 
 from __future__ import annotations
 
+import json
 import os
+import time
 import uuid
 from collections.abc import Iterator
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +18,7 @@ import pytest
 import sqlalchemy
 from optuna.trial import TrialState
 
+from trialq import trial_writes
 from trialq.errors import ForeignWriter
 from trialq.mirror import MirroredStorage, mirrored, persist
 from trialq.trial_attrs import set_user_attrs
@@ -69,12 +73,17 @@ def _drive(study: optuna.Study, n: int) -> None:
         if i % 4 == 3:
             trial.set_constraint("oom", 1.0)
             study.tell(trial, state=TrialState.PRUNED)
+        elif i % 4 == 2:  # NSGA-II's OOM stand-in, and values a trial may report
+            trial.report(float("inf"), step=1)
+            trial.report(float("nan"), step=2)
+            study.tell(trial, float("-inf"))
         else:
             study.tell(trial, i / n)
 
 
-def _fields(trial: optuna.trial.FrozenTrial) -> tuple[Any, ...]:
-    return (
+def _fields(trial: optuna.trial.FrozenTrial) -> str:
+    """What Optuna shows of a trial, as text: a NaN equals no NaN, but its text does."""
+    fields = (
         trial.number,
         trial.state,
         trial.values,
@@ -83,7 +92,10 @@ def _fields(trial: optuna.trial.FrozenTrial) -> tuple[Any, ...]:
         trial.user_attrs,
         trial.system_attrs,
         trial.intermediate_values,
+        trial.datetime_start,
+        trial.datetime_complete,
     )
+    return json.dumps(fields, sort_keys=True, default=repr)
 
 
 def test_the_database_holds_exactly_what_the_driver_saw(storage_url: str, study_name: str) -> None:
@@ -96,6 +108,38 @@ def test_the_database_holds_exactly_what_the_driver_saw(storage_url: str, study_
     # TPE wrote its relative params as system attrs: they went through too.
     assert any(t.system_attrs for t in fresh.trials[5:])
     assert fresh.best_trial.number == study.best_trial.number
+
+
+def test_a_database_without_an_upsert_gets_the_same_trials(
+    storage_url: str, study_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Attrs and reports written again are replaced by deleting first where there is no
+    upsert (databases other than PostgreSQL, SQLite and MySQL)."""
+    monkeypatch.setattr(trial_writes, "_upsert_statement", lambda *args: None)
+    study = _open(storage_url, study_name, optuna.samplers.RandomSampler(seed=0))
+    _drive(study, 8)
+
+    fresh = optuna.load_study(study_name=study_name, storage=storage_url)
+    assert [_fields(t) for t in fresh.trials] == [_fields(t) for t in study.trials]
+    assert fresh.trials[0].user_attrs["attempts"] == 1
+
+
+def test_times_are_kept_as_optuna_keeps_them_away_from_utc(
+    storage_url: str, study_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Optuna stores naive UTC and shows local time: the copy must show what it reads back."""
+    monkeypatch.setenv("TZ", "Pacific/Chatham")  # +12:45 or +13:45: no whole-hour luck
+    time.tzset()
+    try:
+        study = _open(storage_url, study_name, optuna.samplers.RandomSampler(seed=0))
+        _drive(study, 3)
+        fresh = optuna.load_study(study_name=study_name, storage=storage_url)
+        assert [_fields(t) for t in fresh.trials] == [_fields(t) for t in study.trials]
+        started = fresh.trials[0].datetime_start
+        assert started is not None and abs(datetime.now() - started) < timedelta(minutes=5)
+    finally:
+        monkeypatch.undo()
+        time.tzset()
 
 
 def test_reads_never_go_back_to_the_database(storage_url: str, study_name: str) -> None:
