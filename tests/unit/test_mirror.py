@@ -73,10 +73,10 @@ def _drive(study: optuna.Study, n: int) -> None:
         if i % 4 == 3:
             trial.set_constraint("oom", 1.0)
             study.tell(trial, state=TrialState.PRUNED)
-        elif i % 4 == 2:  # NSGA-II's OOM stand-in, and values a trial may report
+        elif i == 2:  # NSGA-II's OOM stand-in (once: ties would make best_trial ambiguous)
             trial.report(float("inf"), step=1)
             trial.report(float("nan"), step=2)
-            study.tell(trial, float("-inf"))
+            study.tell(trial, float("inf"))
         else:
             study.tell(trial, i / n)
 
