@@ -9,6 +9,7 @@ never initialises it or a GPU: it checks that before every fork, and each child 
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import logging
 import os
@@ -164,6 +165,18 @@ def _measure_device_baseline(**_: Any) -> None:
     global _baseline
     tolerance = settings.gpu_baseline_tolerance_mb * MIB
     _baseline = DeviceBaseline.measure(TensorFlowDevice(), tolerance)
+
+
+@signals.worker_ready.connect
+def _freeze_started_worker(**_: Any) -> None:
+    """Move what the worker built while starting out of the collector's sight.
+
+    Celery collects garbage in the parent before every fork (its issue 2927), and with one
+    process per trial that is before every trial: walking the consumer, the pool and the
+    connections each time cost the parent 3 ms a trial. They live as long as the worker.
+    """
+    gc.collect()
+    gc.freeze()
 
 
 @signals.worker_ready.connect
