@@ -261,11 +261,16 @@ def records_its_process(params: dict[str, Any], trial: TrialContext) -> dict[str
     """Notes its pid in `params["log"]`, and how many earlier trial processes still ran then.
 
     With `linger_s`, its process takes that long to exit once asked to (as one tearing down a
-    large GPU context does): a later trial must not start meanwhile.
+    large GPU context does); with `device`, it first runs a TensorFlow op, so it holds device
+    state (on a GPU build, a CUDA context) that only its exit frees.
     """
     linger_s = float(params.get("linger_s", 0.0))
     if linger_s:
         signal.signal(signal.SIGTERM, lambda *_: (time.sleep(linger_s), os._exit(0)))
+    if params.get("device"):
+        import tensorflow as tf
+
+        tf.constant(1.0) + 1.0
     log = Path(str(params["log"]))
     earlier = [int(pid) for pid in log.read_text().split()] if log.exists() else []
     still_running = [pid for pid in earlier if _running(pid)]

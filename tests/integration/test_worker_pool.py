@@ -21,7 +21,7 @@ from trialq.celery_dispatch import CeleryDispatcher
 from trialq.dispatch import TaskPhase, TaskStatus
 from trialq.entrypoint import Entrypoint
 from trialq.local import LocalCluster
-from trialq.messages import Outcome, TrialRequest
+from trialq.messages import Outcome, TrialRequest, TrialResult
 from trialq.settings import Settings
 
 pytestmark = pytest.mark.integration
@@ -60,25 +60,46 @@ def _worker_pid(redis_url: str) -> int:
     return beats[0].pid
 
 
-def test_each_trial_runs_in_its_own_process_after_the_previous_one_exited(
-    start_workers: Callable[..., LocalCluster], redis_url: str, tmp_path: Path
-) -> None:
-    start_workers(1, extra_env={"TRIALQ_PRELOAD": "none", "TRIALQ_SPARE_PROCESSES": "1"})
+def _run_lingering_trials(
+    redis_url: str, tmp_path: Path, count: int, **params: object
+) -> list[TrialResult]:
+    """Trials whose processes take 0.3 s to exit once asked to, one worker, one spare."""
     dispatcher = CeleryDispatcher(Settings(broker_url=redis_url))
     log = str(tmp_path / "pids")
     ids = [
-        dispatcher.submit(_request("records_its_process", n, log=log, linger_s=0.3), "gpu", 120)
-        for n in range(8)
+        dispatcher.submit(
+            _request("records_its_process", n, log=log, linger_s=0.3, **params), "gpu", 120
+        )
+        for n in range(count)
     ]
     statuses = _wait(dispatcher, ids, FINAL)
-
     results = [statuses[i].result for i in ids]
     assert all(r is not None and r.outcome is Outcome.OK for r in results), statuses
     pids = [r.worker_pid for r in results if r is not None]
-    assert len(set(pids)) == 8, f"a process ran more than one trial: {pids}"
+    assert len(set(pids)) == count, f"a process ran more than one trial: {pids}"
     assert _worker_pid(redis_url) not in pids, "a trial ran in the worker's parent"
-    overlaps = [r.metrics["earlier_still_running"] for r in results if r is not None]
-    assert overlaps == [0.0] * 8, (overlaps, pids)
+    return [r for r in results if r is not None]
+
+
+def test_a_trial_that_used_a_device_is_gone_before_the_next_trial_starts(
+    start_workers: Callable[..., LocalCluster], redis_url: str, tmp_path: Path
+) -> None:
+    start_workers(1, extra_env={"TRIALQ_SPARE_PROCESSES": "1"})  # TensorFlow preloaded
+    results = _run_lingering_trials(redis_url, tmp_path, 6, device=True)
+
+    overlaps = [r.metrics["earlier_still_running"] for r in results]
+    assert overlaps == [0.0] * 6, overlaps
+
+
+def test_a_trial_that_never_used_a_device_lets_the_next_one_start_while_it_exits(
+    start_workers: Callable[..., LocalCluster], redis_url: str, tmp_path: Path
+) -> None:
+    """Its exit frees nothing a trial needs, so the slot is handed over before it."""
+    start_workers(1, extra_env={"TRIALQ_PRELOAD": "none", "TRIALQ_SPARE_PROCESSES": "1"})
+    results = _run_lingering_trials(redis_url, tmp_path, 6)
+
+    overlaps = [r.metrics["earlier_still_running"] for r in results]
+    assert sum(overlaps) > 0, overlaps
 
 
 def test_a_killed_trial_process_is_a_lost_worker_and_the_next_trial_runs(

@@ -133,3 +133,28 @@ def test_a_reaped_childs_last_messages_are_read_without_waiting_for_more(
 
     assert received == [("ACK", 1), ("READY", 1)]
     assert not outq._reader.poll(0)
+
+
+def _hand_over_then_linger(directory: str, handed: multiprocessing.synchronize.Event) -> None:
+    slots = TrialSlots(Path(directory), 1)
+    assert slots.claim(timeout_s=5)
+    slots.hand_over()
+    handed.set()
+    time.sleep(30)  # still alive, as a process tearing down its memory is
+
+
+def test_a_handed_over_slot_is_taken_while_its_holder_still_lives() -> None:
+    slots = TrialSlots.create(1)
+    handed = multiprocessing.Event()
+    holder = multiprocessing.Process(target=_hand_over_then_linger, args=(slots.directory, handed))
+    holder.start()
+    try:
+        assert handed.wait(10)
+        after = TrialSlots(slots.directory, 1)
+        assert after.claim(timeout_s=2), "waited for a holder that handed its slot over"
+        assert holder.is_alive()
+        after.release()
+    finally:
+        holder.kill()
+        holder.join()
+        slots.remove()
