@@ -246,11 +246,9 @@ def _status(args: argparse.Namespace) -> int:
 def _report(args: argparse.Namespace) -> int:
     """Write the study's report and print where its page is."""
     from trialq.report import write_report
-    from trialq.status import load_study
+    from trialq.study import load_study
 
     storage = args.storage or Settings().storage
-    if storage is None:
-        raise UsageError("trialq report: give --storage or set TRIALQ_STORAGE")
     page = write_report(load_study(args.study, storage, "trialq report"), args.out)
     print(page)
     return 0

@@ -32,6 +32,11 @@ def classify(exc: BaseException) -> Outcome:
     return Outcome.ERROR
 
 
+def headline(error: str | None) -> str | None:
+    """The first line of an error text `describe` wrote (`Type: message`)."""
+    return error.split("\n", 1)[0] if error else None
+
+
 def describe(exc: BaseException) -> str:
     """`Type: message`, then the last lines of the traceback."""
     lines = traceback.format_exception(exc)

@@ -29,7 +29,7 @@ from trialq.rows import (
     TrialRow,
     best_line,
     human_bytes,
-    outcome_counts,
+    outcome_text,
     trial_rows,
     value_text,
 )
@@ -62,7 +62,9 @@ def write_report(study: optuna.Study, out_dir: Path) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = trial_rows(study)
     plotted = _without_stand_ins(study)
-    plots = [_draw(plotted, rows, title, name, out_dir) for title, name in _plot_list(study)]
+    plots = [
+        _draw(plotted, title, name, draw, out_dir) for title, name, draw in _plot_list(study, rows)
+    ]
     page = out_dir / "index.html"
     page.write_text(render_page(study, rows, plots, out_dir), encoding="utf-8")
     return page
@@ -91,27 +93,30 @@ def _without_stand_ins(study: optuna.Study) -> optuna.Study:
     return view
 
 
-def _plot_list(study: optuna.Study) -> list[tuple[str, str]]:
-    """(title, name) of each plot, in page order; the name picks the drawing and the file."""
-    first = [("Pareto front", "pareto_front")] if len(study.directions) > 1 else []
+Drawing = Callable[[optuna.Study], "Figure"]
+
+
+def _plot_list(study: optuna.Study, rows: list[TrialRow]) -> list[tuple[str, str, Drawing]]:
+    """(title, name, drawing) of each plot, in page order; the name is also the file's."""
+    first = [("Pareto front", "pareto_front", _pareto_front)] if len(study.directions) > 1 else []
     return [
         *first,
-        ("Optimization history", "history"),
-        ("Parameter importances", "importances"),
-        ("Parallel coordinates", "parallel_coordinate"),
-        ("Intermediate values", "intermediate_values"),
-        ("Peak memory by trial and outcome", "memory"),
+        ("Optimization history", "history", _history),
+        ("Parameter importances", "importances", _importances),
+        ("Parallel coordinates", "parallel_coordinate", _parallel_coordinate),
+        ("Intermediate values", "intermediate_values", _intermediate_values),
+        ("Peak memory by trial and outcome", "memory", lambda _: _memory(rows)),
     ]
 
 
-def _draw(study: optuna.Study, rows: list[TrialRow], title: str, name: str, out: Path) -> Plot:
+def _draw(study: optuna.Study, title: str, name: str, draw: Drawing, out: Path) -> Plot:
     """Draw one plot to `<name>.png`, or record why it was skipped."""
     plt = _pyplot()
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            figure = _DRAWINGS[name](study, rows)
+            figure = draw(study)
     except Skipped as why:
         return Plot(title, f"{name}.png", skipped=str(why))
     except (ValueError, RuntimeError) as exc:  # Optuna refusing this study's shape
@@ -154,16 +159,16 @@ def _target_name(study: optuna.Study) -> str:
     return names[0] if names else "Objective value"
 
 
-def _history(study: optuna.Study, rows: list[TrialRow]) -> Figure:
+def _history(study: optuna.Study) -> Figure:
     return _one_objective_plot(study, "plot_optimization_history", at_least=1)
 
 
-def _importances(study: optuna.Study, rows: list[TrialRow]) -> Figure:
+def _importances(study: optuna.Study) -> Figure:
     """Optuna's default evaluator (PED-ANOVA) needs no scikit-learn, but two trials at least."""
     return _one_objective_plot(study, "plot_param_importances", at_least=2)
 
 
-def _parallel_coordinate(study: optuna.Study, rows: list[TrialRow]) -> Figure:
+def _parallel_coordinate(study: optuna.Study) -> Figure:
     """One line per trial: lines only compare once there are two."""
     return _one_objective_plot(study, "plot_parallel_coordinate", at_least=2)
 
@@ -176,14 +181,14 @@ def _one_objective_plot(study: optuna.Study, plot: str, at_least: int) -> Figure
     return _figure(draw(study, target_name=_target_name(study)))
 
 
-def _intermediate_values(study: optuna.Study, rows: list[TrialRow]) -> Figure:
+def _intermediate_values(study: optuna.Study) -> Figure:
     """Learning curves: what the pruner saw, pruned trials' short curves included."""
     if not any(t.intermediate_values for t in study.get_trials(deepcopy=False)):
         raise Skipped("no trial reported intermediate values (trial.report)")
     return _figure(_optuna_matplotlib().plot_intermediate_values(study))
 
 
-def _pareto_front(study: optuna.Study, rows: list[TrialRow]) -> Figure:
+def _pareto_front(study: optuna.Study) -> Figure:
     if len(study.directions) > 3:
         raise Skipped("Optuna draws Pareto fronts of two or three objectives only")
     _complete(study, 1)
@@ -191,7 +196,7 @@ def _pareto_front(study: optuna.Study, rows: list[TrialRow]) -> Figure:
     return _figure(_optuna_matplotlib().plot_pareto_front(study, target_names=names))
 
 
-def _memory(study: optuna.Study, rows: list[TrialRow]) -> Figure:
+def _memory(rows: list[TrialRow]) -> Figure:
     """Host peak (RSS) per trial, and GPU peak where any trial has one, bars by outcome."""
     measured = [row for row in rows if row.peak_rss_bytes is not None]
     if not measured:
@@ -217,16 +222,6 @@ def _memory_bars(ax: Any, rows: list[TrialRow], label: str, field: str) -> None:
     ax.set_xlabel("trial")
     ax.set_ylabel(label)
     ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
-
-
-_DRAWINGS: dict[str, Callable[[optuna.Study, list[TrialRow]], Figure]] = {
-    "history": _history,
-    "importances": _importances,
-    "parallel_coordinate": _parallel_coordinate,
-    "intermediate_values": _intermediate_values,
-    "pareto_front": _pareto_front,
-    "memory": _memory,
-}
 
 
 def _optuna_matplotlib() -> Any:
@@ -283,7 +278,7 @@ def render_page(study: optuna.Study, rows: list[TrialRow], plots: list[Plot], ou
 
 
 def _summary_html(study: optuna.Study, rows: list[TrialRow]) -> str:
-    counts = ", ".join(f"{k} {v}" for k, v in outcome_counts(rows).items()) or "no trials"
+    counts = outcome_text(rows, "no trials")
     directions = ", ".join(d.name.lower() for d in study.directions)
     return (
         f'<p id="summary">{len(rows)} trials ({html.escape(counts)}); '
@@ -322,7 +317,7 @@ def _row_html(row: TrialRow) -> str:
         f"<td{_class(column)}>{html.escape(cell)}</td>"
         for column, cell in zip(_COLUMNS, cells, strict=True)
     )
-    kind = row.label if row.label in ("ok", "pruned", "running", "waiting") else "failed"
+    kind = "failed" if row.failed else row.label
     return f'<tr class="{kind}">{tds}</tr>'
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import optuna
 
+from trialq.failures import headline
 from trialq.heartbeat import RunningTrial
 from trialq.oom_constraint import real_values
 
@@ -39,6 +40,11 @@ class TrialRow:
     def label(self) -> str:
         """The outcome of a finished trial, else its state: `ok`, `pruned`, `running`..."""
         return self.outcome or self.state.lower()
+
+    @property
+    def failed(self) -> bool:
+        """Ended as a failure: neither ok nor pruned, nor still running or waiting."""
+        return self.label not in ("ok", "pruned", "running", "waiting")
 
 
 def trial_rows(study: optuna.Study) -> list[TrialRow]:
@@ -70,11 +76,6 @@ def gpu_peak(attrs: dict[str, Any]) -> int | None:
     return used if used is not None else attrs.get("gpu_peak_bytes")
 
 
-def headline(error: str | None) -> str | None:
-    """The first line of an error text (`Type: message`); the traceback tail stays in JSON."""
-    return error.split("\n", 1)[0] if error else None
-
-
 def with_running(rows: list[TrialRow], study: str, running: list[RunningTrial]) -> list[TrialRow]:
     """RUNNING rows gain the worker that runs them and how long it has, from its beacon."""
     by_number = {r.number: r for r in running if r.study == study}
@@ -91,6 +92,11 @@ def _running_row(row: TrialRow, running: RunningTrial | None) -> TrialRow:
 def outcome_counts(rows: list[TrialRow]) -> dict[str, int]:
     """How many trials ended each way (and how many are still running or waiting)."""
     return dict(sorted(Counter(row.label for row in rows).items()))
+
+
+def outcome_text(rows: list[TrialRow], empty: str) -> str:
+    """`ok 5, oom 1, pruned 2`, or `empty` for no trials."""
+    return ", ".join(f"{k} {v}" for k, v in outcome_counts(rows).items()) or empty
 
 
 def best_line(study: optuna.Study) -> str:

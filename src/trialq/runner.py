@@ -126,10 +126,9 @@ def _log_finished(result: TrialResult) -> None:
     if result.outcome in (Outcome.OK, Outcome.PRUNED):
         _log.info("trial finished outcome=%s duration_s=%.3f", result.outcome, result.duration_s)
         return
-    headline = (result.error or "").split("\n", 1)[0]
     _log.warning(
         "trial finished outcome=%s duration_s=%.3f error=%s",
-        result.outcome, result.duration_s, headline,
+        result.outcome, result.duration_s, failures.headline(result.error) or "",
     )  # fmt: skip
 
 

@@ -21,18 +21,18 @@ from rich.console import Console
 from rich.table import Table
 
 from trialq import heartbeat
-from trialq.errors import UsageError
 from trialq.heartbeat import RunningTrial, WorkerBeat
 from trialq.rows import (
     TrialRow,
     best_line,
     human_bytes,
     outcome_counts,
+    outcome_text,
     trial_rows,
     value_text,
     with_running,
 )
-from trialq.study import storage_errors
+from trialq.study import load_study
 from trialq.summary import study_summary
 
 MAX_FAILURES_SHOWN = 10
@@ -55,8 +55,6 @@ class LiveWorker:
 
 def show_status(study_name: str, storage: str | None, broker: str, as_json: bool) -> int:
     """Print the study's tables (or JSON); 0 when shown."""
-    if storage is None:
-        raise UsageError("trialq status: give --storage or set TRIALQ_STORAGE")
     study = load_study(study_name, storage, "trialq status")
     workers = live_workers(broker)
     running = [trial for worker in workers or [] for trial in worker.running]
@@ -66,15 +64,6 @@ def show_status(study_name: str, storage: str | None, broker: str, as_json: bool
     else:
         _print_tables(study, rows, workers)
     return 0
-
-
-def load_study(study_name: str, storage: str, command: str) -> optuna.Study:
-    """The named study, or one line saying why not (no such study, storage unreachable)."""
-    try:
-        with storage_errors(storage):
-            return optuna.load_study(study_name=study_name, storage=storage)
-    except KeyError:
-        raise UsageError(f"{command}: no study named {study_name!r} in the storage") from None
 
 
 def live_workers(broker: str) -> list[LiveWorker] | None:
@@ -110,8 +99,7 @@ def _print_tables(
     console = Console()
     console.print(trials_table(study.study_name, rows))
     console.print(best_line(study))
-    counts = outcome_counts(rows)
-    console.print("outcomes: " + (", ".join(f"{k} {v}" for k, v in counts.items()) or "none"))
+    console.print("outcomes: " + outcome_text(rows, "none"))
     for row in [r for r in rows if r.error][-MAX_FAILURES_SHOWN:]:
         console.print(f"  [red]#{row.number} {row.outcome}[/red]: {row.error}", markup=True)
     if workers is None:

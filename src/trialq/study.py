@@ -1,6 +1,7 @@
 """Opening the Optuna study a spec describes: storage, directions, sampler and pruner.
 
-Only the driver opens studies; workers never reach the storage.
+Only the driver writes to studies (`status` and `report` read them); workers never reach
+the storage.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any
 
 import optuna
 
-from trialq.errors import SpecError, StorageUnreachable
+from trialq.errors import SpecError, StorageUnreachable, UsageError
 from trialq.mirror import mirrored
 from trialq.spec import CategoricalParam, FloatParam, IntParam, StudySpec
 
@@ -49,6 +50,18 @@ def open_study(spec: StudySpec, url: str) -> optuna.Study:
             pruner=pruner,
             load_if_exists=True,
         )
+
+
+def load_study(study_name: str, storage: str | None, command: str) -> optuna.Study:
+    """The named study for `trialq status` and `report`, or one line saying why not (no
+    storage given, no such study, storage unreachable)."""
+    if storage is None:
+        raise UsageError(f"{command}: give --storage or set TRIALQ_STORAGE")
+    try:
+        with storage_errors(storage):
+            return optuna.load_study(study_name=study_name, storage=storage)
+    except KeyError:
+        raise UsageError(f"{command}: no study named {study_name!r} in the storage") from None
 
 
 @contextlib.contextmanager
