@@ -192,7 +192,10 @@ class StudyDriver:
             entry = self.in_flight[task_id]
             if status.phase is TaskPhase.FINISHED:
                 assert status.result is not None
-                self._finish(entry, status.result)
+                if status.result.device_refused:  # not run: the worker's device was not clean
+                    self._lost(entry, status.result.error or "the worker's device was not clean")
+                else:
+                    self._finish(entry, status.result)
             elif status.phase is TaskPhase.FAILED:
                 self._fail_from_outside(entry, status)
             elif status.phase is TaskPhase.RUNNING:
@@ -273,9 +276,6 @@ class StudyDriver:
 
     def _finish(self, entry: InFlight, result: TrialResult) -> None:
         """Work out the objective, then tell; a spec that cannot pick one stops the run."""
-        if result.device_refused:
-            self._lost(entry, result.error or "the worker's device was not clean")
-            return
         del self.in_flight[entry.task_id]
         try:
             result, values = self._objective(result)
