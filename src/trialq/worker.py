@@ -77,7 +77,7 @@ def run_trial_task(self: Any, payload: dict[str, Any]) -> dict[str, Any]:
         timeout_errors=(SoftTimeLimitExceeded,),
         baseline=_baseline,
     )
-    message = _bounded(result).model_dump_json()
+    message = _bounded_json(result)
     _keep_result(task_id, message)
     if result.device_refused:
         _stop_taking_trials()
@@ -105,18 +105,17 @@ def _keep_result(task_id: str, message: str) -> None:
             continue
 
 
-def _bounded(result: TrialResult) -> TrialResult:
-    """Refuse a result too large to store: keep the outcome's facts, drop the metrics."""
-    size = len(result.model_dump_json())
-    if size <= settings.max_result_bytes:
-        return result
-    return result.model_copy(
-        update={
-            "outcome": Outcome.ERROR,
-            "metrics": {},
-            "error": f"result of {size} bytes refused (limit {settings.max_result_bytes})",
-        }
-    )
+def _bounded_json(result: TrialResult) -> str:
+    """The result as JSON; one too large to store keeps the outcome's facts, not the metrics."""
+    message = result.model_dump_json()
+    if len(message) <= settings.max_result_bytes:
+        return message
+    refused = {
+        "outcome": Outcome.ERROR,
+        "metrics": {},
+        "error": f"result of {len(message)} bytes refused (limit {settings.max_result_bytes})",
+    }
+    return result.model_copy(update=refused).model_dump_json()
 
 
 @signals.worker_init.connect
