@@ -61,7 +61,8 @@ class CeleryDispatcher:
         return task_id
 
     def statuses(self, task_ids: Iterable[str]) -> dict[str, TaskStatus]:
-        """Read every task's result meta with one MGET."""
+        """Every task's state: trialq's own result where the trial wrote one, else Celery's
+        meta (one MGET each, whatever the number of tasks)."""
         ids = list(task_ids)
         if not ids:
             return {}

@@ -15,6 +15,7 @@ import socket
 import threading
 import time
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import redis
 
@@ -141,23 +142,23 @@ class TrialBeacon(_RenewedKey):
 
 def running_trials(client: redis.Redis) -> list[RunningTrial]:
     """Every trial whose process still claims it, by worker name then pid."""
-    keys = sorted(client.scan_iter(match=_RUNNING_PREFIX + "*", count=500))
-    if not keys:
-        return []
-    return [RunningTrial(**json.loads(raw)) for raw in client.mget(keys) if raw is not None]
+    return [RunningTrial(**data) for data in _live_values(client, _RUNNING_PREFIX)]
 
 
 def live_workers(client: redis.Redis) -> list[WorkerBeat]:
     """Every worker whose heartbeat has not expired."""
-    names = sorted(client.scan_iter(match=_PREFIX + "*", count=500))
-    if not names:
+    return [
+        WorkerBeat(**{**data, "queues": tuple(data["queues"])})
+        for data in _live_values(client, _PREFIX)
+    ]
+
+
+def _live_values(client: redis.Redis, prefix: str) -> list[dict[str, Any]]:
+    """The JSON under every unexpired key with `prefix`, in key order."""
+    keys = sorted(client.scan_iter(match=prefix + "*", count=500))
+    if not keys:
         return []
-    beats = []
-    for raw in client.mget(names):
-        if raw is not None:
-            data = json.loads(raw)
-            beats.append(WorkerBeat(**{**data, "queues": tuple(data["queues"])}))
-    return beats
+    return [json.loads(raw) for raw in client.mget(keys) if raw is not None]
 
 
 def is_alive(client: redis.Redis, worker_name: str) -> bool:

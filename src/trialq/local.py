@@ -92,10 +92,6 @@ class LocalCluster:
     ) -> None:
         self.stop()
 
-    def worker_processes(self) -> list[subprocess.Popen[bytes]]:
-        """The worker processes this cluster started (their main processes)."""
-        return list(self._workers)
-
     def _start_redis(self) -> None:
         port = self.broker_url.rsplit(":", 1)[1].split("/")[0]
         command = [

@@ -89,7 +89,6 @@ class Sampler:
 class DeviceBaseline:
     """The memory in use on a worker's device when the worker started: a clean device."""
 
-    device: str
     used_bytes: int
     tolerance_bytes: int
     settle_s: float = SETTLE_S
@@ -101,7 +100,7 @@ class DeviceBaseline:
         """Read it now, in the worker's parent before any trial, and let go of the device."""
         try:
             used = device.memory_used_bytes()
-            return None if used is None else cls(device.name, used, tolerance_bytes, settle_s)
+            return None if used is None else cls(used, tolerance_bytes, settle_s)
         finally:
             device.close()
 

@@ -68,7 +68,7 @@ def test_a_device_still_holding_memory_refuses_the_next_trial_and_says_so() -> N
 
 
 def test_a_device_back_within_tolerance_runs_the_trial() -> None:
-    baseline = DeviceBaseline("GPU 0", used_bytes=300 * MIB, tolerance_bytes=256 * MIB)
+    baseline = DeviceBaseline(used_bytes=300 * MIB, tolerance_bytes=256 * MIB)
     device = FakeDevice(used_bytes=(300 + 200) * MIB)
     result = run_trial(
         _request(), channel=None, device=device, allowed_modules=("trials",), baseline=baseline
@@ -78,7 +78,7 @@ def test_a_device_back_within_tolerance_runs_the_trial() -> None:
 
 def test_memory_the_last_trial_is_still_handing_back_is_waited_for() -> None:
     """The previous process's teardown may lag its exit: refuse only what stays held."""
-    baseline = DeviceBaseline("GPU 0", 300 * MIB, 256 * MIB, settle_s=5.0)
+    baseline = DeviceBaseline(300 * MIB, 256 * MIB, settle_s=5.0)
     device = FakeDevice(used_bytes=4096 * MIB)
     threading.Timer(0.3, lambda: setattr(device, "used_bytes", 310 * MIB)).start()
     started = time.monotonic()
@@ -90,7 +90,7 @@ def test_memory_the_last_trial_is_still_handing_back_is_waited_for() -> None:
 
 def test_the_baseline_lets_go_of_the_device_and_is_none_without_readings() -> None:
     device = FakeDevice(used_bytes=MIB)
-    assert DeviceBaseline.measure(device, 0) == DeviceBaseline(device.name, MIB, 0, SETTLE_S)
+    assert DeviceBaseline.measure(device, 0) == DeviceBaseline(MIB, 0, SETTLE_S)
     assert device.closed
     assert DeviceBaseline.measure(FakeDevice(), 0) is None
 
