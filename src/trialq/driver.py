@@ -26,7 +26,7 @@ from trialq.channel import Report, ReportChannel, TrialAddress
 from trialq.dispatch import Dispatcher, TaskPhase, TaskStatus
 from trialq.errors import BrokerUnreachable, Interrupted, SpecError
 from trialq.messages import Outcome, TrialRequest, TrialResult
-from trialq.mirror import persist
+from trialq.mirror import flush, persist
 from trialq.oom_constraint import OOM_CONSTRAINT, OomTelling, counted_state, oom_telling
 from trialq.progress import Counts, ProgressSink
 from trialq.spec import StudySpec
@@ -98,14 +98,21 @@ class StudyDriver:
         except SpecError:
             self._withdraw_waiting()
             raise
+        finally:
+            self._write_told()
 
     def _step(self, n_trials: int, outage: BrokerOutage) -> bool:
-        """One pass: send, collect, relay reports. False once everything is told."""
+        """One pass: collect and tell, send into the room that made, relay reports, then write
+        what is left pending. False once everything is told.
+
+        A steady pass (one trial told, the next asked and sent) is one transaction: the send's
+        `persist` carries the tell."""
         more = True
         with outage.tolerated():
-            more = self._fill(n_trials)
             self._collect()
+            more = self._fill(n_trials)
             self._relay_reports()
+        flush(self.study)
         self.progress.update(self.counts, self._best_value(), len(self.in_flight))
         return bool(more or self.in_flight)
 
@@ -370,6 +377,15 @@ class StudyDriver:
             return float(self.study.best_value)
         except ValueError:
             return None
+
+    def _write_told(self) -> None:
+        """On the way out, whatever stopped the run: write the trials told since the last step.
+        If the storage is away, they stay RUNNING there with their task ids, and the next run
+        tells them again."""
+        try:
+            flush(self.study)
+        except Exception as exc:  # the error that stops the run is already on its way
+            _log.warning("told trials not written (the next run tells them again): %s", exc)
 
     def _withdraw_waiting(self) -> None:
         """On interrupt: trials not yet started never will; running ones stay re-attachable.

@@ -5,10 +5,17 @@ after one load the driver's copy of the trials is exactly what the database hold
 own cache layer cannot assume that: it re-reads every unfinished trial, with five SELECTs,
 on every `get_all_trials`, and TPE calls that several times an ask; and it commits every
 param and attr on its own. On PostgreSQL that was 80 % of the driver's time a trial
-(benchmarks/driver.py). `MirroredStorage` answers reads from the copy, and writes a trial's
-params and attrs together with its next durable step: before it is sent (`persist`), when
-it is told, or when it reports a value. Nothing is ever sent or told that the database does
-not hold.
+(benchmarks/driver.py). `MirroredStorage` answers reads from the copy and keeps every write
+pending until the next durable point, where all of them, of every trial, go in one
+transaction (`flush`): before a trial is sent (`persist`), when a trial reports a value (a
+pruner's decision rests on it), and at the end of each driver step. On PostgreSQL a new
+trial is not even inserted at `ask`: its id is reserved from the sequence, and its row goes
+in with the rest. So a steady driver step (one trial told, the next asked and sent) is one
+transaction, not the three it took (trial created, persisted, told).
+
+Nothing is ever sent that the database does not hold. A trial told but not yet written
+when the driver dies is still RUNNING in the database, with its task id: the next driver
+re-attaches it and reads its result from Redis again, so it is told once, not lost.
 
 A second writer would make the copy wrong, so one is detected where it would do harm: a
 new trial whose number is not the next one in the copy stops the run with `ForeignWriter`.
@@ -17,7 +24,6 @@ new trial whose number is not the next one in the copy stops the run with `Forei
 from __future__ import annotations
 
 import copy
-import dataclasses
 import threading
 from collections.abc import Container, Mapping, Sequence
 from datetime import datetime
@@ -31,7 +37,16 @@ from optuna.study._frozen import FrozenStudy
 from optuna.trial import FrozenTrial, TrialState
 
 from trialq.errors import ForeignWriter
-from trialq.trial_writes import TrialWrites, commit, insert_trial
+from trialq.trial_writes import (
+    NewTrial,
+    TrialWrites,
+    commit,
+    commit_batch,
+    insert_trial,
+    reserve_trial_ids,
+)
+
+IDS_RESERVED_AT_ONCE = 32
 
 
 class _StudyCopy:
@@ -57,6 +72,9 @@ class MirroredStorage(BaseStorage):
         self._studies: dict[int, _StudyCopy] = {}
         self._where: dict[int, tuple[int, int]] = {}  # trial id -> (study id, number)
         self._unwritten: dict[int, TrialWrites] = {}
+        self._new_trials: dict[int, NewTrial] = {}  # asked, not yet in the database
+        self._spare_ids: list[int] = []
+        self._has_id_sequence = True
         self._directions: dict[int, list[StudyDirection]] = {}
         self._lock = threading.RLock()
 
@@ -79,6 +97,8 @@ class MirroredStorage(BaseStorage):
             study = self._studies.pop(study_id, None)
             for trial in study.trials.values() if study else ():
                 self._where.pop(trial._trial_id, None)
+                self._unwritten.pop(trial._trial_id, None)
+                self._new_trials.pop(trial._trial_id, None)
 
     def set_study_user_attr(self, study_id: int, key: str, value: Any) -> None:
         self._backend.set_study_user_attr(study_id, key, value)
@@ -138,9 +158,8 @@ class MirroredStorage(BaseStorage):
         return trial._trial_id
 
     # --- trial writes ------------------------------------------------------------------------
-    # A new trial and a state change are written at once, with whatever the trial had pending
-    # (its params, attrs) in the same transaction; `persist` writes the pending ones earlier.
-    # The copy always shows them. The driver persists a trial before it sends it, so a trial in
+    # Every write is pending until `flush`, which writes all of them in one transaction; the
+    # copy always shows them. The driver persists a trial before it sends it, so a trial in
     # any queue has its params and task id in the database.
 
     def create_new_trial(self, study_id: int, template_trial: FrozenTrial | None = None) -> int:
@@ -148,17 +167,23 @@ class MirroredStorage(BaseStorage):
             study = self._study(study_id)
             expected = len(study.trials)
             if template_trial is None:
+                # Numbered from the copy; the database checks the number when the row goes in.
                 started = datetime.now()
-                trial_id, number = insert_trial(self._backend, study_id, started)
-                trial = _new_running_trial(trial_id, number, started)
-            else:  # enqueued and added trials: rare, Optuna's own path
+                trial_id = self._reserved_id()
+                if trial_id is None:  # no sequence to reserve from: inserted now
+                    trial_id = insert_trial(self._backend, study_id, expected, started)
+                else:
+                    self._new_trials[trial_id] = NewTrial(trial_id, study_id, expected, started)
+                trial = _new_running_trial(trial_id, expected, started)
+            else:  # enqueued and added trials: rare, Optuna's own path, after the pending ones
+                self.flush()
                 trial = self._backend._create_new_trial(study_id, template_trial)
-            if trial.number != expected:
-                raise ForeignWriter(
-                    f"another process is writing trials of this study (the database gave "
-                    f"trial number {trial.number}, this driver expected {expected}); "
-                    "run one submit-study per study"
-                )
+                if trial.number != expected:
+                    raise ForeignWriter(
+                        f"another process is writing trials of this study (the database gave "
+                        f"trial number {trial.number}, this driver expected {expected}); "
+                        "run one submit-study per study"
+                    )
             study.trials[trial.number] = trial
             self._where[trial._trial_id] = (study_id, trial.number)
         return trial._trial_id
@@ -216,7 +241,7 @@ class MirroredStorage(BaseStorage):
     def set_trial_intermediate_value(
         self, trial_id: int, step: int, intermediate_value: float
     ) -> None:
-        """Written at once: a pruner's decision rests on it."""
+        """Written at once, with everything pending: a pruner's decision rests on it."""
         with self._lock:
             trial = self._mirrored(trial_id)
             if trial is None:
@@ -224,55 +249,64 @@ class MirroredStorage(BaseStorage):
                 commit(self._backend, trial_id, writes)
                 return
             self.check_trial_is_updatable(trial_id, trial.state)
-            writes = self._unwritten.pop(trial_id, TrialWrites())
-            writes.intermediate_values[step] = intermediate_value
-            self._commit(trial_id, writes)
+            self._pending(trial_id).intermediate_values[step] = intermediate_value
             values = {**trial.intermediate_values, step: intermediate_value}
             self._replace(trial, intermediate_values=values)
+            self.flush()
 
     def set_trial_state_values(
         self, trial_id: int, state: TrialState, values: Sequence[float] | None = None
     ) -> bool:
-        """Written at once, with every write the trial had pending, in one transaction."""
+        """Decided on the copy as Optuna decides on the database (False for a trial set
+        RUNNING that is not WAITING), and written with the next `flush`."""
+        changed_at = datetime.now()
+        kept = None if values is None else list(values)
         with self._lock:
-            writes = self._unwritten.pop(trial_id, TrialWrites())
-            writes.state, writes.values = state, None if values is None else list(values)
-            writes.changed_at = datetime.now()
-            if not self._commit(trial_id, writes):
-                return False
             trial = self._mirrored(trial_id)
             if trial is None:
-                return True
+                writes = TrialWrites(state=state, values=kept, changed_at=changed_at)
+                return commit(self._backend, trial_id, writes)
+            if state is TrialState.RUNNING and trial.state is not TrialState.WAITING:
+                return False
+            self.check_trial_is_updatable(trial_id, trial.state)
+            if self._pending(trial_id).state is not None:
+                self.flush()  # one state change a write: each sets its own times
+            writes = self._pending(trial_id)
+            writes.state, writes.values, writes.changed_at = state, kept, changed_at
             changes: dict[str, Any] = {"state": state}
             if values is not None:
-                changes["values"] = list(values)
+                changes["values"] = kept
             if state is TrialState.RUNNING:
-                changes["datetime_start"] = writes.changed_at
+                changes["datetime_start"] = changed_at
             if state.is_finished():
-                changes["datetime_complete"] = writes.changed_at
+                changes["datetime_complete"] = changed_at
             self._replace(trial, **changes)
         return True
 
     def persist(self, trial_id: int) -> None:
-        """Write what the trial has pending now, in one transaction."""
+        """Make the trial durable now (with everything else pending: one transaction)."""
+        self.flush()
+
+    def flush(self) -> None:
+        """Write every pending write of every trial, new trials first, in one transaction.
+
+        If it fails, nothing was written and all of it stays pending, to be written again."""
         with self._lock:
-            writes = self._unwritten.pop(trial_id, None)
-            if writes:
-                self._commit(trial_id, writes)
+            if not self._unwritten and not self._new_trials:
+                return
+            commit_batch(self._backend, self._unwritten, list(self._new_trials.values()))
+            self._unwritten, self._new_trials = {}, {}
 
     def _pending(self, trial_id: int) -> TrialWrites:
         return self._unwritten.setdefault(trial_id, TrialWrites())
 
-    def _commit(self, trial_id: int, writes: TrialWrites) -> bool:
-        """Write a batch; what the database did not take stays pending, to be written again."""
-        written = False
-        try:
-            written = commit(self._backend, trial_id, writes, checked=True)
-        finally:
-            rest = dataclasses.replace(writes, state=None, values=None, changed_at=None)
-            if not written and rest:
-                self._unwritten[trial_id] = rest
-        return written
+    def _reserved_id(self) -> int | None:
+        """An id for a new trial, from the database's sequence; None where it has none."""
+        if not self._spare_ids and self._has_id_sequence:
+            reserved = reserve_trial_ids(self._backend, IDS_RESERVED_AT_ONCE)
+            self._has_id_sequence = reserved is not None
+            self._spare_ids = list(reversed(reserved or []))
+        return self._spare_ids.pop() if self._spare_ids else None
 
     # --- the copy --------------------------------------------------------------------------
 
@@ -327,6 +361,12 @@ def mirrored(storage: BaseStorage) -> BaseStorage:
 def persist(trial: optuna.Trial) -> None:
     """Make everything written to the trial durable now (storages other than
     `MirroredStorage` already wrote it)."""
-    write_now = getattr(trial.storage, "persist", None)
-    if write_now is not None:
-        write_now(trial._trial_id)
+    if isinstance(trial.storage, MirroredStorage):
+        trial.storage.persist(trial._trial_id)
+
+
+def flush(study: optuna.Study) -> None:
+    """Make everything written to the study's trials durable now (storages other than
+    `MirroredStorage` already wrote it)."""
+    if isinstance(study._storage, MirroredStorage):
+        study._storage.flush()

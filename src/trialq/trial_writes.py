@@ -3,8 +3,11 @@
 Optuna's RDB storage commits every write on its own, after reading the trial back through
 the ORM: one `ask` over three params is five transactions, a finished trial's dozen user
 attrs twelve. `commit` writes a batch of params, attrs, intermediate values and a state
-change in one transaction, and `insert_trial` creates a trial as Optuna does (the study row
-locked, the number counted). Both go through SQLAlchemy Core on Optuna's own tables: the
+change in one transaction; `commit_batch` does the same for several trials, new ones
+included, which is how the driver's `MirroredStorage` writes one step of the driver in one
+transaction. A trial is created as Optuna creates it (the study row locked, the number
+counted), at once by `insert_trial`, or within the batch for an id `reserve_trial_ids` took
+from PostgreSQL's sequence. All of it goes through SQLAlchemy Core on Optuna's own tables: the
 ORM's unit of work cost more CPU than PostgreSQL took to run the statements
 (benchmarks/driver.py). The tests run them against SQLite and PostgreSQL and compare with
 what Optuna itself reads back.
@@ -15,7 +18,7 @@ from __future__ import annotations
 import functools
 import json
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -25,6 +28,8 @@ import optuna
 import sqlalchemy
 from optuna.distributions import BaseDistribution, distribution_to_json
 from optuna.trial import TrialState
+
+from trialq.errors import ForeignWriter
 
 
 @dataclass
@@ -50,30 +55,81 @@ class TrialWrites:
         )
 
 
+@dataclass(frozen=True)
+class NewTrial:
+    """A trial the database does not hold yet, under an id reserved for it."""
+
+    trial_id: int
+    study_id: int
+    number: int
+    started: datetime
+    """When it was asked, in local time."""
+
+
 def insert_trial(
-    rdb: optuna.storages.RDBStorage, study_id: int, started: datetime
-) -> tuple[int, int]:
-    """A new RUNNING trial of the study, started at `started` (local time, as Optuna shows
-    it): its (trial id, number). The number counts the study's trials before it, under a lock
-    on the study's row, as Optuna numbers them."""
+    rdb: optuna.storages.RDBStorage, study_id: int, number: int, started: datetime
+) -> int:
+    """The id of a new RUNNING trial of the study, numbered `number` and started at `started`
+    (local time, as Optuna shows it). The study must hold exactly `number` trials, counted
+    under a lock on its row as Optuna numbers them, or `ForeignWriter` is raised and nothing
+    is written."""
+    from optuna.storages._rdb import models
+
+    with _transaction(rdb) as connection:
+        _check_next_number(connection, study_id, number)
+        row = _trial_row(study_id, number, started)
+        trials = models.TrialModel.__table__
+        trial_id = connection.execute(sqlalchemy.insert(trials), row).inserted_primary_key
+        assert trial_id is not None
+        return int(trial_id[0])
+
+
+def reserve_trial_ids(rdb: optuna.storages.RDBStorage, n: int) -> list[int] | None:
+    """`n` unused trial ids, taken from the database's sequence in one round trip; None where
+    the database has no sequence (SQLite, MySQL). An id reserved and never used is a gap, as
+    after a rolled-back insert."""
+    from optuna.storages._rdb import models
+
+    if rdb.engine.dialect.name != "postgresql":
+        return None
+    table = models.TrialModel.__table__.name
+    with _transaction(rdb) as connection:
+        sequence = connection.execute(
+            sqlalchemy.text("SELECT pg_get_serial_sequence(:table, 'trial_id')"), {"table": table}
+        ).scalar_one_or_none()
+        if sequence is None:
+            return None
+        reserve = sqlalchemy.text("SELECT nextval(:sequence) FROM generate_series(1, :n)")
+        ids = connection.execute(reserve, {"sequence": sequence, "n": n}).scalars()
+        return [int(i) for i in ids]
+
+
+def _check_next_number(connection: sqlalchemy.Connection, study_id: int, number: int) -> None:
+    """Lock the study's row until the transaction ends, and check that `number` is the next
+    trial number: the driver numbers trials from its copy, which a second writer makes wrong."""
     from optuna.storages._rdb import models
 
     studies, trials = models.StudyModel.__table__, models.TrialModel.__table__
-    with _transaction(rdb) as connection:
-        locked = sqlalchemy.select(studies.c.study_id).where(studies.c.study_id == study_id)
-        if connection.execute(locked.with_for_update()).first() is None:
-            raise KeyError(f"No study with study_id {study_id} exists.")
-        count = sqlalchemy.select(sqlalchemy.func.count()).where(trials.c.study_id == study_id)
-        number = int(connection.execute(count).scalar_one())
-        row = {
-            "study_id": study_id,
-            "number": number,
-            "state": TrialState.RUNNING,
-            "datetime_start": _stored(started),
-        }
-        trial_id = connection.execute(sqlalchemy.insert(trials), row).inserted_primary_key
-        assert trial_id is not None
-        return int(trial_id[0]), number
+    locked = sqlalchemy.select(studies.c.study_id).where(studies.c.study_id == study_id)
+    if connection.execute(locked.with_for_update()).first() is None:
+        raise KeyError(f"No study with study_id {study_id} exists.")
+    count = sqlalchemy.select(sqlalchemy.func.count()).where(trials.c.study_id == study_id)
+    held = int(connection.execute(count).scalar_one())
+    if held != number:
+        raise ForeignWriter(
+            f"another process is writing trials of this study (the database holds {held} "
+            f"trials, this driver numbered its next trial {number}); "
+            "run one submit-study per study"
+        )
+
+
+def _trial_row(study_id: int, number: int, started: datetime) -> dict[str, Any]:
+    return {
+        "study_id": study_id,
+        "number": number,
+        "state": TrialState.RUNNING,
+        "datetime_start": _stored(started),
+    }
 
 
 def commit(
@@ -84,33 +140,74 @@ def commit(
 
     `checked`: the caller knows the trial may still be written (the driver's copy of its
     study does), so a batch without a state change does not read the trial first."""
-    from optuna.storages._rdb import models
-
     with _transaction(rdb) as connection:
         must_read = writes.state is not None or not checked
         if must_read and not _change_state(rdb, connection, trial_id, writes):
             return False
-        params = [
-            {
-                "trial_id": trial_id,
-                "param_name": name,
-                "param_value": internal,
-                "distribution_json": distribution_to_json(distribution),
-            }
-            for name, (internal, distribution) in writes.params.items()
-        ]
-        _insert(connection, models.TrialParamModel, params)  # a param is set once
-        for model, attrs in (
-            (models.TrialSystemAttributeModel, writes.system_attrs),
-            (models.TrialUserAttributeModel, writes.user_attrs),
-        ):
+        _write_rows(connection, {trial_id: writes})
+    return True
+
+
+def commit_batch(
+    rdb: optuna.storages.RDBStorage,
+    batch: Mapping[int, TrialWrites],
+    new_trials: Sequence[NewTrial] = (),
+) -> None:
+    """Write the writes of several trials, the new ones created first, in one transaction,
+    for a caller that knows each may be written (the driver's copy of its study).
+
+    New trials of one study must come in number order; the database must have exactly as many
+    trials before them, or `ForeignWriter` is raised and nothing is written. A state change the
+    database refuses raises as Optuna would, and nothing is written either."""
+    from optuna.storages._rdb import models
+
+    with _transaction(rdb) as connection:
+        first_numbers = {t.study_id: t.number for t in reversed(new_trials)}
+        for study_id, number in first_numbers.items():
+            _check_next_number(connection, study_id, number)
+        if new_trials:
             rows = [
-                {"trial_id": trial_id, "key": key, "value_json": json.dumps(value)}
-                for key, value in attrs.items()
+                {"trial_id": t.trial_id, **_trial_row(t.study_id, t.number, t.started)}
+                for t in new_trials
             ]
-            _upsert(connection, model, rows, key="key")
-        intermediate = models.TrialIntermediateValueModel
-        reports = []
+            connection.execute(sqlalchemy.insert(models.TrialModel.__table__), rows)
+        for trial_id, writes in batch.items():
+            if writes.state is not None and not _change_state(rdb, connection, trial_id, writes):
+                raise optuna.exceptions.UpdateFinishedTrialError(
+                    f"trial {trial_id} cannot be set {writes.state.name}: the database refused"
+                )
+        _write_rows(connection, batch)
+
+
+def _write_rows(connection: sqlalchemy.Connection, batch: Mapping[int, TrialWrites]) -> None:
+    """Params, attrs, intermediate values and values of every trial in the batch: one
+    statement a table."""
+    from optuna.storages._rdb import models
+
+    params = [
+        {
+            "trial_id": trial_id,
+            "param_name": name,
+            "param_value": internal,
+            "distribution_json": distribution_to_json(distribution),
+        }
+        for trial_id, writes in batch.items()
+        for name, (internal, distribution) in writes.params.items()
+    ]
+    _insert(connection, models.TrialParamModel, params)  # a param is set once
+    for model, attr in (
+        (models.TrialSystemAttributeModel, "system_attrs"),
+        (models.TrialUserAttributeModel, "user_attrs"),
+    ):
+        rows = [
+            {"trial_id": trial_id, "key": key, "value_json": json.dumps(value)}
+            for trial_id, writes in batch.items()
+            for key, value in getattr(writes, attr).items()
+        ]
+        _upsert(connection, model, rows, key="key")
+    intermediate = models.TrialIntermediateValueModel
+    reports = []
+    for trial_id, writes in batch.items():
         for step, value in writes.intermediate_values.items():
             stored, kind = intermediate.intermediate_value_to_stored_repr(value)
             reports.append(
@@ -121,8 +218,9 @@ def commit(
                     "intermediate_value_type": kind,
                 }
             )
-        _upsert(connection, intermediate, reports, key="step")
-        values = []
+    _upsert(connection, intermediate, reports, key="step")
+    values = []
+    for trial_id, writes in batch.items():
         for objective, value in enumerate(writes.values or ()):
             stored_value, value_type = models.TrialValueModel.value_to_stored_repr(value)
             values.append(
@@ -133,8 +231,7 @@ def commit(
                     "value_type": value_type,
                 }
             )
-        _insert(connection, models.TrialValueModel, values)  # with the finishing state, once
-    return True
+    _insert(connection, models.TrialValueModel, values)  # with the finishing state, once
 
 
 def _change_state(
@@ -184,17 +281,19 @@ def _insert(connection: sqlalchemy.Connection, model: Any, rows: list[dict[str, 
 def _upsert(
     connection: sqlalchemy.Connection, model: Any, rows: list[dict[str, Any]], key: str
 ) -> None:
-    """Insert the trial's rows, overwriting those with the same `key`, in one statement."""
+    """Insert the rows, overwriting those of the same trial and `key`, in one statement."""
     if not rows:
         return
     statement = _upsert_statement(connection.dialect, model, key, len(rows))
     if statement is None:  # no upsert in this database: delete, then insert
         table = model.__table__
-        keys = [row[key] for row in rows]
-        trial_id = rows[0]["trial_id"]
-        connection.execute(
-            sqlalchemy.delete(table).where(table.c.trial_id == trial_id, table.c[key].in_(keys))
-        )
+        keys_by_trial: dict[int, list[Any]] = {}
+        for row in rows:
+            keys_by_trial.setdefault(row["trial_id"], []).append(row[key])
+        for trial_id, keys in keys_by_trial.items():
+            connection.execute(
+                sqlalchemy.delete(table).where(table.c.trial_id == trial_id, table.c[key].in_(keys))
+            )
         connection.execute(sqlalchemy.insert(table), rows)
         return
     params = {f"{name}_{i}": value for i, row in enumerate(rows) for name, value in row.items()}

@@ -20,7 +20,7 @@ from optuna.trial import TrialState
 
 from trialq import trial_writes
 from trialq.errors import ForeignWriter
-from trialq.mirror import MirroredStorage, mirrored, persist
+from trialq.mirror import MirroredStorage, flush, mirrored, persist
 from trialq.trial_attrs import set_user_attrs
 
 POSTGRES_URL = os.environ.get(
@@ -63,7 +63,8 @@ def _open(url: str, name: str, sampler: optuna.samplers.BaseSampler) -> optuna.S
 
 
 def _drive(study: optuna.Study, n: int) -> None:
-    """What the driver does with a trial: ask, record and persist, report, record, tell."""
+    """What the driver does with a trial: ask, record and persist, report, record, tell; a
+    tell is written with the next trial's persist, and the last one by the closing flush."""
     for i in range(n):
         trial = study.ask(SPACE)
         set_user_attrs(trial, {"task_id": f"t{i}", "attempts": 1})
@@ -79,6 +80,7 @@ def _drive(study: optuna.Study, n: int) -> None:
             study.tell(trial, float("inf"))
         else:
             study.tell(trial, i / n)
+    flush(study)
 
 
 def _fields(trial: optuna.trial.FrozenTrial) -> str:
@@ -168,12 +170,46 @@ def test_a_trial_is_in_the_database_with_its_params_once_persisted(
     study = _open(storage_url, study_name, optuna.samplers.RandomSampler(seed=0))
     trial = study.ask(SPACE)
     set_user_attrs(trial, {"task_id": "abc"})
-    before = optuna.load_study(study_name=study_name, storage=storage_url).trials[0]
+    before = optuna.load_study(study_name=study_name, storage=storage_url).trials
     persist(trial)
-    after = optuna.load_study(study_name=study_name, storage=storage_url).trials[0]
+    after = optuna.load_study(study_name=study_name, storage=storage_url).trials
 
-    assert before.state is TrialState.RUNNING and before.params == {}
-    assert after.params == trial.params and after.user_attrs == {"task_id": "abc"}
+    if storage_url.startswith("postgresql"):  # its row goes in with its params
+        assert before == []
+    else:  # no sequence to reserve an id from: the row is inserted at ask
+        assert [(t.state, t.params) for t in before] == [(TrialState.RUNNING, {})]
+    (stored,) = after
+    assert stored.number == trial.number and stored._trial_id == trial._trial_id
+    assert stored.params == trial.params and stored.user_attrs == {"task_id": "abc"}
+
+
+def test_a_steady_driver_step_is_one_transaction_on_postgresql(
+    storage_url: str, study_name: str
+) -> None:
+    study = _open(storage_url, study_name, optuna.samplers.TPESampler(seed=0))
+    _drive(study, 3)
+    running = study.ask(SPACE)
+    persist(running)
+    storage = study._storage
+    assert isinstance(storage, MirroredStorage)
+    commits: list[object] = []
+
+    def count(connection: object) -> None:
+        commits.append(connection)
+
+    sqlalchemy.event.listen(storage.backend.engine, "commit", count)
+    try:
+        study.tell(running, 0.25)  # a step: one trial told, the next asked, recorded, sent
+        trial = study.ask(SPACE)
+        set_user_attrs(trial, {"task_id": "t4", "attempts": 1})
+        persist(trial)
+    finally:
+        sqlalchemy.event.remove(storage.backend.engine, "commit", count)
+
+    assert len(commits) == (1 if storage_url.startswith("postgresql") else 2)
+    fresh = optuna.load_study(study_name=study_name, storage=storage_url)
+    assert [_fields(t) for t in fresh.trials] == [_fields(t) for t in study.trials]
+    assert fresh.trials[3].value == 0.25 and fresh.trials[4].user_attrs["task_id"] == "t4"
 
 
 def test_a_second_writer_stops_the_driver(storage_url: str, study_name: str) -> None:
@@ -183,7 +219,12 @@ def test_a_second_writer_stops_the_driver(storage_url: str, study_name: str) -> 
     other.tell(other.ask(SPACE), 0.0)
 
     with pytest.raises(ForeignWriter, match="one submit-study per study"):
-        study.ask(SPACE)
+        persist(study.ask(SPACE))  # on PostgreSQL found when the trial's row goes in
+
+    numbers = [
+        t.number for t in optuna.load_study(study_name=study_name, storage=storage_url).trials
+    ]
+    assert numbers == [0, 1]  # the other writer's trial 1, and no second one
 
 
 def test_a_finished_trial_is_refused_as_optuna_refuses_it(
