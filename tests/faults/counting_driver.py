@@ -1,7 +1,11 @@
-"""`submit-study`, with every `Study.tell` counted into the file TRIALQ_TEST_TELL_LOG.
+"""`submit-study`, with every trial told into the file TRIALQ_TEST_TELL_LOG.
 
 The fault suite runs the real driver as a process (it must be killable) and needs to know
-whether any trial was told twice; Optuna's own `skip_if_finished` would hide it.
+whether any trial was told twice. A trial counts as told when its finished state is written
+to the storage (the driver's `MirroredStorage` writes a tell with the step's next
+transaction: a driver killed before that never told it, and the next run tells it). A tell of
+a trial the storage already holds as finished is written to the log too, so it shows as a
+second tell, although Optuna's own `skip_if_finished` would hide it.
 """
 
 from __future__ import annotations
@@ -13,18 +17,40 @@ from typing import Any
 import optuna
 
 from trialq.cli import submit_study_main
+from trialq.mirror import MirroredStorage
 
 _original_tell = optuna.Study.tell
+_original_flush = MirroredStorage.flush
+
+
+def _log(numbers: list[int]) -> None:
+    if numbers:
+        with open(os.environ["TRIALQ_TEST_TELL_LOG"], "a") as log:
+            log.writelines(f"{number}\n" for number in numbers)
 
 
 def _counted_tell(self: optuna.Study, trial: Any, *args: Any, **kwargs: Any) -> Any:
     number = trial if isinstance(trial, int) else trial.number
-    with open(os.environ["TRIALQ_TEST_TELL_LOG"], "a") as log:
-        log.write(f"{number}\n")
+    if self._storage.get_trial(
+        self._storage.get_trial_id_from_study_id_trial_number(self._study_id, number)
+    ).state.is_finished():
+        _log([number])  # told before: a second tell, whatever Optuna makes of it
     return _original_tell(self, trial, *args, **kwargs)
 
 
+def _counted_flush(self: MirroredStorage) -> None:
+    with self._lock:
+        finishing = [
+            self._where[trial_id][1]
+            for trial_id, writes in self._unwritten.items()
+            if writes.state is not None and writes.state.is_finished()
+        ]
+        _original_flush(self)
+        _log(finishing)
+
+
 optuna.Study.tell = _counted_tell  # type: ignore[method-assign]
+MirroredStorage.flush = _counted_flush  # type: ignore[method-assign]
 
 if __name__ == "__main__":
     raise SystemExit(submit_study_main(sys.argv[1:]))
