@@ -2,7 +2,9 @@
 around one study run.
 
 The workers are the same `trialq worker` command a cluster runs, with the same settings;
-only the broker is private (a free loopback port, nothing kept on disk).
+only the broker is private (a free loopback port, nothing kept on disk). They yield the
+CPU to the driver: it feeds all of them, one trial after another, so when the machine's
+cores are full a driver that waits for one idles every worker.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from trialq.errors import LocalClusterError
 
 STARTUP_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 15.0
+WORKER_NICENESS = 10
+"""How much lower than the driver's the local workers' CPU priority is (trials inherit it)."""
 
 
 def redis_server_binary() -> str:
@@ -122,7 +126,9 @@ class LocalCluster:
             "--hostname", f"local{index}@%h",
             "--loglevel", "WARNING",
         ]  # fmt: skip
-        self._workers.append(self._spawn(command, f"worker{index}.log"))
+        worker = self._spawn(command, f"worker{index}.log")
+        self._workers.append(worker)
+        yield_cpu(worker.pid, WORKER_NICENESS)
 
     def _spawn(self, command: list[str], log_name: str) -> subprocess.Popen[bytes]:
         env = {
@@ -162,6 +168,18 @@ class LocalCluster:
         if self._redis is not None:
             _stop_all([self._redis], signal.SIGTERM)
             self._redis = None
+
+
+def yield_cpu(pid: int, by: int) -> None:
+    """Lower a process's CPU priority `by` steps below this one's, best effort.
+
+    A worker leads its own session, and where Linux groups the CPU by session (autogroup),
+    a nice value counts only within the group, so the group is lowered as well."""
+    niceness = min(os.getpriority(os.PRIO_PROCESS, 0) + by, 19)
+    with contextlib.suppress(OSError):
+        os.setpriority(os.PRIO_PROCESS, pid, niceness)
+    with contextlib.suppress(OSError):
+        Path(f"/proc/{pid}/autogroup").write_text(str(niceness))
 
 
 def _stop_all(processes: list[subprocess.Popen[bytes]], sig: signal.Signals) -> None:

@@ -17,6 +17,8 @@ import optuna
 import psutil
 import pytest
 
+from trialq.local import WORKER_NICENESS
+
 pytestmark = pytest.mark.integration
 
 TRIAL_FILE = """
@@ -24,7 +26,8 @@ import os, time
 
 def train(params, trial):
     time.sleep(params.get("sleep_s", 0))
-    return {"score": -(params["x"] - 1.0) ** 2, "pid": os.getpid()}
+    niceness = os.getpriority(os.PRIO_PROCESS, 0)
+    return {"score": -(params["x"] - 1.0) ** 2, "pid": os.getpid(), "niceness": niceness}
 """
 
 
@@ -97,6 +100,9 @@ def test_local_runs_a_study_from_a_clean_directory_without_services(tmp_path: Pa
     summary = json.loads(out)
     assert summary["n_complete"] == 4
     assert len({t["user_attrs"]["worker_pid"] for t in summary["trials"]}) == 4
+    # The trials yield the CPU to the driver, which feeds them all.
+    expected = min(os.getpriority(os.PRIO_PROCESS, 0) + WORKER_NICENESS, 19)
+    assert {t["user_attrs"]["metrics"]["niceness"] for t in summary["trials"]} == {expected}
     assert (folder / "local.db").exists(), "default storage is SQLite next to the spec"
     assert not _descendants_of_trialq(), "a local worker outlived submit-study"
 
