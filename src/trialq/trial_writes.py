@@ -107,20 +107,29 @@ def reserve_trial_ids(rdb: optuna.storages.RDBStorage, n: int) -> list[int] | No
 def _check_next_number(connection: sqlalchemy.Connection, study_id: int, number: int) -> None:
     """Lock the study's row until the transaction ends, and check that `number` is the next
     trial number: the driver numbers trials from its copy, which a second writer makes wrong."""
-    from optuna.storages._rdb import models
-
-    studies, trials = models.StudyModel.__table__, models.TrialModel.__table__
-    locked = sqlalchemy.select(studies.c.study_id).where(studies.c.study_id == study_id)
-    if connection.execute(locked.with_for_update()).first() is None:
+    lock, count = _study_statements()
+    if connection.execute(lock, {"study_id": study_id}).first() is None:
         raise KeyError(f"No study with study_id {study_id} exists.")
-    count = sqlalchemy.select(sqlalchemy.func.count()).where(trials.c.study_id == study_id)
-    held = int(connection.execute(count).scalar_one())
+    held = int(connection.execute(count, {"study_id": study_id}).scalar_one())
     if held != number:
         raise ForeignWriter(
             f"another process is writing trials of this study (the database holds {held} "
             f"trials, this driver numbered its next trial {number}); "
             "run one submit-study per study"
         )
+
+
+@functools.cache
+def _study_statements() -> tuple[sqlalchemy.Select[Any], sqlalchemy.Select[Any]]:
+    """Lock a study's row; count its trials. Built once: building a statement costs more CPU
+    than PostgreSQL takes to run it."""
+    from optuna.storages._rdb import models
+
+    studies, trials = models.StudyModel.__table__, models.TrialModel.__table__
+    study_id: sqlalchemy.BindParameter[int] = sqlalchemy.bindparam("study_id")
+    lock = sqlalchemy.select(studies.c.study_id).where(studies.c.study_id == study_id)
+    count = sqlalchemy.select(sqlalchemy.func.count()).where(trials.c.study_id == study_id)
+    return lock.with_for_update(), count
 
 
 def _trial_row(study_id: int, number: int, started: datetime) -> dict[str, Any]:
@@ -170,7 +179,7 @@ def commit_batch(
                 {"trial_id": t.trial_id, **_trial_row(t.study_id, t.number, t.started)}
                 for t in new_trials
             ]
-            connection.execute(sqlalchemy.insert(models.TrialModel.__table__), rows)
+            connection.execute(_insert_into(models.TrialModel.__table__), rows)
         for trial_id, writes in batch.items():
             if writes.state is not None and not _change_state(rdb, connection, trial_id, writes):
                 raise optuna.exceptions.UpdateFinishedTrialError(
@@ -248,21 +257,9 @@ def _change_state(
 
     trials = models.TrialModel.__table__
     if writes.state is not None:
-        leaving: tuple[TrialState, ...] = (TrialState.WAITING,)
-        if writes.state is not TrialState.RUNNING:
-            leaving = (TrialState.WAITING, TrialState.RUNNING)
-        changes: dict[str, Any] = {"state": writes.state}
-        now = _stored(writes.changed_at or datetime.now())
-        if writes.state is TrialState.RUNNING:
-            changes["datetime_start"] = now
-        if writes.state.is_finished():
-            changes["datetime_complete"] = now
-        update = (
-            sqlalchemy.update(trials)
-            .where(trials.c.trial_id == trial_id, trials.c.state.in_(leaving))
-            .values(changes)
-        )
-        if connection.execute(update).rowcount == 1:
+        at = _stored(writes.changed_at or datetime.now())
+        values = {"trial": trial_id, "new_state": writes.state, "at": at}
+        if connection.execute(_state_change(writes.state), values).rowcount == 1:
             return True
     state = connection.execute(
         sqlalchemy.select(trials.c.state).where(trials.c.trial_id == trial_id)
@@ -273,9 +270,37 @@ def _change_state(
     return writes.state is None  # a RUNNING trial set RUNNING again: refused, as Optuna does
 
 
+@functools.cache
+def _state_change(state: TrialState) -> sqlalchemy.Update:
+    """Set a trial `state` (parameters: trial, new_state, at) where Optuna would: from
+    WAITING to RUNNING, from WAITING or RUNNING to a finished state. Built once a state."""
+    from optuna.storages._rdb import models
+
+    trials = models.TrialModel.__table__
+    leaving = [TrialState.WAITING]
+    if state is not TrialState.RUNNING:
+        leaving.append(TrialState.RUNNING)
+    at = sqlalchemy.bindparam("at", type_=trials.c.datetime_start.type)
+    changes: dict[str, Any] = {
+        "state": sqlalchemy.bindparam("new_state", type_=trials.c.state.type)
+    }
+    if state is TrialState.RUNNING:
+        changes["datetime_start"] = at
+    if state.is_finished():
+        changes["datetime_complete"] = at
+    trial: sqlalchemy.BindParameter[int] = sqlalchemy.bindparam("trial")
+    where = (trials.c.trial_id == trial, trials.c.state.in_(leaving))
+    return sqlalchemy.update(trials).where(*where).values(changes)
+
+
+@functools.cache
+def _insert_into(table: sqlalchemy.Table) -> sqlalchemy.Insert:
+    return sqlalchemy.insert(table)
+
+
 def _insert(connection: sqlalchemy.Connection, model: Any, rows: list[dict[str, Any]]) -> None:
     if rows:
-        connection.execute(sqlalchemy.insert(model.__table__), rows)
+        connection.execute(_insert_into(model.__table__), rows)
 
 
 def _upsert(
@@ -294,7 +319,7 @@ def _upsert(
             connection.execute(
                 sqlalchemy.delete(table).where(table.c.trial_id == trial_id, table.c[key].in_(keys))
             )
-        connection.execute(sqlalchemy.insert(table), rows)
+        connection.execute(_insert_into(table), rows)
         return
     params = {f"{name}_{i}": value for i, row in enumerate(rows) for name, value in row.items()}
     connection.execute(statement, params)
