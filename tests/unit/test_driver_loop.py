@@ -62,8 +62,11 @@ class StandInDispatcher:
 
 
 def _driver(
-    tmp_path: Path, script: list[dict[str, object]]
+    tmp_path: Path,
+    script: list[dict[str, object]],
+    dispatcher: StandInDispatcher | None = None,
 ) -> tuple[StudyDriver, StandInDispatcher]:
+    """A driver of a one-trial study in `tmp_path`; with `dispatcher`, on the same broker."""
     path = tmp_path / "study.toml"
     path.write_text(
         textwrap.dedent(
@@ -83,7 +86,7 @@ def _driver(
     )
     spec = load_spec(path)
     study = open_study(spec, "sqlite:///" + str(tmp_path / "loop.db"))
-    dispatcher = StandInDispatcher(script)
+    dispatcher = dispatcher or StandInDispatcher(script)
     options = DriverOptions(max_in_flight=1, poll_interval_s=0)
     return StudyDriver(spec, study, dispatcher, None, NoProgress(), options), dispatcher
 
@@ -140,3 +143,24 @@ def test_a_trial_asked_but_never_sent_ends_as_failed_and_another_takes_its_place
     assert "never sent" in first.user_attrs["error"]
     assert second.state is optuna.trial.TrialState.COMPLETE and second.value == 0.5
     assert [r.number for r in dispatcher.sent.values()] == [1]
+
+
+def test_a_tell_the_driver_died_before_writing_is_told_by_the_next_run_once(
+    tmp_path: Path,
+) -> None:
+    driver, dispatcher = _driver(tmp_path, [{"outcome": Outcome.OK, "metrics": {"value": 0.5}}])
+    storage = "sqlite:///" + str(tmp_path / "loop.db")
+    driver._fill(1)  # sent: the trial and its task id are in the database
+    driver._collect()  # told, in the driver's memory; the step's write would come next
+    # The driver dies here.
+    (stored,) = optuna.load_study(study_name="loop", storage=storage).trials
+    assert stored.state is optuna.trial.TrialState.RUNNING and "task_id" in stored.user_attrs
+
+    resumed, _ = _driver(tmp_path, [], dispatcher)  # the same broker holds the result
+    resumed.run(1)
+
+    (trial,) = optuna.load_study(study_name="loop", storage=storage).trials
+    assert trial.state is optuna.trial.TrialState.COMPLETE and trial.value == 0.5
+    assert trial.user_attrs["task_id"] == stored.user_attrs["task_id"]
+    assert len(dispatcher.sent) == 1, "re-attached and told, not sent again"
+    assert resumed.counts.complete == 1
