@@ -58,6 +58,15 @@ class ForeignWriter(TrialqError):
 
     exit_code = 2
 
+    @classmethod
+    def numbering(cls, held: int, expected: int) -> ForeignWriter:
+        """The database holds `held` trials where this driver numbered its next `expected`."""
+        return cls(
+            f"another process is writing trials of this study (the database holds {held} "
+            f"trials, this driver numbered its next trial {expected}); "
+            "run one submit-study per study"
+        )
+
 
 class LocalClusterError(TrialqError):
     """Raised when `--local` cannot start its embedded Redis or its workers."""

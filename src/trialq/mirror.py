@@ -178,12 +178,8 @@ class MirroredStorage(BaseStorage):
             else:  # enqueued and added trials: rare, Optuna's own path, after the pending ones
                 self.flush()
                 trial = self._backend._create_new_trial(study_id, template_trial)
-                if trial.number != expected:
-                    raise ForeignWriter(
-                        f"another process is writing trials of this study (the database gave "
-                        f"trial number {trial.number}, this driver expected {expected}); "
-                        "run one submit-study per study"
-                    )
+                if trial.number != expected:  # Optuna numbers it by the database's count
+                    raise ForeignWriter.numbering(trial.number, expected)
             study.trials[trial.number] = trial
             self._where[trial._trial_id] = (study_id, trial.number)
         return trial._trial_id
@@ -269,7 +265,8 @@ class MirroredStorage(BaseStorage):
             if state is TrialState.RUNNING and trial.state is not TrialState.WAITING:
                 return False
             self.check_trial_is_updatable(trial_id, trial.state)
-            if self._pending(trial_id).state is not None:
+            pending = self._unwritten.get(trial_id)
+            if pending is not None and pending.state is not None:
                 self.flush()  # one state change a write: each sets its own times
             writes = self._pending(trial_id)
             writes.state, writes.values, writes.changed_at = state, kept, changed_at
@@ -282,10 +279,6 @@ class MirroredStorage(BaseStorage):
                 changes["datetime_complete"] = changed_at
             self._replace(trial, **changes)
         return True
-
-    def persist(self, trial_id: int) -> None:
-        """Make the trial durable now (with everything else pending: one transaction)."""
-        self.flush()
 
     def flush(self) -> None:
         """Write every pending write of every trial, new trials first, in one transaction.
@@ -362,7 +355,7 @@ def persist(trial: optuna.Trial) -> None:
     """Make everything written to the trial durable now (storages other than
     `MirroredStorage` already wrote it)."""
     if isinstance(trial.storage, MirroredStorage):
-        trial.storage.persist(trial._trial_id)
+        trial.storage.flush()  # with everything else pending: one transaction
 
 
 def flush(study: optuna.Study) -> None:

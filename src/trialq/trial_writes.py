@@ -78,8 +78,8 @@ def insert_trial(
     with _transaction(rdb) as connection:
         _check_next_number(connection, study_id, number)
         row = _trial_row(study_id, number, started)
-        trials = models.TrialModel.__table__
-        trial_id = connection.execute(sqlalchemy.insert(trials), row).inserted_primary_key
+        insert = _insert_into(models.TrialModel.__table__)
+        trial_id = connection.execute(insert, row).inserted_primary_key
         assert trial_id is not None
         return int(trial_id[0])
 
@@ -112,11 +112,7 @@ def _check_next_number(connection: sqlalchemy.Connection, study_id: int, number:
         raise KeyError(f"No study with study_id {study_id} exists.")
     held = int(connection.execute(count, {"study_id": study_id}).scalar_one())
     if held != number:
-        raise ForeignWriter(
-            f"another process is writing trials of this study (the database holds {held} "
-            f"trials, this driver numbered its next trial {number}); "
-            "run one submit-study per study"
-        )
+        raise ForeignWriter.numbering(held, number)
 
 
 @functools.cache
@@ -141,17 +137,12 @@ def _trial_row(study_id: int, number: int, started: datetime) -> dict[str, Any]:
     }
 
 
-def commit(
-    rdb: optuna.storages.RDBStorage, trial_id: int, writes: TrialWrites, *, checked: bool = False
-) -> bool:
+def commit(rdb: optuna.storages.RDBStorage, trial_id: int, writes: TrialWrites) -> bool:
     """Write everything in one transaction. False, and nothing written, where Optuna's own
-    `set_trial_state_values` would refuse: a trial set RUNNING that was not WAITING.
-
-    `checked`: the caller knows the trial may still be written (the driver's copy of its
-    study does), so a batch without a state change does not read the trial first."""
+    `set_trial_state_values` would refuse: a trial set RUNNING that was not WAITING. The
+    trial is checked first (it may be finished): the caller has no copy that knows."""
     with _transaction(rdb) as connection:
-        must_read = writes.state is not None or not checked
-        if must_read and not _change_state(rdb, connection, trial_id, writes):
+        if not _change_state(rdb, connection, trial_id, writes):
             return False
         _write_rows(connection, {trial_id: writes})
     return True
