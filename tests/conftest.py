@@ -1,4 +1,5 @@
-"""Shared fixtures: the machine's real Redis (one dedicated database) and real workers."""
+"""Shared fixtures: the machine's real Redis (one dedicated database), its real PostgreSQL,
+and real workers."""
 
 from __future__ import annotations
 
@@ -9,11 +10,17 @@ from pathlib import Path
 
 import pytest
 import redis
+import sqlalchemy
 
 from trialq.local import LocalCluster
 
 TEST_REDIS_URL = os.environ.get("TRIALQ_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
 """Tests own this database and flush only it."""
+
+POSTGRES_URL = os.environ.get(
+    "TRIALQ_TEST_POSTGRES_URL", "postgresql+psycopg2://postgres@127.0.0.1:5432/test"
+)
+"""Tests make studies of their own names there and delete them."""
 
 TESTS_DIR = Path(__file__).parent
 
@@ -31,6 +38,18 @@ def redis_url() -> Iterator[str]:
     client.flushdb()
     yield TEST_REDIS_URL
     client.flushdb()
+
+
+@pytest.fixture
+def postgres_url() -> str:
+    """The machine's PostgreSQL; skipped locally, failed in CI, if it is not answering."""
+    try:
+        sqlalchemy.create_engine(POSTGRES_URL).connect().close()
+    except sqlalchemy.exc.OperationalError as exc:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"PostgreSQL at {POSTGRES_URL} is required in CI: {exc}")
+        pytest.skip(f"PostgreSQL is not answering: {exc}")
+    return POSTGRES_URL
 
 
 @pytest.fixture

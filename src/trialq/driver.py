@@ -14,6 +14,7 @@ import math
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,7 +27,7 @@ from trialq.channel import Report, ReportChannel, TrialAddress
 from trialq.dispatch import Dispatcher, TaskPhase, TaskStatus
 from trialq.errors import BrokerUnreachable, Interrupted, SpecError
 from trialq.messages import Outcome, TrialRequest, TrialResult
-from trialq.mirror import flush, persist
+from trialq.mirror import flush, flush_behind, persist
 from trialq.oom_constraint import OOM_CONSTRAINT, OomTelling, counted_state, oom_telling
 from trialq.progress import Counts, ProgressSink
 from trialq.spec import StudySpec
@@ -57,6 +58,16 @@ class InFlight:
 
 
 @dataclass
+class Unsent:
+    """A trial asked and recorded, to be sent once its record is in the database."""
+
+    trial: optuna.Trial
+    request: TrialRequest
+    task_id: str
+    recorded: Future[None]
+
+
+@dataclass
 class DriverOptions:
     """How the loop paces itself; the defaults suit GPU trials of seconds to hours."""
 
@@ -79,6 +90,8 @@ class StudyDriver:
     progress: ProgressSink
     options: DriverOptions
     in_flight: dict[str, InFlight] = field(default_factory=dict)
+    recording: list[Unsent] = field(default_factory=list)
+    """Trials whose record is on its way to the database, in the order they were asked."""
     unsent: list[tuple[optuna.Trial, int]] = field(default_factory=list)
     """Asked trials whose sending failed (broker away); sent before any new one."""
     counts: Counts = field(default_factory=Counts)
@@ -91,7 +104,7 @@ class StudyDriver:
         outage = BrokerOutage(self.options.broker_outage_limit_s, self.options.clock)
         try:
             while self._step(n_trials, outage):
-                time.sleep(self.options.poll_interval_s)
+                self._pause(self.options.poll_interval_s, outage)
         except KeyboardInterrupt:
             self._withdraw_waiting()
             raise Interrupted("interrupted: queued trials withdrawn; rerun to resume") from None
@@ -102,19 +115,34 @@ class StudyDriver:
             self._write_told()
 
     def _step(self, n_trials: int, outage: BrokerOutage) -> bool:
-        """One pass: collect and tell, send into the room that made, relay reports, then write
-        what is left pending. False once everything is told.
+        """One pass: collect and tell, ask into the room that made, relay reports, then hand
+        what is left pending to the storage. False once everything is told.
 
-        A steady pass (one trial told, the next asked and sent) is one transaction: the send's
-        `persist` carries the tell."""
+        A steady pass (one trial told, the next asked) is one transaction: the new trial's
+        `persist` carries the tell. It is committed while the loop goes on, and the trial is
+        sent once it is in the database (`_pause`)."""
         more = True
         with outage.tolerated():
             self._collect()
+            self._send_recorded()
             more = self._fill(n_trials)
             self._relay_reports()
-        flush(self.study)
-        self.progress.update(self.counts, self._best_value(), len(self.in_flight))
-        return bool(more or self.in_flight)
+        flush_behind(self.study)
+        self.progress.update(self.counts, self._best_value(), self._outstanding)
+        return bool(more or self._outstanding)
+
+    def _pause(self, seconds: float, outage: BrokerOutage) -> None:
+        """Wait for the next pass, sending each trial the moment its record is written."""
+        deadline = time.monotonic() + seconds
+        while self.recording and time.monotonic() < deadline:
+            with outage.tolerated():
+                self._send_recorded(deadline)
+        time.sleep(max(0.0, deadline - time.monotonic()))
+
+    @property
+    def _outstanding(self) -> int:
+        """Trials asked and not yet told: sent, or on their way to being sent."""
+        return len(self.in_flight) + len(self.recording)
 
     # --- sending -----------------------------------------------------------------------
 
@@ -124,11 +152,11 @@ class StudyDriver:
             trial, attempt = self.unsent.pop(0)
             self._send(trial, attempt)
         while (
-            len(self.in_flight) < self.options.max_in_flight
-            and self.counts.finished + len(self.in_flight) < n_trials
+            self._outstanding < self.options.max_in_flight
+            and self.counts.finished + self._outstanding < n_trials
         ):
             self._send(self._ask(), attempt=1)
-        return self.counts.finished + len(self.in_flight) < n_trials
+        return self.counts.finished + self._outstanding < n_trials
 
     def _ask(self) -> optuna.Trial:
         if self.spec.space:
@@ -152,18 +180,36 @@ class StudyDriver:
         )
 
     def _send(self, trial: optuna.Trial, attempt: int) -> None:
-        """Record the attempt in the storage, then send it: a trial in a queue always has its
-        params and task id in the database, so a restarted driver finds it."""
+        """Record the attempt in the storage, and send it once the record is written: a trial
+        in a queue always has its params and task id in the database, so a restarted driver
+        finds it."""
         request = self._request(trial, attempt)
         task_id = str(uuid.uuid4())
         set_user_attrs(trial, {"task_id": task_id, "attempts": attempt})
-        persist(trial)
+        self.recording.append(Unsent(trial, request, task_id, persist(trial)))
+        self._send_recorded()
+
+    def _send_recorded(self, deadline: float | None = None) -> None:
+        """Send the trials whose record is written, in the order they were asked; with a
+        `deadline` (`time.monotonic`), wait for each until then. A failed write stops the run."""
+        while self.recording:
+            head = self.recording[0]
+            wait_s = 0.0 if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                head.recorded.result(timeout=wait_s)
+            except TimeoutError:
+                return
+            self.recording.pop(0)
+            self._submit(head)
+
+    def _submit(self, unsent: Unsent) -> None:
+        trial, request, task_id = unsent.trial, unsent.request, unsent.task_id
         try:
             self.dispatcher.submit(
                 request, self.spec.trial.queue, self.spec.trial.hard_limit_s, task_id
             )
         except BaseException:
-            self.unsent.append((trial, attempt))
+            self.unsent.append((trial, request.attempt))
             raise
         self.in_flight[task_id] = InFlight(trial, request, task_id)
         _log.info("sent task_id=%s params=%s", task_id, request.params, extra=logs.fields(request))

@@ -1,4 +1,4 @@
-"""A study's database read from memory, and written in one transaction a step.
+"""A study's database read from memory, and written in one transaction a step, beside the loop.
 
 The driver is the single writer of its study's trials (workers never reach the storage), so
 after one load the driver's copy of the trials is exactly what the database holds. Optuna's
@@ -7,15 +7,20 @@ on every `get_all_trials`, and TPE calls that several times an ask; and it commi
 param and attr on its own. On PostgreSQL that was 80 % of the driver's time a trial
 (benchmarks/driver.py). `MirroredStorage` answers reads from the copy and keeps every write
 pending until the next durable point, where all of them, of every trial, go in one
-transaction (`flush`): before a trial is sent (`persist`), when a trial reports a value (a
-pruner's decision rests on it), and at the end of each driver step. On PostgreSQL a new
-trial is not even inserted at `ask`: its id is reserved from the sequence, and its row goes
-in with the rest. So a steady driver step (one trial told, the next asked and sent) is one
-transaction, not the three it took (trial created, persisted, told).
+transaction: before a trial is sent (`persist`), when a trial reports a value (a pruner's
+decision rests on it), and at the end of each driver step. On PostgreSQL a new trial is not
+even inserted at `ask`: its id is reserved from the sequence, and its row goes in with the
+rest. So a steady driver step (one trial told, the next asked and sent) is one transaction,
+not the three it took (trial created, persisted, told).
 
-Nothing is ever sent that the database does not hold. A trial told but not yet written
-when the driver dies is still RUNNING in the database, with its task id: the next driver
-re-attaches it and reads its result from Redis again, so it is told once, not lost.
+That transaction is committed by a writer thread while the driver asks for the next trial
+(`flush_behind`; on SQLite, in the caller): most of a commit is waiting on the server, and
+the sampler's work needs no database. Commits are made one after another, in order; one that
+fails leaves its writes pending, to go first in the next. The driver sends a trial only once
+its commit is done, so nothing is ever sent that the database does not hold. A trial told
+but not yet written when the driver dies is still RUNNING in the database, with its task id:
+the next driver re-attaches it and reads its result from Redis again, so it is told once,
+not lost.
 
 A second writer would make the copy wrong, so one is detected where it would do harm: a
 new trial whose number is not the next one in the copy stops the run with `ForeignWriter`.
@@ -26,6 +31,7 @@ from __future__ import annotations
 import copy
 import threading
 from collections.abc import Container, Mapping, Sequence
+from concurrent.futures import Future
 from datetime import datetime
 from typing import Any
 
@@ -38,10 +44,11 @@ from optuna.trial import FrozenTrial, TrialState
 
 from trialq.errors import ForeignWriter
 from trialq.trial_writes import (
+    Batch,
     NewTrial,
     TrialWrites,
     commit,
-    commit_batch,
+    commit_batches,
     insert_trial,
     reserve_trial_ids,
 )
@@ -67,16 +74,28 @@ class _StudyCopy:
 class MirroredStorage(BaseStorage):
     """`backend` (Optuna's RDB storage) with every trial of a loaded study kept in memory."""
 
-    def __init__(self, backend: optuna.storages.RDBStorage) -> None:
+    def __init__(
+        self, backend: optuna.storages.RDBStorage, write_behind: bool | None = None
+    ) -> None:
+        """`write_behind`: commit in a background thread while the driver goes on (the
+        default, but on SQLite: a local file's commit is quick, and its single writer would
+        only queue the driver's own inserts behind the thread's)."""
         self._backend = backend
         self._studies: dict[int, _StudyCopy] = {}
         self._where: dict[int, tuple[int, int]] = {}  # trial id -> (study id, number)
-        self._unwritten: dict[int, TrialWrites] = {}
-        self._new_trials: dict[int, NewTrial] = {}  # asked, not yet in the database
+        self._directions: dict[int, list[StudyDirection]] = {}
         self._spare_ids: list[int] = []
         self._has_id_sequence = True
-        self._directions: dict[int, list[StudyDirection]] = {}
         self._lock = threading.RLock()
+        self._open = Batch()  # written to the copy, not yet handed to a commit
+        self._failed: list[Batch] = []  # handed to a commit that failed: first in the next
+        self._requests: list[Future[None]] = []  # durable points not yet handed to the writer
+        self._wake_writer = threading.Condition(self._lock)
+        self._written = threading.Condition(self._lock)
+        self._writer: threading.Thread | None = None
+        if write_behind is None:
+            write_behind = backend.engine.dialect.name != "sqlite"
+        self._write_behind = write_behind
 
     @property
     def backend(self) -> optuna.storages.RDBStorage:
@@ -91,14 +110,15 @@ class MirroredStorage(BaseStorage):
         return self._backend.create_new_study(directions, study_name)
 
     def delete_study(self, study_id: int) -> None:
-        self._backend.delete_study(study_id)
         with self._lock:
             self._directions.pop(study_id, None)
             study = self._studies.pop(study_id, None)
             for trial in study.trials.values() if study else ():
                 self._where.pop(trial._trial_id, None)
-                self._unwritten.pop(trial._trial_id, None)
-                self._new_trials.pop(trial._trial_id, None)
+                self._open.writes.pop(trial._trial_id, None)
+            self._open.new_trials = [t for t in self._open.new_trials if t.study_id != study_id]
+        self.flush()  # no commit of the study's trials still on its way behind the deletion
+        self._backend.delete_study(study_id)
 
     def set_study_user_attr(self, study_id: int, key: str, value: Any) -> None:
         self._backend.set_study_user_attr(study_id, key, value)
@@ -173,7 +193,7 @@ class MirroredStorage(BaseStorage):
                 if trial_id is None:  # no sequence to reserve from: inserted now
                     trial_id = insert_trial(self._backend, study_id, expected, started)
                 else:
-                    self._new_trials[trial_id] = NewTrial(trial_id, study_id, expected, started)
+                    self._open.new_trials.append(NewTrial(trial_id, study_id, expected, started))
                 trial = _new_running_trial(trial_id, expected, started)
             else:  # enqueued and added trials: rare, Optuna's own path, after the pending ones
                 self.flush()
@@ -265,7 +285,7 @@ class MirroredStorage(BaseStorage):
             if state is TrialState.RUNNING and trial.state is not TrialState.WAITING:
                 return False
             self.check_trial_is_updatable(trial_id, trial.state)
-            pending = self._unwritten.get(trial_id)
+            pending = self._open.writes.get(trial_id)
             if pending is not None and pending.state is not None:
                 self.flush()  # one state change a write: each sets its own times
             writes = self._pending(trial_id)
@@ -281,17 +301,79 @@ class MirroredStorage(BaseStorage):
         return True
 
     def flush(self) -> None:
-        """Write every pending write of every trial, new trials first, in one transaction.
+        """Write every pending write of every trial, new trials first, in one transaction, and
+        wait for it (and for any commit still on its way).
 
-        If it fails, nothing was written and all of it stays pending, to be written again."""
+        If it fails, nothing was written and all of it stays pending, to be written again.
+        The wait lets go of the copy's lock (callers may hold it), so the writer can commit."""
+        durable = self.flush_behind()
         with self._lock:
-            if not self._unwritten and not self._new_trials:
-                return
-            commit_batch(self._backend, self._unwritten, list(self._new_trials.values()))
-            self._unwritten, self._new_trials = {}, {}
+            while not durable.done():
+                self._written.wait()
+        durable.result()
+
+    def flush_behind(self) -> Future[None]:
+        """Hand every pending write to a commit, and go on: the future is done once they are
+        in the database, or holds the commit's error (they then stay pending, to be written
+        first by the next commit). Commits are made one after another, in order.
+
+        Without write-behind, the commit is made now, and the future is already done."""
+        durable: Future[None] = Future()
+        with self._lock:
+            if not self._write_behind:
+                self._write(self._take(), [durable])
+                return durable
+            self._requests.append(durable)
+            if self._writer is None:
+                self._writer = threading.Thread(
+                    target=self._write_behind_forever, name="trialq-storage-writer", daemon=True
+                )
+                self._writer.start()
+            self._wake_writer.notify()
+        return durable
+
+    def _write_behind_forever(self) -> None:
+        """The writer thread: commit what is pending each time a durable point is asked for.
+
+        The driver's next ask runs while PostgreSQL commits; the commit waits on the network
+        and the server most of its time, and the GIL is free meanwhile."""
+        while True:
+            with self._lock:
+                while not self._requests:
+                    self._wake_writer.wait()
+                requests, self._requests = self._requests, []
+                batches = self._take()
+            self._write(batches, requests)
+
+    def _take(self) -> list[Batch]:
+        """Everything not yet written, in order: what failed before, then the open batch."""
+        batches = [*self._failed, self._open] if self._open else self._failed
+        self._failed, self._open = [], Batch()
+        return batches
+
+    def _write(self, batches: list[Batch], requests: list[Future[None]]) -> None:
+        try:
+            if batches:
+                self._commit(batches)
+        except BaseException as exc:  # an interrupt too: nothing taken may be dropped
+            with self._lock:
+                self._failed = batches + self._failed
+                for request in requests:
+                    request.set_exception(exc)
+                self._written.notify_all()
+            if not isinstance(exc, Exception):
+                raise
+        else:
+            with self._lock:
+                for request in requests:
+                    request.set_result(None)
+                self._written.notify_all()
+
+    def _commit(self, batches: list[Batch]) -> None:
+        commit_batches(self._backend, batches)
 
     def _pending(self, trial_id: int) -> TrialWrites:
-        return self._unwritten.setdefault(trial_id, TrialWrites())
+        return self._open.writes.setdefault(trial_id, TrialWrites())
 
     def _reserved_id(self) -> int | None:
         """An id for a new trial, from the database's sequence; None where it has none."""
@@ -351,11 +433,19 @@ def mirrored(storage: BaseStorage) -> BaseStorage:
     return storage
 
 
-def persist(trial: optuna.Trial) -> None:
-    """Make everything written to the trial durable now (storages other than
-    `MirroredStorage` already wrote it)."""
+def persist(trial: optuna.Trial) -> Future[None]:
+    """Everything written to the trial (and all else pending) on its way to the database: the
+    future is done once it is durable. Storages other than `MirroredStorage` already wrote it."""
     if isinstance(trial.storage, MirroredStorage):
-        trial.storage.flush()  # with everything else pending: one transaction
+        return trial.storage.flush_behind()  # with everything else pending: one transaction
+    return _done()
+
+
+def flush_behind(study: optuna.Study) -> Future[None]:
+    """Everything written to the study's trials on its way to the database (as `persist`)."""
+    if isinstance(study._storage, MirroredStorage):
+        return study._storage.flush_behind()
+    return _done()
 
 
 def flush(study: optuna.Study) -> None:
@@ -363,3 +453,9 @@ def flush(study: optuna.Study) -> None:
     `MirroredStorage` already wrote it)."""
     if isinstance(study._storage, MirroredStorage):
         study._storage.flush()
+
+
+def _done() -> Future[None]:
+    done: Future[None] = Future()
+    done.set_result(None)
+    return done

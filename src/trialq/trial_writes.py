@@ -3,7 +3,7 @@
 Optuna's RDB storage commits every write on its own, after reading the trial back through
 the ORM: one `ask` over three params is five transactions, a finished trial's dozen user
 attrs twelve. `commit` writes a batch of params, attrs, intermediate values and a state
-change in one transaction; `commit_batch` does the same for several trials, new ones
+change in one transaction; `commit_batches` does the same for several trials, new ones
 included, which is how the driver's `MirroredStorage` writes one step of the driver in one
 transaction. A trial is created as Optuna creates it (the study row locked, the number
 counted), at once by `insert_trial`, or within the batch for an id `reserve_trial_ids` took
@@ -148,13 +148,20 @@ def commit(rdb: optuna.storages.RDBStorage, trial_id: int, writes: TrialWrites) 
     return True
 
 
-def commit_batch(
-    rdb: optuna.storages.RDBStorage,
-    batch: Mapping[int, TrialWrites],
-    new_trials: Sequence[NewTrial] = (),
-) -> None:
-    """Write the writes of several trials, the new ones created first, in one transaction,
-    for a caller that knows each may be written (the driver's copy of its study).
+@dataclass
+class Batch:
+    """The writes of several trials, the new ones among them created first."""
+
+    writes: dict[int, TrialWrites] = field(default_factory=dict)
+    new_trials: list[NewTrial] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.writes or self.new_trials)
+
+
+def commit_batches(rdb: optuna.storages.RDBStorage, batches: Sequence[Batch]) -> None:
+    """Write the batches, in order, in one transaction, for a caller that knows each write
+    may be made (the driver's copy of its study).
 
     New trials of one study must come in number order; the database must have exactly as many
     trials before them, or `ForeignWriter` is raised and nothing is written. A state change the
@@ -162,21 +169,24 @@ def commit_batch(
     from optuna.storages._rdb import models
 
     with _transaction(rdb) as connection:
-        first_numbers = {t.study_id: t.number for t in reversed(new_trials)}
-        for study_id, number in first_numbers.items():
-            _check_next_number(connection, study_id, number)
-        if new_trials:
-            rows = [
-                {"trial_id": t.trial_id, **_trial_row(t.study_id, t.number, t.started)}
-                for t in new_trials
-            ]
-            connection.execute(_insert_into(models.TrialModel.__table__), rows)
-        for trial_id, writes in batch.items():
-            if writes.state is not None and not _change_state(rdb, connection, trial_id, writes):
-                raise optuna.exceptions.UpdateFinishedTrialError(
-                    f"trial {trial_id} cannot be set {writes.state.name}: the database refused"
-                )
-        _write_rows(connection, batch)
+        for batch in batches:
+            first_numbers = {t.study_id: t.number for t in reversed(batch.new_trials)}
+            for study_id, number in first_numbers.items():
+                _check_next_number(connection, study_id, number)
+            if batch.new_trials:
+                rows = [
+                    {"trial_id": t.trial_id, **_trial_row(t.study_id, t.number, t.started)}
+                    for t in batch.new_trials
+                ]
+                connection.execute(_insert_into(models.TrialModel.__table__), rows)
+            for trial_id, writes in batch.writes.items():
+                if writes.state is not None and not _change_state(
+                    rdb, connection, trial_id, writes
+                ):
+                    raise optuna.exceptions.UpdateFinishedTrialError(
+                        f"trial {trial_id} cannot be set {writes.state.name}: the database refused"
+                    )
+            _write_rows(connection, batch.writes)
 
 
 def _write_rows(connection: sqlalchemy.Connection, batch: Mapping[int, TrialWrites]) -> None:

@@ -1,9 +1,10 @@
 """`submit-study`, with every trial told into the file TRIALQ_TEST_TELL_LOG.
 
 The fault suite runs the real driver as a process (it must be killable) and needs to know
-whether any trial was told twice. A trial counts as told when its finished state is written
+whether any trial was told twice. A trial counts as told when its finished state is committed
 to the storage (the driver's `MirroredStorage` writes a tell with the step's next
-transaction: a driver killed before that never told it, and the next run tells it). A tell of
+transaction, from its writer thread: a driver killed before that commit never told it, and
+the next run tells it). A tell of
 a trial the storage already holds as finished is written to the log too, so it shows as a
 second tell, although Optuna's own `skip_if_finished` would hide it.
 """
@@ -18,9 +19,10 @@ import optuna
 
 from trialq.cli import submit_study_main
 from trialq.mirror import MirroredStorage
+from trialq.trial_writes import Batch
 
 _original_tell = optuna.Study.tell
-_original_flush = MirroredStorage.flush
+_original_commit = MirroredStorage._commit
 
 
 def _log(numbers: list[int]) -> None:
@@ -38,19 +40,19 @@ def _counted_tell(self: optuna.Study, trial: Any, *args: Any, **kwargs: Any) -> 
     return _original_tell(self, trial, *args, **kwargs)
 
 
-def _counted_flush(self: MirroredStorage) -> None:
-    with self._lock:
-        finishing = [
-            self._where[trial_id][1]
-            for trial_id, writes in self._unwritten.items()
-            if writes.state is not None and writes.state.is_finished()
-        ]
-        _original_flush(self)
-        _log(finishing)
+def _counted_commit(self: MirroredStorage, batches: list[Batch]) -> None:
+    finishing = [
+        self._where[trial_id][1]
+        for batch in batches
+        for trial_id, writes in batch.writes.items()
+        if writes.state is not None and writes.state.is_finished()
+    ]
+    _original_commit(self, batches)
+    _log(finishing)
 
 
 optuna.Study.tell = _counted_tell  # type: ignore[method-assign]
-MirroredStorage.flush = _counted_flush  # type: ignore[method-assign]
+MirroredStorage._commit = _counted_commit  # type: ignore[method-assign]
 
 if __name__ == "__main__":
     raise SystemExit(submit_study_main(sys.argv[1:]))

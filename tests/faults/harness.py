@@ -54,6 +54,8 @@ class DriverRun:
     folder: Path
     broker_url: str
     study_name: str = "faults"
+    storage_url: str | None = None
+    """Where the study lives; a SQLite file in `folder` unless given."""
 
     @property
     def tell_log(self) -> Path:
@@ -61,7 +63,7 @@ class DriverRun:
 
     @property
     def storage(self) -> str:
-        return f"sqlite:///{self.folder / 'faults.db'}"
+        return self.storage_url or f"sqlite:///{self.folder / 'faults.db'}"
 
     def write_spec(self, body: str) -> Path:
         spec = self.folder / "study.toml"

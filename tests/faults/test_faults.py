@@ -3,14 +3,16 @@ driver process; each ends with the study at n_trials, 0 lost, 0 told twice, 0 RU
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import optuna
 import psutil
 import pytest
 import redis
@@ -115,9 +117,29 @@ def test_sigterm_of_a_worker_finishes_its_trial_and_takes_no_new_one(
     assert driver.returncode == 0, err
 
 
+@pytest.fixture(params=["sqlite", "postgresql"])
+def run_on_each_storage(
+    request: pytest.FixtureRequest, tmp_path: Path, redis_url: str
+) -> Iterator[DriverRun]:
+    """A driver run on SQLite (commits in the loop) and on PostgreSQL (commits beside it)."""
+    if request.param == "sqlite":
+        yield DriverRun(tmp_path, redis_url)
+        return
+    run = DriverRun(tmp_path, redis_url, storage_url=request.getfixturevalue("postgres_url"))
+    _delete_study(run)  # left by an earlier run that was itself killed
+    yield run
+    _delete_study(run)
+
+
+def _delete_study(run: DriverRun) -> None:
+    with contextlib.suppress(KeyError):
+        optuna.delete_study(study_name=run.study_name, storage=run.storage)
+
+
 def test_driver_sigkilled_and_resumed(
-    run: DriverRun, start_workers: Callable[..., LocalCluster]
+    run_on_each_storage: DriverRun, start_workers: Callable[..., LocalCluster]
 ) -> None:
+    run = run_on_each_storage
     start_workers(2, extra_env=FAST_HEARTBEAT)
     run.write_spec(_spec("sleeps", _grid("sleep_s", 1.5), 6))
     driver = run.start()
@@ -125,7 +147,8 @@ def test_driver_sigkilled_and_resumed(
     driver.kill()
     driver.wait()
     code, err = run.run()
-    verdict = run.judge("driver SIGKILLed, then resumed", 6)
+    storage = "SQLite" if run.storage_url is None else "PostgreSQL"
+    verdict = run.judge(f"driver SIGKILLed, resumed ({storage})", 6)
     _assert_clean(verdict)
     assert code == 0, err
 

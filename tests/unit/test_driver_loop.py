@@ -1,4 +1,5 @@
-"""The driver's ask/tell loop with an in-process stand-in dispatcher (no Celery, no Redis).
+"""The driver's ask/tell loop with an in-process stand-in dispatcher (no Celery, no Redis),
+on SQLite, and on the machine's real PostgreSQL where the driver commits beside its loop.
 
 The real path is covered by the integration tests; this one drives outcomes that cannot be
 produced on a machine without a GPU, such as a worker refusing a trial for a dirty device.
@@ -6,73 +7,41 @@ produced on a machine without a GPU, such as a worker refusing a trial for a dir
 
 from __future__ import annotations
 
+import contextlib
 import textwrap
-from collections.abc import Iterable
+import time
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import optuna
+import pytest
+import sqlalchemy
+from stand_in import StandInDispatcher
 
-from trialq.dispatch import TaskPhase, TaskStatus
 from trialq.driver import DriverOptions, StudyDriver
-from trialq.messages import Outcome, TrialRequest, TrialResult
+from trialq.messages import Outcome
+from trialq.mirror import flush
 from trialq.progress import NoProgress
 from trialq.spec import load_spec
 from trialq.study import open_study
-
-
-class StandInDispatcher:
-    """Answers each submitted attempt with the next scripted result, at once."""
-
-    def __init__(self, script: list[dict[str, object]]) -> None:
-        self.script = script
-        self.sent: dict[str, TrialRequest] = {}
-
-    def submit(
-        self, request: TrialRequest, queue: str, hard_limit_s: float, task_id: str | None = None
-    ) -> str:
-        assert task_id is not None, "the driver names each attempt before sending it"
-        self.sent[task_id] = request
-        return task_id
-
-    def statuses(self, task_ids: Iterable[str]) -> dict[str, TaskStatus]:
-        found = {}
-        for task_id in task_ids:
-            request = self.sent[task_id]
-            fields = self.script[list(self.sent).index(task_id)]
-            result = TrialResult(
-                study=request.study, number=request.number, attempt=request.attempt, **fields
-            )
-            found[task_id] = TaskStatus(TaskPhase.FINISHED, result=result)
-        return found
-
-    def pending_ids(self, queue: str) -> set[str]:
-        return set()
-
-    def worker_alive(self, worker: str) -> bool:
-        return True
-
-    def withdraw(self, task_ids: Iterable[str], queue: str) -> None:
-        pass
-
-    def terminate(self, task_id: str) -> None:
-        pass
-
-    def live_worker_count(self, queue: str) -> int:
-        return 1
 
 
 def _driver(
     tmp_path: Path,
     script: list[dict[str, object]],
     dispatcher: StandInDispatcher | None = None,
+    storage: str | None = None,
+    name: str = "loop",
 ) -> tuple[StudyDriver, StandInDispatcher]:
-    """A driver of a one-trial study in `tmp_path`; with `dispatcher`, on the same broker."""
+    """A driver of a one-trial study, in SQLite in `tmp_path` unless `storage` says where;
+    with `dispatcher`, on the same broker."""
     path = tmp_path / "study.toml"
     path.write_text(
         textwrap.dedent(
-            """
+            f"""
             [study]
-            name = "loop"
+            name = "{name}"
             n_trials = 1
             [trial]
             entrypoint = "trials:quadratic"
@@ -85,7 +54,7 @@ def _driver(
         )
     )
     spec = load_spec(path)
-    study = open_study(spec, "sqlite:///" + str(tmp_path / "loop.db"))
+    study = open_study(spec, storage or "sqlite:///" + str(tmp_path / "loop.db"))
     dispatcher = dispatcher or StandInDispatcher(script)
     options = DriverOptions(max_in_flight=1, poll_interval_s=0)
     return StudyDriver(spec, study, dispatcher, None, NoProgress(), options), dispatcher
@@ -164,3 +133,83 @@ def test_a_tell_the_driver_died_before_writing_is_told_by_the_next_run_once(
     assert trial.user_attrs["task_id"] == stored.user_attrs["task_id"]
     assert len(dispatcher.sent) == 1, "re-attached and told, not sent again"
     assert resumed.counts.complete == 1
+
+
+# --- PostgreSQL: the driver's records are committed beside the loop ---------------------------
+
+
+@pytest.fixture
+def pg_study(postgres_url: str) -> Iterator[str]:
+    """A fresh study name in PostgreSQL; the study is deleted afterwards."""
+    name = f"loop-{uuid.uuid4().hex[:8]}"
+    yield name
+    with contextlib.suppress(KeyError):
+        optuna.delete_study(study_name=name, storage=postgres_url)
+
+
+@contextlib.contextmanager
+def _commits_held(url: str, study_name: str) -> Iterator[sqlalchemy.Connection]:
+    """Hold the study's row locked from another connection: a commit that creates a trial
+    waits for it, as behind another driver's transaction or a slow server."""
+    engine = sqlalchemy.create_engine(url)
+    with engine.connect() as connection:
+        connection.execute(
+            sqlalchemy.text("SELECT study_id FROM studies WHERE study_name = :name FOR UPDATE"),
+            {"name": study_name},
+        )
+        yield connection
+        connection.rollback()
+    engine.dispose()
+
+
+def _stored(url: str, study_name: str) -> list[optuna.trial.FrozenTrial]:
+    return optuna.load_study(study_name=study_name, storage=url).trials
+
+
+def test_a_trial_is_sent_only_once_its_record_is_in_postgresql(
+    tmp_path: Path, postgres_url: str, pg_study: str
+) -> None:
+    ok = {"outcome": Outcome.OK, "metrics": {"value": 0.5}}
+    driver, dispatcher = _driver(tmp_path, [ok], storage=postgres_url, name=pg_study)
+
+    with _commits_held(postgres_url, pg_study):
+        driver._fill(1)  # asked, recorded: the commit is on its way, and waits
+        driver._send_recorded(deadline=time.monotonic() + 0.5)
+        assert dispatcher.sent == {}, "sent before its record was written"
+        assert _stored(postgres_url, pg_study) == []
+
+    driver._send_recorded(deadline=time.monotonic() + 30)
+    ((task_id, request),) = dispatcher.sent.items()
+    (stored,) = _stored(postgres_url, pg_study)
+    assert stored.user_attrs["task_id"] == task_id and stored.params == request.params
+    driver.run(1)
+    (told,) = _stored(postgres_url, pg_study)
+    assert told.state is optuna.trial.TrialState.COMPLETE and told.value == 0.5
+
+
+def test_a_failed_commit_sends_nothing_and_the_next_one_writes_it_once(
+    tmp_path: Path, postgres_url: str, pg_study: str
+) -> None:
+    driver, dispatcher = _driver(tmp_path, [], storage=postgres_url, name=pg_study)
+
+    with _commits_held(postgres_url, pg_study) as holder:
+        driver._fill(1)
+        # The server ends the waiting commit's session, as a restart or a failover would.
+        waiting = sqlalchemy.text(
+            "SELECT pid FROM pg_stat_activity WHERE pg_backend_pid() = ANY(pg_blocking_pids(pid))"
+        )
+        deadline = time.monotonic() + 30
+        while (pid := holder.execute(waiting).scalar()) is None:
+            assert time.monotonic() < deadline, "the commit never reached the held row"
+            time.sleep(0.05)
+        holder.execute(sqlalchemy.text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+        with pytest.raises(optuna.exceptions.StorageInternalError):
+            driver._send_recorded(deadline=time.monotonic() + 30)
+    assert dispatcher.sent == {}
+    assert _stored(postgres_url, pg_study) == []
+
+    flush(driver.study)  # the next commit writes what failed, first
+    (stored,) = _stored(postgres_url, pg_study)
+    (unsent,) = driver.recording
+    assert stored.number == 0 and stored.user_attrs["task_id"] == unsent.task_id
+    assert stored.params == unsent.request.params
