@@ -70,7 +70,7 @@ def storage_errors(url: str) -> Iterator[None]:
     try:
         yield
     except ImportError as exc:
-        raise StorageUnreachable(f"storage {_redacted(url)}: driver missing: {exc}") from None
+        raise StorageUnreachable(f"storage {_redacted(url)}: {_missing_driver(url, exc)}") from None
     except Exception as exc:
         if type(exc).__module__.startswith("sqlalchemy"):
             first = str(exc).splitlines()[0]
@@ -153,6 +153,16 @@ def _construct(factory: Any, args: dict[str, Any], key: str, path: Path) -> Any:
         return factory(**args)
     except (TypeError, ValueError) as exc:
         raise SpecError(f"{path}: {key}: {exc}") from None
+
+
+def _missing_driver(url: str, exc: ImportError) -> str:
+    """Which module the URL's database driver needs, and how to get it. Optuna's own message
+    names neither: the module is in the ImportError it wraps."""
+    module = exc.name or getattr(exc.__cause__, "name", None)
+    if module is None:
+        return f"driver missing: {exc}"
+    fix = "pip install 'trialq[postgres]'" if url.startswith("postgresql") else "install it"
+    return f"driver missing: Python module {module!r} is not installed ({fix})"
 
 
 def _redacted(url: str) -> str:

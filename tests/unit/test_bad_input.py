@@ -77,3 +77,15 @@ def test_unreachable_storage_is_exit_3_with_one_line(
     err = capsys.readouterr().err.strip()
     assert code == 3, err
     assert "unreachable" in err and "secret" not in err and len(err.splitlines()) == 1
+
+
+def test_a_storage_whose_driver_is_missing_is_named_in_one_line(
+    write_spec: Callable[..., Path], redis_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = write_spec(spec_text())
+    storage = "mysql+mysqldb://nobody:secret@127.0.0.1:1/none"  # mysqlclient is not installed
+    code = submit_study_main([str(spec), "--broker", redis_url, "--storage", storage])
+    err = capsys.readouterr().err.strip()
+    assert code == 3, err
+    assert "driver missing: Python module 'MySQLdb' is not installed" in err, err
+    assert "secret" not in err and len(err.splitlines()) == 1
