@@ -58,7 +58,7 @@ class InFlight:
 
 
 @dataclass
-class Unsent:
+class Recording:
     """A trial asked and recorded, to be sent once its record is in the database."""
 
     trial: optuna.Trial
@@ -90,7 +90,7 @@ class StudyDriver:
     progress: ProgressSink
     options: DriverOptions
     in_flight: dict[str, InFlight] = field(default_factory=dict)
-    recording: list[Unsent] = field(default_factory=list)
+    recording: list[Recording] = field(default_factory=list)
     """Trials whose record is on its way to the database, in the order they were asked."""
     unsent: list[tuple[optuna.Trial, int]] = field(default_factory=list)
     """Asked trials whose sending failed (broker away); sent before any new one."""
@@ -186,7 +186,7 @@ class StudyDriver:
         request = self._request(trial, attempt)
         task_id = str(uuid.uuid4())
         set_user_attrs(trial, {"task_id": task_id, "attempts": attempt})
-        self.recording.append(Unsent(trial, request, task_id, persist(trial)))
+        self.recording.append(Recording(trial, request, task_id, persist(trial)))
         self._send_recorded()
 
     def _send_recorded(self, deadline: float | None = None) -> None:
@@ -202,8 +202,8 @@ class StudyDriver:
             self.recording.pop(0)
             self._submit(head)
 
-    def _submit(self, unsent: Unsent) -> None:
-        trial, request, task_id = unsent.trial, unsent.request, unsent.task_id
+    def _submit(self, recorded: Recording) -> None:
+        trial, request, task_id = recorded.trial, recorded.request, recorded.task_id
         try:
             self.dispatcher.submit(
                 request, self.spec.trial.queue, self.spec.trial.hard_limit_s, task_id

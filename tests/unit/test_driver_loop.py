@@ -210,6 +210,6 @@ def test_a_failed_commit_sends_nothing_and_the_next_one_writes_it_once(
 
     flush(driver.study)  # the next commit writes what failed, first
     (stored,) = _stored(postgres_url, pg_study)
-    (unsent,) = driver.recording
-    assert stored.number == 0 and stored.user_attrs["task_id"] == unsent.task_id
-    assert stored.params == unsent.request.params
+    (recording,) = driver.recording
+    assert stored.number == 0 and stored.user_attrs["task_id"] == recording.task_id
+    assert stored.params == recording.request.params
