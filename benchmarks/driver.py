@@ -32,9 +32,10 @@ import textwrap
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import optuna
 
@@ -93,9 +94,8 @@ def instrumented(study: optuna.Study, timings: Timings, attrs_one_by_one: bool) 
     best_value = optuna.Study.best_value
     batched = getattr(trialq.driver, "set_user_attrs", None)
     persist = getattr(trialq.driver, "persist", None)
-    flush = getattr(trialq.driver, "flush_behind", None) or getattr(trialq.driver, "flush", None)
-    flush_name = "flush_behind" if hasattr(trialq.driver, "flush_behind") else "flush"
-    commit = getattr(trialq.mirror.MirroredStorage, "_commit", None)
+    flush_behind = trialq.driver.flush_behind
+    commit = trialq.mirror.MirroredStorage._commit
 
     def timed_ask(*args: Any, **kwargs: Any) -> optuna.Trial:
         wall, cpu = time.perf_counter(), time.thread_time()
@@ -121,7 +121,7 @@ def instrumented(study: optuna.Study, timings: Timings, attrs_one_by_one: bool) 
 
     def timed_flush(study: optuna.Study) -> Any:
         with timings.measure("flush"):  # a step's leftover writes: tells with no send after them
-            return flush(study) if flush is not None else None
+            return flush_behind(study)
 
     def timed_commit(storage: Any, batches: Any) -> None:
         with timings.measure("background_commit"):  # in the writer thread: its own CPU
@@ -149,35 +149,25 @@ def instrumented(study: optuna.Study, timings: Timings, attrs_one_by_one: bool) 
 
         return timed
 
-    for name in sampler_methods:
-        setattr(sampler, name, timed_sampler_method(name))
-    study.ask, study.tell = timed_ask, timed_tell
-    optuna.Study.best_value = property(timed_best_value)
-    if batched is None:
-        optuna.Trial.set_user_attr = timed_set_user_attr
-    else:
-        trialq.driver.set_user_attrs = timed_set_user_attrs
-    if persist is not None:
-        trialq.driver.persist = timed_persist
-    if flush is not None:
-        setattr(trialq.driver, flush_name, timed_flush)
-    if commit is not None:
-        trialq.mirror.MirroredStorage._commit = timed_commit
-    try:
-        yield
-    finally:
+    with ExitStack() as stack:
+
+        def swap(owner: Any, name: str, replacement: Any) -> None:
+            stack.enter_context(mock.patch.object(owner, name, replacement))
+
         for name in sampler_methods:
-            delattr(sampler, name)
-        optuna.Trial.set_user_attr = set_user_attr
-        optuna.Study.best_value = best_value
-        if batched is not None:
-            trialq.driver.set_user_attrs = batched
+            swap(sampler, name, timed_sampler_method(name))
+        swap(study, "ask", timed_ask)
+        swap(study, "tell", timed_tell)
+        swap(optuna.Study, "best_value", property(timed_best_value))
+        if batched is None:
+            swap(optuna.Trial, "set_user_attr", timed_set_user_attr)
+        else:
+            swap(trialq.driver, "set_user_attrs", timed_set_user_attrs)
         if persist is not None:
-            trialq.driver.persist = persist
-        if flush is not None:
-            setattr(trialq.driver, flush_name, flush)
-        if commit is not None:
-            trialq.mirror.MirroredStorage._commit = commit
+            swap(trialq.driver, "persist", timed_persist)
+        swap(trialq.driver, "flush_behind", timed_flush)
+        swap(trialq.mirror.MirroredStorage, "_commit", timed_commit)
+        yield
 
 
 def timed_dispatcher(dispatcher: CeleryDispatcher, timings: Timings) -> None:

@@ -352,22 +352,24 @@ class MirroredStorage(BaseStorage):
         return batches
 
     def _write(self, batches: list[Batch], requests: list[Future[None]]) -> None:
+        """Commit the batches and settle the requests; what fails stays, to go first next."""
+        error: BaseException | None = None
         try:
             if batches:
                 self._commit(batches)
         except BaseException as exc:  # an interrupt too: nothing taken may be dropped
-            with self._lock:
+            error = exc
+        with self._lock:
+            if error is not None:
                 self._failed = batches + self._failed
-                for request in requests:
-                    request.set_exception(exc)
-                self._written.notify_all()
-            if not isinstance(exc, Exception):
-                raise
-        else:
-            with self._lock:
-                for request in requests:
+            for request in requests:
+                if error is None:
                     request.set_result(None)
-                self._written.notify_all()
+                else:
+                    request.set_exception(error)
+            self._written.notify_all()
+        if error is not None and not isinstance(error, Exception):
+            raise error
 
     def _commit(self, batches: list[Batch]) -> None:
         commit_batches(self._backend, batches)
@@ -434,18 +436,19 @@ def mirrored(storage: BaseStorage) -> BaseStorage:
 
 
 def persist(trial: optuna.Trial) -> Future[None]:
-    """Everything written to the trial (and all else pending) on its way to the database: the
-    future is done once it is durable. Storages other than `MirroredStorage` already wrote it."""
-    if isinstance(trial.storage, MirroredStorage):
-        return trial.storage.flush_behind()  # with everything else pending: one transaction
-    return _done()
+    """Everything written to the trial (and all else pending, in one transaction) on its way
+    to the database: the future is done once it is durable."""
+    return flush_behind(trial.study)
 
 
 def flush_behind(study: optuna.Study) -> Future[None]:
-    """Everything written to the study's trials on its way to the database (as `persist`)."""
+    """Everything written to the study's trials on its way to the database: the future is done
+    once it is durable. Storages other than `MirroredStorage` already wrote it."""
     if isinstance(study._storage, MirroredStorage):
         return study._storage.flush_behind()
-    return _done()
+    done: Future[None] = Future()
+    done.set_result(None)
+    return done
 
 
 def flush(study: optuna.Study) -> None:
@@ -453,9 +456,3 @@ def flush(study: optuna.Study) -> None:
     `MirroredStorage` already wrote it)."""
     if isinstance(study._storage, MirroredStorage):
         study._storage.flush()
-
-
-def _done() -> Future[None]:
-    done: Future[None] = Future()
-    done.set_result(None)
-    return done
