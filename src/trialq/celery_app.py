@@ -1,4 +1,4 @@
-"""The Celery app and the settings that carry the design (DESIGN.md), shared by both ends.
+"""The Celery app and the settings that carry the design (docs/design.md), shared by both ends.
 
 Creating an app touches no network and no GPU; the driver makes one to send tasks, the
 worker module makes the one `celery -A trialq.worker` finds.
@@ -29,7 +29,7 @@ def result_key(task_id: str) -> str:
 
 
 def celery_config(settings: Settings) -> dict[str, Any]:
-    """The Celery settings that make one-process-per-trial safe (DESIGN.md)."""
+    """The Celery settings that make one-process-per-trial safe (docs/design.md)."""
     transport = {"visibility_timeout": settings.visibility_timeout_s}
     return {
         "worker_max_tasks_per_child": 1,

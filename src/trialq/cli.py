@@ -1,6 +1,6 @@
 """The command line: `submit-study` and `trialq worker | status | report | health`.
 
-Errors of the user's making become one line on stderr and an exit code (DESIGN.md):
+Errors of the user's making become one line on stderr and an exit code (docs/design.md):
 0 done with a complete trial, 1 done with none, 2 bad spec or arguments, 3 broker or
 storage unreachable, 130 interrupted. Heavy imports wait until a command needs them.
 """

@@ -80,6 +80,6 @@ class TrialResult(_Message):
     Not the params' fault, so the driver sends it elsewhere (within max_retries)."""
 
     def user_attrs(self) -> dict[str, Any]:
-        """The fields recorded on the Optuna trial (DESIGN.md, 'What every trial records')."""
+        """The fields recorded on the Optuna trial (docs/design.md, 'What every trial records')."""
         internal = {"version", "study", "number", "attempt", "last_step", "device_refused"}
         return self.model_dump(mode="json", exclude=internal)

@@ -2,7 +2,7 @@
 
 Celery forks every trial's process from the worker's parent, so a trial starts with whatever
 the parent has imported: importing TensorFlow there once saves every trial the seconds its
-own import would cost. What must never cross a fork is device state (DESIGN.md): a TensorFlow
+own import would cost. What must never cross a fork is device state (docs/design.md): a TensorFlow
 runtime or a CUDA context made in the parent leaves forked children hanging. `device_in_use`
 tells, without initialising anything itself, whether this process holds such state; the
 worker asks it after preloading, in the parent before every fork, and in every new child.

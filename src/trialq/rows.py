@@ -1,6 +1,6 @@
 """A study's trials as flat rows: the facts `trialq status` and `trialq report` both show.
 
-One place reads the user attrs the driver writes (DESIGN.md, "What every finished trial
+One place reads the user attrs the driver writes (docs/design.md, "What every finished trial
 records") and decides what a trial's value, peak memory or error headline is, so the
 terminal table and the report's table never disagree.
 """

@@ -1,6 +1,6 @@
 """Writing a trial's user attrs in one storage transaction.
 
-The driver records a dozen user attrs a trial (DESIGN.md, "What every finished trial
+The driver records a dozen user attrs a trial (docs/design.md, "What every finished trial
 records"). Optuna's RDB storage commits each `Trial.set_user_attr` on its own, after reading
 the trial again: about 4 ms each with PostgreSQL on this project's machines, and more than the
 trial's `tell`. `set_user_attrs` writes them all at once: through the driver's
