@@ -97,6 +97,15 @@ class MirroredStorage(BaseStorage):
             write_behind = backend.engine.dialect.name != "sqlite"
         self._write_behind = write_behind
 
+    def __getstate__(self) -> dict[str, Any]:
+        """A pickled copy is the database as it is once everything pending is written: its
+        trials are loaded again where it is unpickled."""
+        self.flush()
+        return {"backend": self._backend, "write_behind": self._write_behind}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["backend"], state["write_behind"])  # type: ignore[misc]
+
     @property
     def backend(self) -> optuna.storages.RDBStorage:
         """The database every write goes to."""
@@ -197,9 +206,12 @@ class MirroredStorage(BaseStorage):
                 trial = _new_running_trial(trial_id, expected, started)
             else:  # enqueued and added trials: rare, Optuna's own path, after the pending ones
                 self.flush()
-                trial = self._backend._create_new_trial(study_id, template_trial)
-                if trial.number != expected:  # Optuna numbers it by the database's count
-                    raise ForeignWriter.numbering(trial.number, expected)
+                created = self._backend._create_new_trial(study_id, template_trial)
+                if created.number != expected:  # Optuna numbers it by the database's count
+                    raise ForeignWriter.numbering(created.number, expected)
+                # Read back: the template's values are as given (an int), the database's
+                # as stored (a float).
+                trial = self._backend.get_trial(created._trial_id)
             study.trials[trial.number] = trial
             self._where[trial._trial_id] = (study_id, trial.number)
         return trial._trial_id
@@ -223,7 +235,7 @@ class MirroredStorage(BaseStorage):
             known = study.distributions.setdefault(param_name, distribution)
             check_distribution_compatibility(known, distribution)
             self._pending(trial_id).params[param_name] = (param_value_internal, distribution)
-            value = distribution.to_external_repr(param_value_internal)
+            value = distribution.to_external_repr(float(param_value_internal))
             self._replace(
                 trial,
                 params={**trial.params, param_name: value},
@@ -266,25 +278,25 @@ class MirroredStorage(BaseStorage):
                 return
             self.check_trial_is_updatable(trial_id, trial.state)
             self._pending(trial_id).intermediate_values[step] = intermediate_value
-            values = {**trial.intermediate_values, step: intermediate_value}
+            values = {**trial.intermediate_values, step: float(intermediate_value)}
             self._replace(trial, intermediate_values=values)
             self.flush()
 
     def set_trial_state_values(
         self, trial_id: int, state: TrialState, values: Sequence[float] | None = None
     ) -> bool:
-        """Decided on the copy as Optuna decides on the database (False for a trial set
-        RUNNING that is not WAITING), and written with the next `flush`."""
+        """Decided on the copy as Optuna decides on the database (a finished trial refused,
+        False for a running trial set RUNNING), and written with the next `flush`."""
         changed_at = datetime.now()
-        kept = None if values is None else list(values)
+        kept = None if values is None else [float(v) for v in values]  # as the database reads
         with self._lock:
             trial = self._mirrored(trial_id)
             if trial is None:
                 writes = TrialWrites(state=state, values=kept, changed_at=changed_at)
                 return commit(self._backend, trial_id, writes)
+            self.check_trial_is_updatable(trial_id, trial.state)
             if state is TrialState.RUNNING and trial.state is not TrialState.WAITING:
                 return False
-            self.check_trial_is_updatable(trial_id, trial.state)
             pending = self._open.writes.get(trial_id)
             if pending is not None and pending.state is not None:
                 self.flush()  # one state change a write: each sets its own times
