@@ -2,7 +2,9 @@
 
 Errors of the user's making become one line on stderr and an exit code (docs/design.md):
 0 done with a complete trial, 1 done with none, 2 bad spec or arguments, 3 broker or
-storage unreachable, 130 interrupted. Heavy imports wait until a command needs them.
+storage unreachable, 4 a bug of trialq's (with its traceback), 130 interrupted. A crash is
+never 1, which scripts read as "done, nothing complete". Heavy imports wait until a command
+needs them.
 """
 
 from __future__ import annotations
@@ -12,12 +14,15 @@ import json
 import os
 import signal
 import sys
+import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from trialq.errors import Interrupted, TrialqError, UsageError
+from trialq.errors import Interrupted, ServiceUnreachable, TrialqError, UsageError
 from trialq.settings import Settings
+
+INTERNAL_ERROR_EXIT_CODE = 4
 
 
 class _Parser(argparse.ArgumentParser):
@@ -49,6 +54,18 @@ def _run(command: Callable[[], int]) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return Interrupted.exit_code
+    except Exception as exc:
+        from trialq.outage import service_lost
+
+        service = service_lost(exc)
+        if service is not None:  # lost where no outage is ridden out (before the loop)
+            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            print(f"error: {service} unreachable: {reason}", file=sys.stderr)
+            return ServiceUnreachable.exit_code
+        traceback.print_exc()
+        print(f"error: internal error (a bug of trialq's; the traceback is above): {exc!r}",
+              file=sys.stderr)  # fmt: skip
+        return INTERNAL_ERROR_EXIT_CODE
 
 
 def _raise_keyboard_interrupt(signum: int, frame: Any) -> None:
@@ -66,6 +83,13 @@ def _submit_parser() -> _Parser:
     parser.add_argument("--broker", help="broker URL (default: TRIALQ_BROKER_URL)")
     parser.add_argument("--storage", help="Optuna storage URL (overrides the spec)")
     parser.add_argument("--n-trials", type=_positive_int, help="finished trials to reach")
+    parser.add_argument(
+        "--outage-limit",
+        type=_positive_float,
+        metavar="SECONDS",
+        help="how long to wait for a lost broker or storage before giving up "
+        "(default: the spec's study.outage_limit_s, else 300)",
+    )
     parser.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument(
@@ -81,6 +105,16 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
     if value <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
     return value
 
 
@@ -108,6 +142,7 @@ def _submit_study(args: argparse.Namespace) -> int:
         n_trials=args.n_trials,
         local_workers=(args.workers or 2) if args.local else None,
         show_progress=not args.no_progress,
+        outage_limit_s=args.outage_limit,
     )
     if args.json:
         json.dump(summary, sys.stdout, default=str)

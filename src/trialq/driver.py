@@ -3,7 +3,9 @@
 The driver is the single writer of trial states: it asks the study for params, sends each
 trial through a `Dispatcher`, and tells each trial exactly once when its fate is known. It
 retries only what was lost (a worker gone), re-attaches after a restart to trials it had in
-flight, and relays intermediate values to Optuna's pruner.
+flight, and relays intermediate values to Optuna's pruner. It rides out an outage of Redis or
+of the storage (`trialq.outage`), and a trial that someone else finishes while it runs
+(optuna-dashboard's Fail button) is stopped, not told again.
 """
 
 from __future__ import annotations
@@ -13,25 +15,27 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import optuna
 import redis
-from optuna.trial import TrialState
+from optuna.trial import FrozenTrial, TrialState
 
 from trialq import logs
 from trialq.channel import Report, ReportChannel, TrialAddress
 from trialq.dispatch import Dispatcher, TaskPhase, TaskStatus
 from trialq.errors import BrokerUnreachable, Interrupted, SpecError
 from trialq.messages import Outcome, TrialRequest, TrialResult
-from trialq.mirror import flush, flush_behind, persist
+from trialq.mirror import annotate, finished_elsewhere, flush, flush_behind, persist, ping
 from trialq.oom_constraint import OOM_CONSTRAINT, OomTelling, counted_state, oom_telling
+from trialq.outage import Outages
 from trialq.progress import Counts, ProgressSink
 from trialq.spec import StudySpec
 from trialq.study import distributions
+from trialq.study_lock import StudyLock
 from trialq.trial_attrs import set_user_attrs
 
 FINISHED_STATES = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
@@ -74,7 +78,10 @@ class DriverOptions:
     max_in_flight: int
     poll_interval_s: float = 0.05
     lost_check_interval_s: float = 5.0
-    broker_outage_limit_s: float = 600.0
+    outside_check_interval_s: float = 2.0
+    """How often the storage is asked whether someone else finished a trial in flight."""
+    outage_limit_s: float = 300.0
+    """How long a lost broker or storage is waited for before the run gives up (exit 3)."""
     search_paths: tuple[str, ...] = ()
     clock: Callable[[], float] = time.monotonic
 
@@ -89,6 +96,8 @@ class StudyDriver:
     channel: ReportChannel | None
     progress: ProgressSink
     options: DriverOptions
+    study_lock: StudyLock | None = None
+    """This driver's hold on the study (`trialq.study_lock`), checked as it goes."""
     in_flight: dict[str, InFlight] = field(default_factory=dict)
     recording: list[Recording] = field(default_factory=list)
     """Trials whose record is on its way to the database, in the order they were asked."""
@@ -96,15 +105,19 @@ class StudyDriver:
     """Asked trials whose sending failed (broker away); sent before any new one."""
     counts: Counts = field(default_factory=Counts)
     _last_lost_check: float = -math.inf
+    _last_outside_check: float = -math.inf
+    _written: Future[None] | None = None
+    """The last step's commit: its failure is how a storage outage shows."""
 
     def run(self, n_trials: int) -> None:
         """Ask, send, collect and tell until `n_trials` trials have finished."""
         self._count_finished()
         self._reattach()
-        outage = BrokerOutage(self.options.broker_outage_limit_s, self.options.clock)
+        self._written = flush_behind(self.study)
+        outages = Outages(self.options.outage_limit_s, self.options.clock)
         try:
-            while self._step(n_trials, outage):
-                self._pause(self.options.poll_interval_s, outage)
+            while self._step(n_trials, outages):
+                self._pause(self.options.poll_interval_s, outages)
         except KeyboardInterrupt:
             self._withdraw_waiting()
             raise Interrupted("interrupted: queued trials withdrawn; rerun to resume") from None
@@ -114,30 +127,47 @@ class StudyDriver:
         finally:
             self._write_told()
 
-    def _step(self, n_trials: int, outage: BrokerOutage) -> bool:
+    def _step(self, n_trials: int, outages: Outages) -> bool:
         """One pass: collect and tell, ask into the room that made, relay reports, then hand
         what is left pending to the storage. False once everything is told.
 
         A steady pass (one trial told, the next asked) is one transaction: the new trial's
         `persist` carries the tell. It is committed while the loop goes on, and the trial is
-        sent once it is in the database (`_pause`)."""
+        sent once it is in the database (`_pause`). While the broker or the storage is away,
+        the pass is retried with backoff (`Outages`); writes that failed stay pending and go
+        in with the next commit."""
         more = True
-        with outage.tolerated():
+        with outages.tolerated():
+            self._check_storage(outages)
             self._collect()
+            self._check_outside()
             self._send_recorded()
             more = self._fill(n_trials)
             self._relay_reports()
-        flush_behind(self.study)
+        self._written = flush_behind(self.study)
+        for recording in self.recording:  # a record whose commit failed waits for this one
+            if _failed(recording.recorded):
+                recording.recorded = self._written
         self.progress.update(self.counts, self._best_value(), self._outstanding)
         return bool(more or self._outstanding)
 
-    def _pause(self, seconds: float, outage: BrokerOutage) -> None:
+    def _pause(self, seconds: float, outages: Outages) -> None:
         """Wait for the next pass, sending each trial the moment its record is written."""
         deadline = time.monotonic() + seconds
         while self.recording and time.monotonic() < deadline:
-            with outage.tolerated():
-                self._send_recorded(deadline)
+            with outages.tolerated():
+                if not self._send_recorded(deadline):
+                    break
         time.sleep(max(0.0, deadline - time.monotonic()))
+
+    def _check_storage(self, outages: Outages) -> None:
+        """Raise the last commit's error, if it failed; while the storage is known to be
+        away, ask it until it answers (a pass may have nothing to write)."""
+        if self._written is not None and self._written.done():
+            self._written.result()
+        if outages.away("storage"):
+            ping(self.study)
+            outages.recovered("storage")
 
     @property
     def _outstanding(self) -> int:
@@ -189,18 +219,22 @@ class StudyDriver:
         self.recording.append(Recording(trial, request, task_id, persist(trial)))
         self._send_recorded()
 
-    def _send_recorded(self, deadline: float | None = None) -> None:
+    def _send_recorded(self, deadline: float | None = None) -> bool:
         """Send the trials whose record is written, in the order they were asked; with a
-        `deadline` (`time.monotonic`), wait for each until then. A failed write stops the run."""
+        `deadline` (`time.monotonic`), wait for each until then. False where the head's commit
+        failed: it waits for the next step's commit, whose outcome the step checks."""
         while self.recording:
             head = self.recording[0]
             wait_s = 0.0 if deadline is None else max(0.0, deadline - time.monotonic())
             try:
                 head.recorded.result(timeout=wait_s)
             except TimeoutError:
-                return
+                return True
+            except Exception:
+                return False
             self.recording.pop(0)
             self._submit(head)
+        return True
 
     def _submit(self, recorded: Recording) -> None:
         trial, request, task_id = recorded.trial, recorded.request, recorded.task_id
@@ -264,6 +298,44 @@ class StudyDriver:
             return False
         self._last_lost_check = now
         return True
+
+    def _check_outside(self) -> None:
+        """Every few seconds: check this driver still holds its study, and ask the storage
+        whether someone else finished a trial in flight (optuna-dashboard's Fail button is
+        "stop this trial now"): their state stands, the trial's process is killed, and it is
+        not retried."""
+        now = self.options.clock()
+        if now - self._last_outside_check < self.options.outside_check_interval_s:
+            return
+        self._last_outside_check = now
+        if self.study_lock is not None:
+            self.study_lock.ensure_held()
+        by_trial = {entry.trial._trial_id: entry for entry in self.in_flight.values()}
+        for frozen in finished_elsewhere(self.study, by_trial):
+            entry = by_trial.get(frozen._trial_id)
+            if entry is None:  # its result came in as it was finished there: theirs stands
+                _log.warning("trial #%d was finished from outside as %s; that state stands",
+                             frozen.number, frozen.state.name)  # fmt: skip
+            else:
+                self._stopped(entry, frozen)
+
+    def _stopped(self, entry: InFlight, frozen: FrozenTrial) -> None:
+        """Kill a trial someone else finished, and note what became of it."""
+        self.dispatcher.terminate(entry.task_id)
+        del self.in_flight[entry.task_id]
+        self._forget_reports(entry)
+        note = f"finished from outside as {frozen.state.name} while it ran; its process was killed"
+        annotate(
+            entry.trial,
+            {
+                "outcome": Outcome.STOPPED.value,
+                "error": note,
+                "attempts": entry.request.attempt,
+                "task_id": entry.task_id,
+            },
+        )
+        self.counts.record(counted_state(frozen))
+        _log.warning("trial #%d %s", frozen.number, note, extra=logs.fields(entry.request))
 
     def _check_running(self, entry: InFlight, status: TaskStatus) -> None:
         entry.unknown_checks = 0
@@ -455,26 +527,8 @@ def _record_intermediate(trial: optuna.Trial, step: int, value: float) -> None:
         trial.report(value, step)
 
 
-class BrokerOutage:
-    """Rides out a Redis restart: retries the loop until the broker is back or a limit passes."""
-
-    def __init__(self, limit_s: float, clock: Callable[[], float]) -> None:
-        self._limit_s = limit_s
-        self._clock = clock
-        self._since: float | None = None
-
-    @contextlib.contextmanager
-    def tolerated(self) -> Iterator[None]:
-        """Swallow a connection error (the pass is retried) until the outage is too long."""
-        try:
-            yield
-            self._since = None
-        except (redis.ConnectionError, redis.TimeoutError, BrokerUnreachable) as exc:
-            self._since = self._since or self._clock()
-            if self._clock() - self._since > self._limit_s:
-                message = f"broker unreachable for {self._limit_s:g} s: {exc}"
-                raise BrokerUnreachable(message) from None
-            time.sleep(1.0)
+def _failed(future: Future[None]) -> bool:
+    return future.done() and future.exception() is not None
 
 
 def objective_values(metrics: dict[str, float], names: tuple[str, ...] | None) -> list[float]:

@@ -68,6 +68,21 @@ class ForeignWriter(TrialqError):
         )
 
 
+class StudyInUse(TrialqError):
+    """Raised when another `submit-study` drives the study already: two drivers would number
+    and tell its trials twice."""
+
+    exit_code = 2
+
+    @classmethod
+    def held_by(cls, study: str, holder: str) -> StudyInUse:
+        """The study's lock is held by `holder` (a driver's name, where the database knows)."""
+        return cls(
+            f"study {study!r} has a driver already ({holder}); run one submit-study per "
+            "study, or wait for that one to end"
+        )
+
+
 class LocalClusterError(TrialqError):
     """Raised when `--local` cannot start its embedded Redis or its workers."""
 

@@ -27,6 +27,9 @@ class Outcome(StrEnum):
     TIMEOUT = "timeout"
     ERROR = "error"
     WORKER_LOST = "worker_lost"
+    STOPPED = "stopped"
+    """Finished from outside while it ran (optuna-dashboard's Fail, the `optuna` CLI): the
+    state told there stands, the process is killed, the trial is not retried."""
 
     @property
     def is_retryable(self) -> bool:

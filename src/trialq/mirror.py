@@ -28,14 +28,16 @@ new trial whose number is not the next one in the copy stops the run with `Forei
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import threading
-from collections.abc import Container, Mapping, Sequence
+from collections.abc import Container, Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from datetime import datetime
 from typing import Any
 
 import optuna
+import sqlalchemy
 from optuna.distributions import BaseDistribution, check_distribution_compatibility
 from optuna.storages import BaseStorage
 from optuna.study import StudyDirection
@@ -45,10 +47,12 @@ from optuna.trial import FrozenTrial, TrialState
 from trialq.errors import ForeignWriter
 from trialq.trial_writes import (
     Batch,
+    FinishedElsewhere,
     NewTrial,
     TrialWrites,
     commit,
     commit_batches,
+    finished_in_database,
     insert_trial,
     reserve_trial_ids,
 )
@@ -90,6 +94,7 @@ class MirroredStorage(BaseStorage):
         self._open = Batch()  # written to the copy, not yet handed to a commit
         self._failed: list[Batch] = []  # handed to a commit that failed: first in the next
         self._requests: list[Future[None]] = []  # durable points not yet handed to the writer
+        self._refused: set[int] = set()  # trials whose state change the database refused
         self._wake_writer = threading.Condition(self._lock)
         self._written = threading.Condition(self._lock)
         self._writer: threading.Thread | None = None
@@ -263,8 +268,44 @@ class MirroredStorage(BaseStorage):
                 commit(self._backend, trial_id, TrialWrites(user_attrs=dict(attrs)))
                 return
             self.check_trial_is_updatable(trial_id, trial.state)
+            # A value the trial holds already is not written again (a rewrite would move the
+            # row last in optuna-dashboard).
+            changed = {k: v for k, v in attrs.items() if trial.user_attrs.get(k, _ABSENT) != v}
+            self._pending(trial_id).user_attrs.update(changed)
+            self._replace(trial, user_attrs={**trial.user_attrs, **changed})
+
+    def annotate(self, trial_id: int, attrs: Mapping[str, Any]) -> None:
+        """User attrs on a trial of the copy however it ended: the driver's note of what it did
+        with a trial someone else finished. (Optuna refuses any write to a finished trial; the
+        database takes it.)"""
+        with self._lock:
+            trial = self._mirrored(trial_id)
+            assert trial is not None, f"trial {trial_id} is not in the driver's copy"
             self._pending(trial_id).user_attrs.update(attrs)
             self._replace(trial, user_attrs={**trial.user_attrs, **attrs})
+
+    def finished_elsewhere(self, trial_ids: Iterable[int]) -> list[FrozenTrial]:
+        """Trials finished in the database by another process (optuna-dashboard's Fail button,
+        the `optuna` CLI, a script) while this driver held them: those of `trial_ids` that the
+        copy has running, and any whose state change a commit found refused. The state is
+        theirs: the copy takes the database's, and a state change of the driver's still
+        pending for them is dropped. One query."""
+        with self._lock:
+            running = [
+                trial_id
+                for trial_id in trial_ids
+                if (trial := self._mirrored(trial_id)) is not None and not trial.state.is_finished()
+            ]
+        found = set(finished_in_database(self._backend, running))
+        with self._lock:
+            found |= self._refused
+            self._refused = set()
+        return [self._take_stored_state(trial_id) for trial_id in sorted(found)]
+
+    def ping(self) -> None:
+        """One round trip to the database; raises while it is away."""
+        with self._backend.engine.connect() as connection:
+            connection.execute(sqlalchemy.text("SELECT 1"))
 
     def set_trial_intermediate_value(
         self, trial_id: int, step: int, intermediate_value: float
@@ -368,7 +409,7 @@ class MirroredStorage(BaseStorage):
         error: BaseException | None = None
         try:
             if batches:
-                self._commit(batches)
+                self._commit_yielding_to_others(batches)
         except BaseException as exc:  # an interrupt too: nothing taken may be dropped
             error = exc
         with self._lock:
@@ -383,8 +424,39 @@ class MirroredStorage(BaseStorage):
         if error is not None and not isinstance(error, Exception):
             raise error
 
+    def _commit_yielding_to_others(self, batches: list[Batch]) -> None:
+        """Commit; where the database holds a trial as finished by someone else, their state
+        stands: the driver's state change for it is dropped and the rest committed. Each retry
+        drops at least one, so this ends."""
+        while True:
+            try:
+                self._commit(batches)
+                return
+            except FinishedElsewhere as exc:
+                for trial_id in exc.trial_ids:
+                    _drop_state_change(batches, trial_id)
+                with self._lock:
+                    self._refused.update(exc.trial_ids)
+
     def _commit(self, batches: list[Batch]) -> None:
         commit_batches(self._backend, batches)
+
+    def _take_stored_state(self, trial_id: int) -> FrozenTrial:
+        """The database's state, values and end time for a trial of the copy."""
+        stored = self._backend.get_trial(trial_id)
+        with self._lock:
+            _drop_state_change([*self._failed, self._open], trial_id)
+            trial = self._mirrored(trial_id)
+            assert trial is not None
+            self._replace(
+                trial,
+                state=stored.state,
+                values=stored.values,
+                datetime_complete=stored.datetime_complete,
+            )
+            refreshed = self._mirrored(trial_id)
+        assert refreshed is not None
+        return refreshed
 
     def _pending(self, trial_id: int) -> TrialWrites:
         return self._open.writes.setdefault(trial_id, TrialWrites())
@@ -420,6 +492,16 @@ class MirroredStorage(BaseStorage):
         for name, value in changes.items():
             setattr(changed, name, value)
         self._studies[self._where[trial._trial_id][0]].trials[trial.number] = changed
+
+
+_ABSENT = object()
+
+
+def _drop_state_change(batches: Iterable[Batch], trial_id: int) -> None:
+    for batch in batches:
+        writes = batch.writes.get(trial_id)
+        if writes is not None:
+            writes.state, writes.values, writes.changed_at = None, None, None
 
 
 def _new_running_trial(trial_id: int, number: int, started: datetime) -> FrozenTrial:
@@ -461,6 +543,31 @@ def flush_behind(study: optuna.Study) -> Future[None]:
     done: Future[None] = Future()
     done.set_result(None)
     return done
+
+
+def finished_elsewhere(study: optuna.Study, trial_ids: Iterable[int]) -> list[FrozenTrial]:
+    """Of the study's trials `trial_ids`, those another process finished (see
+    `MirroredStorage.finished_elsewhere`); on another storage, read trial by trial."""
+    if isinstance(study._storage, MirroredStorage):
+        return study._storage.finished_elsewhere(trial_ids)
+    trials = [study._storage.get_trial(trial_id) for trial_id in trial_ids]
+    return [trial for trial in trials if trial.state.is_finished()]
+
+
+def annotate(trial: optuna.Trial, attrs: Mapping[str, Any]) -> None:
+    """User attrs on a trial however it ended (see `MirroredStorage.annotate`)."""
+    if isinstance(trial.storage, MirroredStorage):
+        trial.storage.annotate(trial._trial_id, attrs)
+        return
+    for key, value in attrs.items():  # another storage: written where it still may be
+        with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):
+            trial.storage.set_trial_user_attr(trial._trial_id, key, value)
+
+
+def ping(study: optuna.Study) -> None:
+    """Raise while the study's database is away (other storages: nothing to ask)."""
+    if isinstance(study._storage, MirroredStorage):
+        study._storage.ping()
 
 
 def flush(study: optuna.Study) -> None:

@@ -94,6 +94,8 @@ class StudySection(_Frozen):
     storage: str | None = None
     search_space: EntrypointRef | None = None
     oom_as_constraint: bool = True
+    outage_limit_s: float = Field(default=300, gt=0)
+    """Seconds the driver waits for a lost broker or storage before it gives up (exit 3)."""
 
     @model_validator(mode="after")
     def _check_objectives(self) -> StudySection:

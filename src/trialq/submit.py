@@ -21,6 +21,7 @@ from trialq.progress import NoProgress, ProgressSink, RichProgress
 from trialq.settings import Settings
 from trialq.spec import StudySpec, load_spec
 from trialq.study import open_study, storage_url
+from trialq.study_lock import holding_study
 from trialq.summary import study_summary
 
 VISIBILITY_MARGIN_S = 300
@@ -34,6 +35,7 @@ def submit_study(
     n_trials: int | None,
     local_workers: int | None,
     show_progress: bool,
+    outage_limit_s: float | None = None,
 ) -> dict[str, Any]:
     """Run the spec's study to its number of finished trials and return the summary."""
     spec = load_spec(spec_path)
@@ -44,6 +46,7 @@ def submit_study(
     study = open_study(spec, storage_url(spec, storage_override, settings.storage))
     target = n_trials or spec.study.n_trials
     with ExitStack() as stack:
+        study_lock = stack.enter_context(holding_study(study))  # before anything is written
         if local_workers is not None:
             cluster = LocalCluster(local_workers, spec.trial.queue, local_allow_list(spec))
             stack.enter_context(cluster)
@@ -64,9 +67,10 @@ def submit_study(
         options = DriverOptions(
             max_in_flight=spec.study.max_in_flight or max(1, workers),
             search_paths=search_paths_for(spec) if local_workers is not None else (),
+            outage_limit_s=outage_limit_s or spec.study.outage_limit_s,
         )
         channel = ReportChannel(redis.Redis.from_url(settings.broker_url))
-        StudyDriver(spec, study, dispatcher, channel, progress, options).run(target)
+        StudyDriver(spec, study, dispatcher, channel, progress, options, study_lock).run(target)
     return study_summary(study)
 
 

@@ -165,7 +165,8 @@ def commit_batches(rdb: optuna.storages.RDBStorage, batches: Sequence[Batch]) ->
 
     New trials of one study must come in number order; the database must have exactly as many
     trials before them, or `ForeignWriter` is raised and nothing is written. A state change the
-    database refuses raises as Optuna would, and nothing is written either."""
+    database refuses (the trial was finished by someone else) raises `FinishedElsewhere`, naming
+    every such trial of the first batch that has one, and nothing is written either."""
     from optuna.storages._rdb import models
 
     with _transaction(rdb) as connection:
@@ -179,14 +180,57 @@ def commit_batches(rdb: optuna.storages.RDBStorage, batches: Sequence[Batch]) ->
                     for t in batch.new_trials
                 ]
                 connection.execute(_insert_into(models.TrialModel.__table__), rows)
-            for trial_id, writes in batch.writes.items():
-                if writes.state is not None and not _change_state(
-                    rdb, connection, trial_id, writes
-                ):
-                    raise optuna.exceptions.UpdateFinishedTrialError(
-                        f"trial {trial_id} cannot be set {writes.state.name}: the database refused"
-                    )
+            refused = [
+                trial_id
+                for trial_id, writes in batch.writes.items()
+                if writes.state is not None and _finished_already(rdb, connection, trial_id, writes)
+            ]
+            if refused:
+                raise FinishedElsewhere(refused)
             _write_rows(connection, batch.writes)
+
+
+class FinishedElsewhere(optuna.exceptions.UpdateFinishedTrialError):
+    """Raised when trials the caller would finish are finished in the database already: told
+    by another process (optuna-dashboard's Fail button, the `optuna` CLI, a script)."""
+
+    def __init__(self, trial_ids: list[int]) -> None:
+        super().__init__(f"trials {trial_ids} are finished in the database already")
+        self.trial_ids = trial_ids
+
+
+def finished_in_database(rdb: optuna.storages.RDBStorage, trial_ids: Sequence[int]) -> list[int]:
+    """Which of the trials the database holds as finished, in one query."""
+    from optuna.storages._rdb import models
+
+    if not trial_ids:
+        return []
+    trials = models.TrialModel.__table__
+    finished = [state for state in TrialState if state.is_finished()]
+    query = sqlalchemy.select(trials.c.trial_id).where(
+        trials.c.trial_id.in_(trial_ids), trials.c.state.in_(finished)
+    )
+    with _transaction(rdb) as connection:
+        return [int(trial_id) for trial_id in connection.execute(query).scalars()]
+
+
+def _finished_already(
+    rdb: optuna.storages.RDBStorage,
+    connection: sqlalchemy.Connection,
+    trial_id: int,
+    writes: TrialWrites,
+) -> bool:
+    """Change the trial's state; True where the database holds it as finished already."""
+    try:
+        changed = _change_state(rdb, connection, trial_id, writes)
+    except optuna.exceptions.UpdateFinishedTrialError:
+        return True
+    if not changed:
+        assert writes.state is not None
+        raise optuna.exceptions.UpdateFinishedTrialError(
+            f"trial {trial_id} cannot be set {writes.state.name}: the database refused"
+        )
+    return False
 
 
 def _write_rows(connection: sqlalchemy.Connection, batch: Mapping[int, TrialWrites]) -> None:

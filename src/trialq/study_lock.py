@@ -1,0 +1,178 @@
+"""One driver per study: a lock the database (or the SQLite file's folder) holds for the run.
+
+The driver numbers and tells trials from its own copy of the study (`trialq.mirror`), so a
+second `submit-study` on the same study would number trials twice. It is refused with one
+line and exit 2 before it writes anything. The lock dies with the driver's process or with
+its connection, so a driver that crashed never blocks the next run:
+- PostgreSQL: a session advisory lock, on a connection of its own that names the driver;
+- MySQL: `GET_LOCK`, likewise;
+- SQLite: an exclusive `flock` on a file beside the database, removed when the run ends;
+- an in-memory database has one process by nature: no lock.
+A restarted PostgreSQL forgets the lock with the connection; `ensure_held` takes it again
+once the server is back (an error meanwhile is a storage outage, ridden out as any other),
+and stops the run if another driver took it in between.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import optuna
+import sqlalchemy
+from sqlalchemy.pool import NullPool
+
+from trialq.errors import StudyInUse
+
+_ADVISORY_CLASS = 0x74716C6B  # "tqlk": trialq's class of PostgreSQL advisory locks
+_IN_MEMORY = (None, "", ":memory:")
+
+
+def _driver_name() -> str:
+    return f"trialq-driver {socket.gethostname()} pid {os.getpid()}"
+
+
+class StudyLock:
+    """Held by the one driver of a study, from `acquire` to `release`."""
+
+    def __init__(self, rdb: optuna.storages.RDBStorage, study_id: int, study_name: str) -> None:
+        self._url = rdb.engine.url
+        self._study_id = study_id
+        self._study_name = study_name
+        self._on_server = self._url.get_backend_name() in ("postgresql", "mysql", "mariadb")
+        self._connection: sqlalchemy.Connection | None = None
+        self._file: _LockFile | None = None
+
+    def acquire(self) -> None:
+        """Take the lock, or raise `StudyInUse` naming who holds it."""
+        if self._on_server:
+            self._take_on_server()
+        elif self._url.get_backend_name() == "sqlite" and self._url.database not in _IN_MEMORY:
+            self._file = _LockFile(Path(f"{self._url.database}-driver-{self._study_id}.lock"))
+            holder = self._file.take(_driver_name())
+            if holder is not None:
+                raise StudyInUse.held_by(self._study_name, holder)
+
+    def ensure_held(self) -> None:
+        """Check the server still holds the lock for this driver; take it again after the
+        server lost it (a restart). Raises the database's error while it is away."""
+        if not self._on_server:
+            return  # a file lock cannot be lost
+        if self._connection is None:
+            self._take_on_server()
+            return
+        try:
+            self._connection.execute(sqlalchemy.text("SELECT 1"))
+        except sqlalchemy.exc.DBAPIError:
+            self._drop_connection()  # taken again on the next call, once the server answers
+            raise
+
+    def release(self) -> None:
+        """Let the next driver in."""
+        self._drop_connection()
+        if self._file is not None:
+            self._file.release()
+            self._file = None
+
+    def _take_on_server(self) -> None:
+        engine = sqlalchemy.create_engine(
+            self._url, poolclass=NullPool, connect_args=self._connect_args()
+        )
+        connection = engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+        if not connection.execute(self._statement("take"), self._keys()).scalar():
+            holder = connection.execute(self._statement("holder"), self._keys()).scalar()
+            connection.close()
+            raise StudyInUse.held_by(self._study_name, holder or "another driver")
+        self._connection = connection
+
+    def _drop_connection(self) -> None:
+        if self._connection is not None:
+            with contextlib.suppress(sqlalchemy.exc.SQLAlchemyError):
+                self._connection.close()
+            self._connection = None
+
+    def _connect_args(self) -> dict[str, str]:
+        if self._url.get_backend_name() == "postgresql":
+            return {"application_name": _driver_name()}
+        return {}
+
+    def _keys(self) -> dict[str, object]:
+        return {"cls": _ADVISORY_CLASS, "study": self._study_id, "name": self._lock_name()}
+
+    def _lock_name(self) -> str:
+        return f"trialq-study-{self._study_id}"
+
+    def _statement(self, what: str) -> sqlalchemy.TextClause:
+        if self._url.get_backend_name() == "postgresql":
+            sql = {
+                "take": "SELECT pg_try_advisory_lock(:cls, :study)",
+                "holder": "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a "
+                "ON a.pid = l.pid WHERE l.locktype = 'advisory' AND l.granted "
+                "AND l.classid = :cls AND l.objid = :study",
+            }
+        else:
+            sql = {
+                "take": "SELECT GET_LOCK(:name, 0)",
+                "holder": "SELECT CONCAT('connection ', IS_USED_LOCK(:name))",
+            }
+        return sqlalchemy.text(sql[what])
+
+
+class _LockFile:
+    """An exclusive `flock` on a file that says who holds it; the file goes with the lock."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd: int | None = None
+
+    def take(self, holder: str) -> str | None:
+        """Take the lock and write `holder` into it; or return who holds it."""
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                text = os.read(fd, 200).decode(errors="replace").strip()
+                os.close(fd)
+                return text or "another driver"
+            if self._is_current(fd):  # not a file its last holder removed meanwhile
+                break
+            os.close(fd)
+        os.ftruncate(fd, 0)
+        os.write(fd, holder.encode())
+        self._fd = fd
+        return None
+
+    def release(self) -> None:
+        if self._fd is not None:
+            with contextlib.suppress(FileNotFoundError):
+                self.path.unlink()
+            os.close(self._fd)
+            self._fd = None
+
+    def _is_current(self, fd: int) -> bool:
+        try:
+            return os.stat(self.path).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            return False
+
+
+@contextlib.contextmanager
+def holding_study(study: optuna.Study) -> Iterator[StudyLock | None]:
+    """The study's lock for as long as the block runs; None for a storage other than an RDB
+    one (an in-memory study has one process by nature)."""
+    storage = study._storage
+    rdb = getattr(storage, "backend", None) or getattr(storage, "_backend", storage)
+    if not isinstance(rdb, optuna.storages.RDBStorage):
+        yield None
+        return
+    lock = StudyLock(rdb, study._study_id, study.study_name)
+    lock.acquire()
+    try:
+        yield lock
+    finally:
+        lock.release()
