@@ -304,3 +304,10 @@ def ignores_the_soft_limit_for(params: dict[str, Any], trial: TrialContext) -> f
         with contextlib.suppress(BaseException):  # SoftTimeLimitExceeded, on purpose
             time.sleep(0.05)
     return 1.0
+
+
+def stalls_first(params: dict[str, Any], trial: TrialContext) -> float:
+    """Trial 0 runs for two minutes (long enough to be stopped from outside); the rest take
+    a moment."""
+    time.sleep(120.0 if trial.number == 0 else 0.3)
+    return 1.0

@@ -118,6 +118,7 @@ class StudyDriver:
         try:
             while self._step(n_trials, outages):
                 self._pause(self.options.poll_interval_s, outages)
+            self._write_all(outages)
         except KeyboardInterrupt:
             self._withdraw_waiting()
             raise Interrupted("interrupted: queued trials withdrawn; rerun to resume") from None
@@ -159,6 +160,14 @@ class StudyDriver:
                 if not self._send_recorded(deadline):
                     break
         time.sleep(max(0.0, deadline - time.monotonic()))
+
+    def _write_all(self, outages: Outages) -> None:
+        """The run is done once every tell is in the database, outage or not."""
+        written = False
+        while not written:
+            with outages.tolerated():
+                flush(self.study)
+                written = True
 
     def _check_storage(self, outages: Outages) -> None:
         """Raise the last commit's error, if it failed; while the storage is known to be

@@ -16,6 +16,8 @@ import optuna
 import psutil
 import pytest
 import redis
+import sqlalchemy
+from outage_proxy import OutageProxy
 
 from faults.harness import DriverRun, Verdict
 from trialq.local import LocalCluster, free_port, redis_server_binary
@@ -285,3 +287,129 @@ def _answers(client: redis.Redis) -> bool:
         return bool(client.ping())
     except redis.ConnectionError:
         return False
+
+
+# --- the storage and its users (issue 16) --------------------------------------------------
+
+
+@pytest.fixture
+def proxy(postgres_url: str) -> Iterator[OutageProxy]:
+    """The machine's PostgreSQL behind a proxy that can cut it off."""
+    proxy = OutageProxy(sqlalchemy.make_url(postgres_url).port or 5432)
+    yield proxy
+    proxy.close()
+
+
+@pytest.fixture
+def run_via_proxy(
+    tmp_path: Path, redis_url: str, postgres_url: str, proxy: OutageProxy
+) -> Iterator[DriverRun]:
+    url = sqlalchemy.make_url(postgres_url).set(port=proxy.port)
+    run = DriverRun(tmp_path, redis_url, storage_url=url.render_as_string(hide_password=False))
+    _delete_study(run)
+    yield run
+    proxy.restore()
+    _delete_study(run)
+
+
+def test_postgresql_cut_off_mid_study_is_ridden_out(
+    run_via_proxy: DriverRun, proxy: OutageProxy, start_workers: Callable[..., LocalCluster]
+) -> None:
+    run = run_via_proxy
+    start_workers(2, extra_env=FAST_HEARTBEAT)
+    run.write_spec(_spec("sleeps", _grid("sleep_s", 1.0), 8))
+    driver = run.start()
+    _wait_until(lambda: _finished_count(run) >= 1, "a trial to finish")
+    for _ in range(3):  # the server drops every connection, as a restart does
+        proxy.cut()
+        time.sleep(0.3)
+        proxy.restore()
+        time.sleep(1.5)
+    proxy.cut()
+    time.sleep(4.0)  # longer than a trial: results come in while nothing can be written
+    proxy.restore()
+    _, err = driver.communicate(timeout=300)
+    verdict = run.judge("PostgreSQL cut off: 3 drops, one 4 s outage", 8)
+    assert verdict.passed, (verdict, err)
+    assert driver.returncode == 0, err
+    assert "storage unreachable" in err and "storage back after" in err, err
+
+
+def test_an_outage_longer_than_the_limit_exits_3_and_the_next_run_finishes(
+    run_via_proxy: DriverRun, proxy: OutageProxy, start_workers: Callable[..., LocalCluster]
+) -> None:
+    run = run_via_proxy
+    start_workers(2, extra_env=FAST_HEARTBEAT)
+    run.write_spec(_spec("sleeps", _grid("sleep_s", 1.0), 6))
+    driver = run.start("--outage-limit", "3")
+    _wait_until(lambda: _finished_count(run) >= 1, "a trial to finish")
+    proxy.cut()
+    _, err = driver.communicate(timeout=120)
+    assert driver.returncode == 3, err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert errors == [errors[0]] and "storage unreachable for 3 s" in errors[0], err
+    assert "Traceback" not in err, err
+    proxy.restore()
+    code, err = run.run()
+    verdict = run.judge("PostgreSQL away past the limit: exit 3, rerun", 6)
+    _assert_clean(verdict)
+    assert code == 0, err
+
+
+def test_a_trial_failed_from_outside_is_stopped_and_not_retried(
+    run_on_each_storage: DriverRun, start_workers: Callable[..., LocalCluster]
+) -> None:
+    run = run_on_each_storage
+    cluster = start_workers(2, extra_env=FAST_HEARTBEAT)
+    run.write_spec(_spec("stalls_first", _grid("x", 1), 3))
+    driver = run.start()
+    pid = _trial_process_of(run, cluster, number=0)
+    # optuna-dashboard's Fail button, from another process, through Optuna's own API.
+    run.study().tell(0, state=optuna.trial.TrialState.FAIL)
+    _wait_until(lambda: not psutil.pid_exists(pid), "the stopped trial's process to go", 15)
+    _, err = driver.communicate(timeout=120)
+    storage = "SQLite" if run.storage_url is None else "PostgreSQL"
+    verdict = run.judge(f"a running trial told FAIL from outside ({storage})", 3)
+    _assert_clean(verdict)
+    assert driver.returncode == 0, err
+    stopped = run.study().trials[0]
+    assert stopped.state.name == "FAIL" and stopped.user_attrs["outcome"] == "stopped"
+    assert stopped.user_attrs["attempts"] == 1, "a stopped trial is not retried"
+    assert "#0 finished from outside as FAIL" in err, err
+
+
+def test_a_second_driver_on_the_same_study_is_refused_before_it_writes(
+    run_on_each_storage: DriverRun, start_workers: Callable[..., LocalCluster]
+) -> None:
+    run = run_on_each_storage
+    cluster = start_workers(2, extra_env=FAST_HEARTBEAT)
+    run.write_spec(_spec("stalls_first", _grid("x", 1), 3))
+    first = run.start()
+    _trial_process_of(run, cluster, number=0)
+    _wait_until(lambda: _finished_count(run) == 2, "the short trials to finish")
+    before = [(t.number, t.state, t.user_attrs) for t in run.study().trials]  # and still
+    assert first.poll() is None, first.communicate()
+    code, err = run.run()
+    assert code == 2, err
+    assert err.strip().startswith("error: study 'faults' has a driver already"), err
+    assert len(err.strip().splitlines()) == 1, err
+    assert [(t.number, t.state, t.user_attrs) for t in run.study().trials] == before
+    first.send_signal(signal.SIGINT)
+    first.communicate(timeout=60)
+
+
+def _trial_process_of(run: DriverRun, cluster: LocalCluster, number: int) -> int:
+    """The pid of the process running trial `number`, once it has started."""
+    client = redis.Redis.from_url(cluster.broker_url)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            trials = run.study().trials
+        except KeyError:  # the study is not created yet
+            trials = []
+        task_id = next((t.user_attrs.get("task_id") for t in trials if t.number == number), None)
+        meta = json.loads(client.get(f"celery-task-meta-{task_id}") or b"{}")
+        if meta.get("status") == "STARTED":
+            return int(meta["result"]["pid"])
+        time.sleep(0.1)
+    pytest.fail(f"trial {number} never started")

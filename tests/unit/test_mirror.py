@@ -242,3 +242,62 @@ def test_a_resumed_study_is_loaded_once_and_continues(storage_url: str, study_na
 def test_other_storages_are_left_as_they_are() -> None:
     storage = optuna.storages.InMemoryStorage()
     assert mirrored(storage) is storage
+
+
+def test_a_trial_finished_from_outside_keeps_that_state_and_the_rest_is_written(
+    storage_url: str, study_name: str
+) -> None:
+    study = _open(storage_url, study_name, optuna.samplers.RandomSampler(seed=3))
+    stopped, other = study.ask(SPACE), study.ask(SPACE)
+    flush(study)
+    # optuna-dashboard's Fail button: another process finishes a trial the driver holds.
+    optuna.load_study(study_name=study_name, storage=storage_url).tell(
+        stopped.number, state=TrialState.FAIL
+    )
+    study.tell(stopped, 0.25)  # its result came in before the driver heard of it
+    set_user_attrs(other, {"outcome": "ok"})
+    study.tell(other, 0.5)
+    flush(study)  # refused for one trial only: the rest goes in
+
+    stored = {
+        t.number: t for t in optuna.load_study(study_name=study_name, storage=storage_url).trials
+    }
+    assert stored[stopped.number].state is TrialState.FAIL and stored[stopped.number].value is None
+    assert stored[other.number].value == 0.5 and stored[other.number].user_attrs["outcome"] == "ok"
+    storage = study._storage
+    assert isinstance(storage, MirroredStorage)
+    (found,) = storage.finished_elsewhere([])
+    assert found.number == stopped.number and found.state is TrialState.FAIL
+    assert study.trials[stopped.number].state is TrialState.FAIL  # the copy agrees
+
+
+def test_a_trial_finished_from_outside_is_found_while_it_runs(
+    storage_url: str, study_name: str
+) -> None:
+    study = _open(storage_url, study_name, optuna.samplers.RandomSampler(seed=3))
+    running, untouched = study.ask(SPACE), study.ask(SPACE)
+    flush(study)
+    optuna.load_study(study_name=study_name, storage=storage_url).tell(
+        running.number, state=TrialState.FAIL
+    )
+    storage = study._storage
+    assert isinstance(storage, MirroredStorage)
+    (found,) = storage.finished_elsewhere([running._trial_id, untouched._trial_id])
+    assert found.number == running.number and found.state is TrialState.FAIL
+    storage.annotate(running._trial_id, {"outcome": "stopped"})
+    flush(study)
+    stored = optuna.load_study(study_name=study_name, storage=storage_url).trials
+    assert stored[running.number].user_attrs["outcome"] == "stopped"
+    assert stored[running.number].state is TrialState.FAIL
+    assert stored[untouched.number].state is TrialState.RUNNING
+
+
+def test_an_unchanged_user_attr_is_not_written_again(storage_url: str, study_name: str) -> None:
+    study = _open(storage_url, study_name, optuna.samplers.RandomSampler(seed=3))
+    trial = study.ask(SPACE)
+    set_user_attrs(trial, {"task_id": "t0", "attempts": 1})
+    flush(study)
+    set_user_attrs(trial, {"task_id": "t0", "attempts": 1, "outcome": "ok"})
+    storage = study._storage
+    assert isinstance(storage, MirroredStorage)
+    assert set(storage._open.writes[trial._trial_id].user_attrs) == {"outcome"}

@@ -1,0 +1,85 @@
+"""A TCP proxy on loopback that can cut a database off, for the outage tests.
+
+Between the driver and the machine's real PostgreSQL, `cut()` does what a restarting server
+or a failover does to its clients: every open connection is dropped, and new ones are closed
+as soon as they open, until `restore()`. The machine's server itself is never touched, so
+other tests keep using it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+
+
+class OutageProxy:
+    """Forwards 127.0.0.1:`port` to `target_host`:`target_port` until cut."""
+
+    def __init__(self, target_port: int, target_host: str = "127.0.0.1") -> None:
+        self._target = (target_host, target_port)
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port: int = self._listener.getsockname()[1]
+        self._lock = threading.Lock()
+        self._open: list[socket.socket] = []
+        self._cut = False
+        self._closed = False
+        threading.Thread(target=self._accept_forever, daemon=True).start()
+
+    def cut(self) -> None:
+        """Drop every connection and refuse new ones."""
+        with self._lock:
+            self._cut = True
+            dropped, self._open = self._open, []
+        for sock in dropped:
+            _close(sock)
+
+    def restore(self) -> None:
+        """Let connections through again."""
+        with self._lock:
+            self._cut = False
+
+    def close(self) -> None:
+        self.cut()
+        self._closed = True
+        _close(self._listener)
+
+    def _accept_forever(self) -> None:
+        while not self._closed:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            with self._lock:
+                refused = self._cut
+            if refused:
+                _close(client)
+                continue
+            try:
+                upstream = socket.create_connection(self._target, timeout=5)
+            except OSError:
+                _close(client)
+                continue
+            upstream.settimeout(None)
+            with self._lock:
+                self._open += [client, upstream]
+            for source, sink in ((client, upstream), (upstream, client)):
+                threading.Thread(target=_pump, args=(source, sink), daemon=True).start()
+
+
+def _pump(source: socket.socket, sink: socket.socket) -> None:
+    try:
+        while data := source.recv(65536):
+            sink.sendall(data)
+    except OSError:
+        pass
+    finally:
+        _close(source)
+        _close(sink)
+
+
+def _close(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+    with contextlib.suppress(OSError):
+        sock.close()
