@@ -23,7 +23,11 @@ the next driver re-attaches it and reads its result from Redis again, so it is t
 not lost.
 
 A second writer would make the copy wrong, so one is detected where it would do harm: a
-new trial whose number is not the next one in the copy stops the run with `ForeignWriter`.
+new trial whose number is not the next one in the copy stops the run with `ForeignWriter`
+(and `trialq.study_lock` keeps a second driver out in the first place). The one writer from
+outside that is expected is a person finishing a running trial (optuna-dashboard's Fail
+button): `finished_elsewhere` finds it, and a commit that would finish it again drops the
+driver's state change for it and writes the rest. That state stands.
 """
 
 from __future__ import annotations

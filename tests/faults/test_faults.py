@@ -329,7 +329,7 @@ def test_postgresql_cut_off_mid_study_is_ridden_out(
     time.sleep(4.0)  # longer than a trial: results come in while nothing can be written
     proxy.restore()
     _, err = driver.communicate(timeout=300)
-    verdict = run.judge("PostgreSQL cut off: 3 drops, one 4 s outage", 8)
+    verdict = run.judge("PostgreSQL cut off (3 drops, 4 s down)", 8)
     assert verdict.passed, (verdict, err)
     assert driver.returncode == 0, err
     assert "storage unreachable" in err and "storage back after" in err, err
@@ -351,7 +351,7 @@ def test_an_outage_longer_than_the_limit_exits_3_and_the_next_run_finishes(
     assert "Traceback" not in err, err
     proxy.restore()
     code, err = run.run()
-    verdict = run.judge("PostgreSQL away past the limit: exit 3, rerun", 6)
+    verdict = run.judge("PostgreSQL down > limit: exit 3, rerun", 6)
     _assert_clean(verdict)
     assert code == 0, err
 
@@ -369,7 +369,7 @@ def test_a_trial_failed_from_outside_is_stopped_and_not_retried(
     _wait_until(lambda: not psutil.pid_exists(pid), "the stopped trial's process to go", 15)
     _, err = driver.communicate(timeout=120)
     storage = "SQLite" if run.storage_url is None else "PostgreSQL"
-    verdict = run.judge(f"a running trial told FAIL from outside ({storage})", 3)
+    verdict = run.judge(f"trial failed from outside ({storage})", 3)
     _assert_clean(verdict)
     assert driver.returncode == 0, err
     stopped = run.study().trials[0]
