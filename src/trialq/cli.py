@@ -39,8 +39,7 @@ def submit_study_main(argv: Sequence[str] | None = None) -> int:
 
 def trialq_main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `trialq`."""
-    args = _trialq_parser().parse_known_args(argv)
-    return _run(lambda: _dispatch_trialq(*args))
+    return _run(lambda: _dispatch_trialq(*_trialq_parser().parse_known_args(argv)))
 
 
 def _run(command: Callable[[], int]) -> int:

@@ -10,7 +10,7 @@ import pytest
 import redis
 from bad_inputs import BAD_ARGS, BAD_SPECS, spec_text
 
-from trialq.cli import submit_study_main
+from trialq.cli import submit_study_main, trialq_main
 
 
 @pytest.mark.parametrize("case", sorted(BAD_SPECS))
@@ -53,6 +53,23 @@ def test_bad_arguments_are_one_line_exit_2(
     spec = write_spec(spec_text())
     argv, expected = BAD_ARGS[case]
     code = submit_study_main([arg.replace("{spec}", str(spec)) for arg in argv])
+    err = capsys.readouterr().err.strip()
+    assert code == 2, err
+    assert len(err.splitlines()) == 1 and expected in err, err
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        ([], "the following arguments are required: command"),
+        (["statu", "x"], "invalid choice: 'statu'"),
+        (["status"], "the following arguments are required: study"),
+    ],
+)
+def test_bad_trialq_arguments_are_one_line_exit_2(
+    argv: list[str], expected: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = trialq_main(argv)
     err = capsys.readouterr().err.strip()
     assert code == 2, err
     assert len(err.splitlines()) == 1 and expected in err, err
