@@ -160,13 +160,27 @@ def _log_to_stderr(verbose: bool, settings: Settings) -> None:
         logs.to_stderr(level)
 
 
+FAILURES_SHOWN = 5
+"""Failed trials listed by name at the end of a run; the rest are counted."""
+
+
 def _print_outcome(summary: dict[str, Any]) -> None:
+    """The counts, the best trial (values rounded), and why trials failed."""
+    from trialq.summary import failure_lines, rounded
+
+    best = "none complete"
+    if summary["best_value"] is not None:
+        best = f"best value {rounded(summary['best_value'])} with {rounded(summary['best_params'])}"
     print(
         f"study {summary['study']}: {summary['n_complete']} complete, "
-        f"{summary['n_pruned']} pruned, {summary['n_failed']} failed; "
-        f"best value {summary['best_value']} with {summary['best_params']}",
+        f"{summary['n_pruned']} pruned, {summary['n_failed']} failed; {best}",
         file=sys.stderr,
     )
+    failures = failure_lines(summary)
+    for line in failures[:FAILURES_SHOWN]:
+        print(f"  {line}", file=sys.stderr)
+    if len(failures) > FAILURES_SHOWN:
+        print(f"  and {len(failures) - FAILURES_SHOWN} more failed", file=sys.stderr)
 
 
 # --- trialq -------------------------------------------------------------------------------

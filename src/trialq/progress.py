@@ -40,12 +40,23 @@ class ProgressSink(Protocol):
     def update(self, counts: Counts, best: float | None, running: int) -> None:
         """Called after every collection pass."""
 
+    def trial_failed(self, line: str) -> None:
+        """Called once for each trial that ended failed, with one line saying why."""
+
 
 class NoProgress:
-    """For --no-progress and for scripts."""
+    """For --no-progress and for scripts: no bar; failures on stderr only if asked."""
+
+    def __init__(self, show_failures: bool = False) -> None:
+        self._show_failures = show_failures
 
     def update(self, counts: Counts, best: float | None, running: int) -> None:
         """Show nothing."""
+
+    def trial_failed(self, line: str) -> None:
+        """One line on stderr, where asked for."""
+        if self._show_failures:
+            print(line, file=sys.stderr)
 
 
 class RichProgress:
@@ -69,6 +80,10 @@ class RichProgress:
 
     def __exit__(self, *_: object) -> None:
         self._progress.stop()
+
+    def trial_failed(self, line: str) -> None:
+        """One line above the bar."""
+        self._progress.console.print(line, markup=False, highlight=False)
 
     def update(self, counts: Counts, best: float | None, running: int) -> None:
         """Redraw with the latest counts."""

@@ -70,11 +70,11 @@ def storage_errors(url: str) -> Iterator[None]:
     try:
         yield
     except ImportError as exc:
-        raise StorageUnreachable(f"storage {_redacted(url)}: {_missing_driver(url, exc)}") from None
+        raise StorageUnreachable(f"storage {redacted(url)}: {_missing_driver(url, exc)}") from None
     except Exception as exc:
         if type(exc).__module__.startswith("sqlalchemy"):
             first = str(exc).splitlines()[0]
-            raise StorageUnreachable(f"storage {_redacted(url)} unreachable: {first}") from None
+            raise StorageUnreachable(f"storage {redacted(url)} unreachable: {first}") from None
         raise
 
 
@@ -165,7 +165,7 @@ def _missing_driver(url: str, exc: ImportError) -> str:
     return f"driver missing: Python module {module!r} is not installed ({fix})"
 
 
-def _redacted(url: str) -> str:
+def redacted(url: str) -> str:
     """A storage URL with any password replaced, fit for a message."""
     if "@" not in url or "://" not in url:
         return url

@@ -14,13 +14,14 @@ import redis
 
 from trialq.celery_dispatch import CeleryDispatcher
 from trialq.channel import ReportChannel
+from trialq.drift import check_spec_against_study
 from trialq.driver import DriverOptions, StudyDriver, search_paths_for
 from trialq.errors import SpecError
 from trialq.local import LocalCluster
 from trialq.progress import NoProgress, ProgressSink, RichProgress
 from trialq.settings import Settings
 from trialq.spec import StudySpec, load_spec
-from trialq.study import open_study, storage_url
+from trialq.study import open_study, redacted, storage_url
 from trialq.study_lock import holding_study
 from trialq.summary import study_summary
 
@@ -43,10 +44,16 @@ def submit_study(
     if local_workers is None:
         CeleryDispatcher(settings).check_reachable()  # before the study is created
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = open_study(spec, storage_url(spec, storage_override, settings.storage))
+    url = storage_url(spec, storage_override, settings.storage)
+    study = open_study(spec, url)
     target = n_trials or spec.study.n_trials
     with ExitStack() as stack:
         study_lock = stack.enter_context(holding_study(study))  # before anything is written
+        for note in check_spec_against_study(spec, study):
+            _say(f"note: {note}")
+        _say(f"study {study.study_name!r} in {redacted(url)}")
+        if not _announce_progress(study, target):
+            return study_summary(study)
         if local_workers is not None:
             cluster = LocalCluster(local_workers, spec.trial.queue, local_allow_list(spec))
             stack.enter_context(cluster)
@@ -54,7 +61,7 @@ def submit_study(
                 update={"broker_url": cluster.broker_url, "result_backend": cluster.broker_url}
             )
         dispatcher = CeleryDispatcher(settings)
-        progress: ProgressSink = NoProgress()
+        progress: ProgressSink = NoProgress(show_failures=True)
         if show_progress:
             progress = stack.enter_context(RichProgress(spec.study.name, target))
         workers = dispatcher.live_worker_count(spec.trial.queue)
@@ -72,6 +79,24 @@ def submit_study(
         channel = ReportChannel(redis.Redis.from_url(settings.broker_url))
         StudyDriver(spec, study, dispatcher, channel, progress, options, study_lock).run(target)
     return study_summary(study)
+
+
+def _announce_progress(study: optuna.Study, target: int) -> bool:
+    """Say where a resumed study stands; False when it has nothing left to do (then no
+    worker or local Redis is started)."""
+    trials = study.get_trials(deepcopy=False)
+    done = sum(t.state.is_finished() for t in trials)
+    unfinished = len(trials) - done
+    if done >= target and unfinished == 0:
+        _say(f"already complete ({done}/{target} trials finished)")
+        return False
+    if trials:
+        _say(f"resuming: {done} done, {unfinished} unfinished, {max(0, target - done)} to go")
+    return True
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr)
 
 
 def local_allow_list(spec: StudySpec) -> tuple[str, ...]:

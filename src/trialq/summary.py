@@ -7,6 +7,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
+from trialq.failures import headline
 from trialq.oom_constraint import counted_state, real_values
 
 
@@ -34,6 +35,28 @@ def study_summary(study: optuna.Study) -> dict[str, Any]:
             for t in trials
         ],
     }
+
+
+def failure_lines(summary: dict[str, Any]) -> list[str]:
+    """`#0 error: ZeroDivisionError: float division by zero`, one line per failed trial."""
+    lines = []
+    for trial in summary["trials"]:
+        attrs = trial["user_attrs"]
+        outcome = attrs.get("outcome")
+        if trial["state"] == "FAIL" or outcome == "oom":
+            lines.append(f"#{trial['number']} {outcome}: {headline(attrs.get('error')) or '-'}")
+    return lines
+
+
+def rounded(value: Any) -> Any:
+    """Floats to 6 significant digits (0.975, not 0.9750000238418579), in lists and dicts."""
+    if isinstance(value, float):
+        return float(f"{value:.6g}")
+    if isinstance(value, list):
+        return [rounded(v) for v in value]
+    if isinstance(value, dict):
+        return {k: rounded(v) for k, v in value.items()}
+    return value
 
 
 def _best(
