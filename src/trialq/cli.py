@@ -23,6 +23,9 @@ from trialq.errors import Interrupted, ServiceUnreachable, TrialqError, UsageErr
 from trialq.settings import Settings
 
 INTERNAL_ERROR_EXIT_CODE = 4
+STUDY_ARGUMENT_HELP = (
+    "the study's spec file (its storage found as submit-study finds it), or a study name"
+)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -207,14 +210,18 @@ def _trialq_parser() -> _Parser:
         "TRIALQ_SPARE_PROCESSES, else 1)",
     )
     status = commands.add_parser("status", help="a study's trials and the live workers")
-    status.add_argument("study")
-    status.add_argument("--storage", help="Optuna storage URL (default TRIALQ_STORAGE)")
+    status.add_argument("study", help=STUDY_ARGUMENT_HELP)
+    status.add_argument(
+        "--storage", help="Optuna storage URL (default: the spec's, else TRIALQ_STORAGE)"
+    )
     status.add_argument("--broker", help="broker URL, for live workers")
     status.add_argument("--json", action="store_true")
     report = commands.add_parser("report", help="a study's plots and an offline HTML page")
-    report.add_argument("study")
+    report.add_argument("study", help=STUDY_ARGUMENT_HELP)
     report.add_argument("--out", type=Path, required=True, help="folder for index.html, PNGs")
-    report.add_argument("--storage", help="Optuna storage URL (default TRIALQ_STORAGE)")
+    report.add_argument(
+        "--storage", help="Optuna storage URL (default: the spec's, else TRIALQ_STORAGE)"
+    )
     health = commands.add_parser("health", help="exit 0 if a worker on this host beats")
     health.add_argument("--max-age", type=float, help="seconds since the last beat")
     return parser
@@ -285,20 +292,20 @@ def _health(args: argparse.Namespace) -> int:
 
 def _status(args: argparse.Namespace) -> int:
     from trialq.status import show_status
+    from trialq.study import find_study
 
     settings = Settings()
-    broker = args.broker or settings.broker_url
-    return show_status(args.study, args.storage or settings.storage, broker, as_json=args.json)
+    study = find_study(args.study, args.storage, settings.storage, "trialq status")
+    return show_status(study, args.broker or settings.broker_url, as_json=args.json)
 
 
 def _report(args: argparse.Namespace) -> int:
     """Write the study's report and print where its page is."""
     from trialq.report import write_report
-    from trialq.study import load_study
+    from trialq.study import find_study
 
-    storage = args.storage or Settings().storage
-    page = write_report(load_study(args.study, storage, "trialq report"), args.out)
-    print(page)
+    study = find_study(args.study, args.storage, Settings().storage, "trialq report")
+    print(write_report(study, args.out))
     return 0
 
 

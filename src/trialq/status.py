@@ -32,7 +32,6 @@ from trialq.rows import (
     value_text,
     with_running,
 )
-from trialq.study import load_study
 from trialq.summary import study_summary
 
 MAX_FAILURES_SHOWN = 10
@@ -53,9 +52,8 @@ class LiveWorker:
         return {**asdict(self.beat), "running": [asdict(trial) for trial in self.running]}
 
 
-def show_status(study_name: str, storage: str | None, broker: str, as_json: bool) -> int:
+def show_status(study: optuna.Study, broker: str, as_json: bool) -> int:
     """Print the study's tables (or JSON); 0 when shown."""
-    study = load_study(study_name, storage, "trialq status")
     workers = live_workers(broker)
     running = [trial for worker in workers or [] for trial in worker.running]
     rows = with_running(trial_rows(study), study.study_name, running)

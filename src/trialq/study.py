@@ -15,7 +15,7 @@ import optuna
 
 from trialq.errors import SpecError, StorageUnreachable, UsageError
 from trialq.mirror import mirrored
-from trialq.spec import CategoricalParam, FloatParam, IntParam, StudySpec
+from trialq.spec import CategoricalParam, FloatParam, IntParam, StudySpec, load_spec
 
 
 def storage_url(spec: StudySpec, override: str | None, from_env: str | None) -> str:
@@ -52,16 +52,39 @@ def open_study(spec: StudySpec, url: str) -> optuna.Study:
         )
 
 
+def find_study(
+    target: str, storage: str | None, from_env: str | None, command: str
+) -> optuna.Study:
+    """The study for `trialq status` and `report`: `target` is a spec file (its study, in the
+    storage submit-study chose for it) or a study name (in `--storage`, else TRIALQ_STORAGE)."""
+    path = Path(target)
+    if path.suffix in (".toml", ".yaml", ".yml") or path.is_file():
+        spec = load_spec(path)
+        return load_study(spec.study.name, storage_url(spec, storage, from_env), command)
+    if (storage or from_env) is None:
+        raise UsageError(
+            f"{command}: {target!r} is no spec file; for a study name, give --storage "
+            "or set TRIALQ_STORAGE"
+        )
+    return load_study(target, storage or from_env, command)
+
+
 def load_study(study_name: str, storage: str | None, command: str) -> optuna.Study:
-    """The named study for `trialq status` and `report`, or one line saying why not (no
-    storage given, no such study, storage unreachable)."""
+    """The named study, or one line saying why not (no storage given, no such database or
+    study, storage unreachable). A missing SQLite file is named, never created."""
     if storage is None:
         raise UsageError(f"{command}: give --storage or set TRIALQ_STORAGE")
+    where = redacted(storage)
+    sqlite_file = storage.removeprefix("sqlite:///") if storage.startswith("sqlite:///") else ""
+    if sqlite_file and not Path(sqlite_file).exists():
+        raise UsageError(
+            f"{command}: no database at {sqlite_file} (looked for study {study_name!r})"
+        )
     try:
         with storage_errors(storage):
             return optuna.load_study(study_name=study_name, storage=storage)
     except KeyError:
-        raise UsageError(f"{command}: no study named {study_name!r} in the storage") from None
+        raise UsageError(f"{command}: no study named {study_name!r} in {where}") from None
 
 
 @contextlib.contextmanager

@@ -103,4 +103,36 @@ def test_an_unknown_study_is_one_line_and_exit_2(
 ) -> None:
     optuna.create_study(study_name="other", storage=storage)
     assert trialq_main(["status", "nope", "--storage", storage]) == 2
-    assert capsys.readouterr().err == "error: trialq status: no study named 'nope' in the storage\n"
+    err = capsys.readouterr().err
+    assert err == f"error: trialq status: no study named 'nope' in {storage}\n"
+
+
+def test_a_missing_database_is_named_and_not_created(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = tmp_path / "typo.db"
+    assert trialq_main(["status", "s", "--storage", f"sqlite:///{missing}"]) == 2
+    assert capsys.readouterr().err == (
+        f"error: trialq status: no database at {missing} (looked for study 's')\n"
+    )
+    assert not missing.exists()
+
+
+def test_a_spec_file_finds_its_study_where_submit_study_put_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = tmp_path / "study.toml"
+    spec.write_text(
+        '[study]\nname = "by-spec"\nn_trials = 1\n[trial]\nentrypoint = "trials:quadratic"\n'
+        '[space.x]\ntype = "float"\nlow = 0\nhigh = 1\n'
+    )
+    study = optuna.create_study(
+        study_name="by-spec", storage=f"sqlite:///{tmp_path / 'by-spec.db'}"
+    )
+    study.enqueue_trial({})
+    for command in (
+        ["status", str(spec), "--json"],
+        ["report", str(spec), "--out", str(tmp_path / "r")],
+    ):
+        assert trialq_main(command) == 0, capsys.readouterr().err
+    assert '"study": "by-spec"' in capsys.readouterr().out
