@@ -18,6 +18,14 @@ def spec_text(**tables: str) -> str:
 
 BAD_SPECS = {
     "unknown key": (spec_text(study=GOOD["study"] + "\nbogus = 1"), "study.bogus: unknown key"),
+    "misspelt key": (
+        spec_text(study='name = "s"\nn_trails = 3'),
+        "study.n_trails: unknown key (did you mean n_trials?)",
+    ),
+    "misspelt table": (
+        spec_text() + '[trail]\nqueue = "gpu"\n',
+        "trail: unknown key (did you mean trial?)",
+    ),
     "wrong type": (spec_text(study='name = "s"\nn_trials = "many"'), "study.n_trials"),
     "missing n_trials": (spec_text(study='name = "s"'), "study.n_trials: missing required key"),
     "low > high": (

@@ -5,6 +5,10 @@ The workers are the same `trialq worker` command a cluster runs, with the same s
 only the broker is private (a free loopback port, nothing kept on disk). They yield the
 CPU to the driver: it feeds all of them, one trial after another, so when the machine's
 cores are full a driver that waits for one idles every worker.
+
+Nothing started here outlives the driver, however it ends: `stop` cannot be cut short by a
+second Ctrl-C, and each process is signalled by the kernel when the driver is gone (a
+SIGKILLed driver runs no cleanup): Redis is stopped, workers and their trials are killed.
 """
 
 from __future__ import annotations
@@ -17,7 +21,9 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import TracebackType
 
@@ -25,6 +31,7 @@ import redis
 
 from trialq import heartbeat
 from trialq.errors import LocalClusterError
+from trialq.lifeline import die_with_parent
 
 STARTUP_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 15.0
@@ -67,12 +74,19 @@ class LocalCluster:
         allowed_modules: tuple[str, ...],
         extra_env: dict[str, str] | None = None,
         broker_url: str | None = None,
+        log_dir: Path | None = None,
     ) -> None:
+        """`log_dir`: where the workers' and Redis's logs go, kept after the run (emptied
+        first); without one, a temporary folder removed when the cluster stops."""
         self.workers = workers
         self.queue = queue
         self.allowed_modules = allowed_modules
         self.extra_env = extra_env or {}
-        self.log_dir = Path(tempfile.mkdtemp(prefix="trialq-local-"))
+        self._temporary_logs = log_dir is None
+        self.log_dir = log_dir or Path(tempfile.mkdtemp(prefix="trialq-local-"))
+        if log_dir is not None:
+            shutil.rmtree(log_dir, ignore_errors=True)
+            log_dir.mkdir(parents=True)
         self._own_redis = broker_url is None
         self.broker_url = broker_url or f"redis://127.0.0.1:{free_port()}/0"
         """Where the workers' Redis listens: an embedded one unless a URL was given."""
@@ -107,7 +121,7 @@ class LocalCluster:
             "--maxmemory-policy", "noeviction",
             "--dir", str(self.log_dir),
         ]  # fmt: skip
-        self._redis = self._spawn(command, "redis.log")
+        self._redis = self._spawn(command, "redis.log", signal.SIGTERM)
         client = redis.Redis.from_url(self.broker_url, socket_timeout=1)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
@@ -126,11 +140,15 @@ class LocalCluster:
             "--hostname", f"local{index}@%h",
             "--loglevel", "WARNING",
         ]  # fmt: skip
-        worker = self._spawn(command, f"worker{index}.log")
+        # Killed outright when the driver dies: a cold shutdown hangs with its Redis gone, and
+        # its trial processes die with it (`trialq.lifeline`).
+        worker = self._spawn(command, f"worker{index}.log", signal.SIGKILL)
         self._workers.append(worker)
         yield_cpu(worker.pid, WORKER_NICENESS)
 
-    def _spawn(self, command: list[str], log_name: str) -> subprocess.Popen[bytes]:
+    def _spawn(
+        self, command: list[str], log_name: str, when_orphaned: signal.Signals
+    ) -> subprocess.Popen[bytes]:
         env = {
             **os.environ,
             **self.extra_env,
@@ -140,7 +158,12 @@ class LocalCluster:
         }
         with (self.log_dir / log_name).open("wb") as log:
             return subprocess.Popen(
-                command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+                command,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+                preexec_fn=_signalled_when_parent_dies(when_orphaned),
             )
 
     def _wait_for_workers(self) -> None:
@@ -162,12 +185,16 @@ class LocalCluster:
         return "(no output)"
 
     def stop(self) -> None:
-        """Stop workers (cold: running trials end now), then Redis; kill what lingers."""
-        _stop_all(self._workers, signal.SIGQUIT)
-        self._workers.clear()
-        if self._redis is not None:
-            _stop_all([self._redis], signal.SIGTERM)
-            self._redis = None
+        """Stop workers (cold: running trials end now), then Redis; kill what lingers. A
+        Ctrl-C or SIGTERM meanwhile waits until everything is stopped."""
+        with _deferred_interrupts():
+            _stop_all(self._workers, signal.SIGQUIT)
+            self._workers.clear()
+            if self._redis is not None:
+                _stop_all([self._redis], signal.SIGTERM)
+                self._redis = None
+            if self._temporary_logs:
+                shutil.rmtree(self.log_dir, ignore_errors=True)
 
 
 def yield_cpu(pid: int, by: int) -> None:
@@ -180,6 +207,31 @@ def yield_cpu(pid: int, by: int) -> None:
         os.setpriority(os.PRIO_PROCESS, pid, niceness)
     with contextlib.suppress(OSError):
         Path(f"/proc/{pid}/autogroup").write_text(str(niceness))
+
+
+def _signalled_when_parent_dies(sig: signal.Signals) -> Callable[[], None]:
+    """Run in the child before it starts: the kernel sends `sig` when the driver dies."""
+    return lambda: die_with_parent(sig)
+
+
+@contextlib.contextmanager
+def _deferred_interrupts() -> Iterator[None]:
+    """Hold SIGINT and SIGTERM while the block runs; one that came is raised after it."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread may set handlers; it is the one that gets signals
+        return
+    came: list[int] = []
+    previous = {
+        sig: signal.signal(sig, lambda signum, _frame: came.append(signum))
+        for sig in (signal.SIGINT, signal.SIGTERM)
+    }
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if came:
+        raise KeyboardInterrupt
 
 
 def _stop_all(processes: list[subprocess.Popen[bytes]], sig: signal.Signals) -> None:

@@ -6,6 +6,7 @@ the file, the key and what was expected.
 
 from __future__ import annotations
 
+import difflib
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -203,12 +204,16 @@ def _format_name(path: Path) -> str:
 
 
 def _first_problem(exc: ValidationError) -> str:
-    """One line for the first validation error: the dotted key, then what was expected."""
-    error = exc.errors()[0]
+    """One line for the first validation error: the dotted key, then what was expected. A
+    misspelt key comes first, with the key it is close to (`n_trails`: did you mean
+    n_trials?), rather than the "missing" error that the misspelling also causes."""
+    errors = exc.errors()
+    typos = [(e, _close_key(e["loc"])) for e in errors if e["type"] == "extra_forbidden"]
+    error, suggestion = next(((e, s) for e, s in typos if s), (errors[0], None))
     key = ".".join(str(part) for part in _without_union_tags(error["loc"]))
     message = error["msg"].removeprefix("Value error, ")
     if error["type"] == "extra_forbidden":
-        message = "unknown key"
+        message = f"unknown key (did you mean {suggestion}?)" if suggestion else "unknown key"
     elif error["type"] == "missing":
         message = "missing required key"
     elif error["type"] == "union_tag_invalid":
@@ -216,6 +221,21 @@ def _first_problem(exc: ValidationError) -> str:
     elif "input" in error and error["type"] not in {"value_error", "assertion_error"}:
         message = f"{message} (got {error['input']!r})"
     return f"{key}: {message}" if key else message
+
+
+_SECTIONS: dict[str, type[BaseModel]] = {"study": StudySection, "trial": TrialSection}
+
+
+def _close_key(loc: tuple[int | str, ...]) -> str | None:
+    """The known key of the same table that an unknown one looks like a typo of."""
+    if len(loc) == 1:
+        known: list[str] = ["study", "trial", "space"]
+    elif len(loc) == 2 and loc[0] in _SECTIONS:
+        known = list(_SECTIONS[str(loc[0])].model_fields)
+    else:
+        return None
+    close = difflib.get_close_matches(str(loc[-1]), known, n=1, cutoff=0.75)
+    return close[0] if close else None
 
 
 def _without_union_tags(loc: tuple[int | str, ...]) -> list[int | str]:

@@ -121,19 +121,22 @@ def trials_table(study_name: str, rows: list[TrialRow]) -> Table:
         padding=(0, 1),
         collapse_padding=True,
     )
-    for column in [*_COLUMNS, *(_GPU_COLUMNS if gpu else ())]:
-        if column in ("outcome", "host"):
+    for column in [*_COLUMNS, *(_GPU_COLUMNS if gpu else ()), *_LAST_COLUMNS]:
+        if column == "params":  # the one column that folds, so the others stay readable
             table.add_column(column, min_width=7, overflow="fold")
+        elif column in ("outcome", "host"):
+            table.add_column(column, no_wrap=True)
         else:
             table.add_column(column, justify="right", no_wrap=True)
     for row in rows:
-        cells = _cells(row) + (_gpu_cells(row) if gpu else [])
+        cells = _cells(row) + (_gpu_cells(row) if gpu else []) + [params_text(row.params)]
         table.add_row(*cells, style=_STYLE.get(row.label, "red"))
     return table
 
 
 _COLUMNS = ("#", "outcome", "value", "tries", "host", "time s", "peak RSS")
 _GPU_COLUMNS = ("peak GPU", "GPU %")
+_LAST_COLUMNS = ("params",)
 
 
 def _cells(row: TrialRow) -> list[str]:
@@ -146,6 +149,14 @@ def _cells(row: TrialRow) -> list[str]:
         "-" if row.duration_s is None else f"{row.duration_s:.1f}",
         human_bytes(row.peak_rss_bytes),
     ]
+
+
+def params_text(params: dict[str, Any]) -> str:
+    """`lr=0.00316 units=64 act=relu`: floats to 3 significant digits."""
+    return " ".join(
+        f"{name}={value:.3g}" if isinstance(value, float) else f"{name}={value}"
+        for name, value in params.items()
+    )
 
 
 def _gpu_cells(row: TrialRow) -> list[str]:

@@ -55,7 +55,9 @@ def submit_study(
         if not _announce_progress(study, target):
             return study_summary(study)
         if local_workers is not None:
-            cluster = LocalCluster(local_workers, spec.trial.queue, local_allow_list(spec))
+            cluster = LocalCluster(
+                local_workers, spec.trial.queue, local_allow_list(spec), log_dir=local_logs(spec)
+            )
             stack.enter_context(cluster)
             settings = settings.model_copy(
                 update={"broker_url": cluster.broker_url, "result_backend": cluster.broker_url}
@@ -97,6 +99,11 @@ def _announce_progress(study: optuna.Study, target: int) -> bool:
 
 def _say(line: str) -> None:
     print(line, file=sys.stderr)
+
+
+def local_logs(spec: StudySpec) -> Path:
+    """Where `--local` keeps its workers' logs: beside the spec, replaced by each run."""
+    return spec.directory / f"{spec.study.name}-logs"
 
 
 def local_allow_list(spec: StudySpec) -> tuple[str, ...]:

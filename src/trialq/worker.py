@@ -31,6 +31,7 @@ from trialq.channel import ReportChannel
 from trialq.device import TensorFlowDevice
 from trialq.errors import TrialqError
 from trialq.heartbeat import Heartbeat, RunningTrial, TrialBeacon, WorkerBeat
+from trialq.lifeline import die_with_parent
 from trialq.messages import Outcome, TrialRequest, TrialResult
 from trialq.pool import claim_trial_slot
 from trialq.prewarm import device_in_use, preload, preload_modules
@@ -142,8 +143,10 @@ def _prepare_trial_process(**_: Any) -> None:
     """A new child, before it takes a trial: refuse inherited device state, then connect.
 
     A spare child waits idle for its trial, so it opens its Redis connections now rather than
-    on the trial's time.
+    on the trial's time. It dies with the worker (`trialq.lifeline`): a trial whose worker is
+    gone is retried elsewhere, and must not hold the GPU meanwhile.
     """
+    die_with_parent(signal.SIGKILL)
     reason = device_in_use()
     if reason is not None:
         logger.critical("pool child %d exits unused: %s before the fork", os.getpid(), reason)

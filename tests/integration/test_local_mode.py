@@ -104,7 +104,28 @@ def test_local_runs_a_study_from_a_clean_directory_without_services(tmp_path: Pa
     expected = min(os.getpriority(os.PRIO_PROCESS, 0) + WORKER_NICENESS, 19)
     assert {t["user_attrs"]["metrics"]["niceness"] for t in summary["trials"]} == {expected}
     assert (folder / "local.db").exists(), "default storage is SQLite next to the spec"
+    assert (folder / "local-logs" / "worker0.log").exists(), "worker logs beside the study"
     assert not _descendants_of_trialq(), "a local worker outlived submit-study"
+
+
+@pytest.mark.parametrize("ending", ["two Ctrl-C 0.3 s apart", "SIGTERM", "SIGKILL"])
+def test_nothing_local_outlives_the_driver_however_it_ends(tmp_path: Path, ending: str) -> None:
+    folder = _study_dir(tmp_path, n_trials=6, sleep_s=1.5)
+    process = _submit(folder, "--workers", "2", "--no-progress")
+    _wait_for_a_complete_trial(f"sqlite:///{folder / 'local.db'}", process)
+    if ending == "SIGTERM":
+        process.send_signal(signal.SIGTERM)
+    elif ending == "SIGKILL":  # no cleanup runs: the children must notice by themselves
+        process.kill()
+    else:
+        process.send_signal(signal.SIGINT)
+        time.sleep(0.3)
+        process.send_signal(signal.SIGINT)
+    process.communicate(timeout=60)
+    deadline = time.monotonic() + 30
+    while _descendants_of_trialq() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _descendants_of_trialq(), f"left running after {ending}"
 
 
 def test_ctrl_c_exits_130_marks_nothing_complete_and_the_rerun_finishes(tmp_path: Path) -> None:

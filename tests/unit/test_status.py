@@ -107,6 +107,18 @@ def test_an_unknown_study_is_one_line_and_exit_2(
     assert err == f"error: trialq status: no study named 'nope' in {storage}\n"
 
 
+def test_each_trial_shows_its_params(storage: str, capsys: pytest.CaptureFixture[str]) -> None:
+    study = optuna.create_study(study_name="params", storage=storage)
+    for params in ({"lr": 0.0031622, "act": "relu"}, {"lr": 0.05, "act": "tanh"}):
+        study.enqueue_trial(params)
+        trial = study.ask()
+        trial.suggest_float("lr", 1e-4, 1e-1, log=True)
+        trial.suggest_categorical("act", ["relu", "tanh"])
+        study.tell(trial, 1.0)
+    out = _status(capsys, "params", "--storage", storage, "--broker", "redis://127.0.0.1:1/0")
+    assert "lr=0.00316 act=relu" in out and "lr=0.05 act=tanh" in out, out
+
+
 def test_a_missing_database_is_named_and_not_created(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
