@@ -112,3 +112,20 @@ def test_an_oom_trial_told_complete_for_nsga2_is_drawn_as_the_failure_it_was(
         assert_valid_png(tmp_path / "out" / f"{name}.png")
     assert "-inf" not in text and "Infinity" not in text
     assert "oom 1" in text
+
+
+def test_the_parallel_coordinates_keep_every_line_visible_and_the_names_apart(
+    storage: str,
+) -> None:
+    from matplotlib.colors import to_rgb
+
+    from trialq.report import _parallel_coordinate
+
+    figure = _parallel_coordinate(finished_study(storage))
+    ax = figure.axes[0]
+    assert to_rgb(ax.get_facecolor()) == (1.0, 1.0, 1.0)
+    (lines,) = ax.collections
+    for end in (0.0, 1.0):  # neither end of the scale fades into a white ground
+        red, green, blue = to_rgb(lines.get_cmap()(end))
+        assert 0.2126 * red + 0.7152 * green + 0.0722 * blue < 0.9
+    assert {label.get_rotation() for label in ax.get_xticklabels()} == {30.0}
