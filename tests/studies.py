@@ -7,6 +7,8 @@ At least one test per feature still runs the real path (tests/integration/test_o
 
 from __future__ import annotations
 
+import json
+
 import optuna
 from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState
@@ -46,3 +48,21 @@ def _tell(study: optuna.Study, index: int, outcome: Outcome) -> None:
         trial.set_user_attr(key, value)
     state = _STATE.get(outcome, TrialState.FAIL)
     study.tell(trial, values=x if state is TrialState.COMPLETE else None, state=state)
+
+
+def trial_fields(trial: optuna.trial.FrozenTrial) -> str:
+    """What Optuna shows of a trial, as text, to compare a copy with a database read: a NaN
+    equals no NaN, but its text does."""
+    fields = (
+        trial.number,
+        trial.state,
+        trial.values,
+        trial.params,
+        trial.distributions,
+        trial.user_attrs,
+        trial.system_attrs,
+        trial.intermediate_values,
+        trial.datetime_start,
+        trial.datetime_complete,
+    )
+    return json.dumps(fields, sort_keys=True, default=repr)

@@ -4,7 +4,6 @@ real PostgreSQL (skipped locally, failed in CI, where PostgreSQL is not answerin
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from collections.abc import Iterator
@@ -16,6 +15,7 @@ import optuna
 import pytest
 import sqlalchemy
 from optuna.trial import TrialState
+from studies import trial_fields
 
 from trialq import trial_writes
 from trialq.errors import ForeignWriter
@@ -73,29 +73,12 @@ def _drive(study: optuna.Study, n: int) -> None:
     flush(study)
 
 
-def _fields(trial: optuna.trial.FrozenTrial) -> str:
-    """What Optuna shows of a trial, as text: a NaN equals no NaN, but its text does."""
-    fields = (
-        trial.number,
-        trial.state,
-        trial.values,
-        trial.params,
-        trial.distributions,
-        trial.user_attrs,
-        trial.system_attrs,
-        trial.intermediate_values,
-        trial.datetime_start,
-        trial.datetime_complete,
-    )
-    return json.dumps(fields, sort_keys=True, default=repr)
-
-
 def test_the_database_holds_exactly_what_the_driver_saw(storage_url: str, study_name: str) -> None:
     study = _open(storage_url, study_name, optuna.samplers.TPESampler(seed=1, n_startup_trials=5))
     _drive(study, 16)
 
     fresh = optuna.load_study(study_name=study_name, storage=storage_url)
-    assert [_fields(t) for t in fresh.trials] == [_fields(t) for t in study.trials]
+    assert [trial_fields(t) for t in fresh.trials] == [trial_fields(t) for t in study.trials]
     assert fresh.trials[3].constraints == {"oom": 1.0}
     # TPE wrote its relative params as system attrs: they went through too.
     assert any(t.system_attrs for t in fresh.trials[5:])
@@ -112,7 +95,7 @@ def test_a_database_without_an_upsert_gets_the_same_trials(
     _drive(study, 8)
 
     fresh = optuna.load_study(study_name=study_name, storage=storage_url)
-    assert [_fields(t) for t in fresh.trials] == [_fields(t) for t in study.trials]
+    assert [trial_fields(t) for t in fresh.trials] == [trial_fields(t) for t in study.trials]
     assert fresh.trials[0].user_attrs["attempts"] == 1
 
 
@@ -126,7 +109,7 @@ def test_times_are_kept_as_optuna_keeps_them_away_from_utc(
         study = _open(storage_url, study_name, optuna.samplers.RandomSampler(seed=0))
         _drive(study, 3)
         fresh = optuna.load_study(study_name=study_name, storage=storage_url)
-        assert [_fields(t) for t in fresh.trials] == [_fields(t) for t in study.trials]
+        assert [trial_fields(t) for t in fresh.trials] == [trial_fields(t) for t in study.trials]
         started = fresh.trials[0].datetime_start
         assert started is not None and abs(datetime.now() - started) < timedelta(minutes=5)
     finally:
@@ -198,7 +181,7 @@ def test_a_steady_driver_step_is_one_transaction_on_postgresql(
 
     assert len(commits) == (1 if storage_url.startswith("postgresql") else 2)
     fresh = optuna.load_study(study_name=study_name, storage=storage_url)
-    assert [_fields(t) for t in fresh.trials] == [_fields(t) for t in study.trials]
+    assert [trial_fields(t) for t in fresh.trials] == [trial_fields(t) for t in study.trials]
     assert fresh.trials[3].value == 0.25 and fresh.trials[4].user_attrs["task_id"] == "t4"
 
 
@@ -236,7 +219,7 @@ def test_a_resumed_study_is_loaded_once_and_continues(storage_url: str, study_na
 
     fresh = optuna.load_study(study_name=study_name, storage=storage_url)
     assert [t.number for t in fresh.trials] == list(range(6))
-    assert [_fields(t) for t in fresh.trials] == [_fields(t) for t in resumed.trials]
+    assert [trial_fields(t) for t in fresh.trials] == [trial_fields(t) for t in resumed.trials]
 
 
 def test_other_storages_are_left_as_they_are() -> None:
