@@ -28,7 +28,7 @@ from trialq import logs
 from trialq.channel import Report, ReportChannel, TrialAddress
 from trialq.dispatch import Dispatcher, TaskPhase, TaskStatus
 from trialq.errors import BrokerUnreachable, Interrupted, SpecError
-from trialq.failures import headline
+from trialq.failures import failure_line
 from trialq.messages import Outcome, TrialRequest, TrialResult
 from trialq.mirror import annotate, finished_elsewhere, flush, flush_behind, persist, ping
 from trialq.oom_constraint import OOM_CONSTRAINT, OomTelling, counted_state, oom_telling
@@ -440,7 +440,8 @@ class StudyDriver:
         self._forget_reports(entry)
         _log.info("told state=%s outcome=%s", state.name, result.outcome, extra=logs.fields(result))
         if result.outcome not in _STATE_OF:  # failed, or out of memory however it was told
-            self.progress.trial_failed(failure_line(entry.request.number, result))
+            line = failure_line(entry.request.number, result.outcome, result.error)
+            self.progress.trial_failed(line)
 
     def _oom_telling(self) -> OomTelling | None:
         study = self.spec.study
@@ -537,11 +538,6 @@ def _record_intermediate(trial: optuna.Trial, step: int, value: float) -> None:
         cached[step] = value
     else:
         trial.report(value, step)
-
-
-def failure_line(number: int, result: TrialResult) -> str:
-    """`#3 error: ZeroDivisionError: float division by zero`: why a trial failed, in a line."""
-    return f"#{number} {result.outcome}: {headline(result.error) or 'no error text'}"
 
 
 def _failed(future: Future[None]) -> bool:

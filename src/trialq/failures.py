@@ -43,3 +43,8 @@ def describe(exc: BaseException) -> str:
     tail = "".join(lines).splitlines()[-TRACEBACK_TAIL_LINES:]
     headline = f"{type(exc).__name__}: {exc}".splitlines()[0][:500]
     return headline + "\n" + "\n".join(tail)
+
+
+def failure_line(number: int, outcome: str | None, error: str | None) -> str:
+    """`#3 error: ZeroDivisionError: float division by zero`: why a trial failed, in a line."""
+    return f"#{number} {outcome}: {headline(error) or 'no error text'}"

@@ -7,7 +7,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from trialq.failures import headline
+from trialq.failures import failure_line
 from trialq.oom_constraint import counted_state, real_values
 
 
@@ -44,7 +44,7 @@ def failure_lines(summary: dict[str, Any]) -> list[str]:
         attrs = trial["user_attrs"]
         outcome = attrs.get("outcome")
         if trial["state"] == "FAIL" or outcome == "oom":
-            lines.append(f"#{trial['number']} {outcome}: {headline(attrs.get('error')) or '-'}")
+            lines.append(failure_line(trial["number"], outcome, attrs.get("error")))
     return lines
 
 
