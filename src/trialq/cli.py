@@ -57,8 +57,16 @@ def _run(command: Callable[[], int]) -> int:
         print("interrupted", file=sys.stderr)
         return Interrupted.exit_code
     except Exception as exc:
+        from pydantic import ValidationError
+
         from trialq.outage import service_lost
 
+        if isinstance(exc, ValidationError):  # a TRIALQ_* variable of the environment
+            error = exc.errors()[0]
+            where = ".".join(str(part) for part in error["loc"]) or "settings"
+            message = error["msg"].removeprefix("Value error, ")
+            print(f"error: environment: {where}: {message}", file=sys.stderr)
+            return UsageError.exit_code
         service = service_lost(exc)
         if service is not None:  # lost where no outage is ridden out (before the loop)
             reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]

@@ -5,9 +5,11 @@ The CLI builds a `Settings` and passes it on; nothing else calls `os.getenv`.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from pathlib import Path
+from typing import Annotated, Any, Literal
+from urllib.parse import quote, urlsplit, urlunsplit
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 DEFAULT_BROKER_URL = "redis://127.0.0.1:6379/0"
@@ -26,6 +28,14 @@ class Settings(BaseSettings):
 
     storage: str | None = None
     """Optuna storage URL; the spec's `storage` and `--storage` take precedence order below."""
+
+    broker_password_file: Path | None = None
+    """A file holding the broker's password (a Compose or Kubernetes secret), put into the
+    broker and result backend URLs: no password sits in an environment variable, where
+    `docker inspect` and /proc/PID/environ show it."""
+
+    storage_password_file: Path | None = None
+    """Likewise, the password put into the `storage` URL."""
 
     allowed_modules: Annotated[tuple[str, ...], NoDecode] = ("trialq.examples",)
     """Module prefixes a worker may import entrypoints from (comma separated in the env).
@@ -62,6 +72,22 @@ class Settings(BaseSettings):
     """Idle, already forked processes a worker keeps beyond its trial slots, so that the next
     trial starts without waiting for a fork; 0 leaves Celery's own replacement."""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _passwords_from_files(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        if data.get("broker_password_file"):
+            password = _secret(data["broker_password_file"], "TRIALQ_BROKER_PASSWORD_FILE")
+            data["broker_url"] = with_password(data.get("broker_url", DEFAULT_BROKER_URL), password)
+            if data.get("result_backend"):
+                data["result_backend"] = with_password(data["result_backend"], password)
+        if data.get("storage_password_file") and data.get("storage"):
+            password = _secret(data["storage_password_file"], "TRIALQ_STORAGE_PASSWORD_FILE")
+            data["storage"] = with_password(data["storage"], password)
+        return data
+
     @field_validator("allowed_modules", mode="before")
     @classmethod
     def _split_commas(cls, value: object) -> object:
@@ -78,3 +104,18 @@ class Settings(BaseSettings):
     def backend_url(self) -> str:
         """The result backend actually used."""
         return self.result_backend or self.broker_url
+
+
+def with_password(url: str, password: str) -> str:
+    """`url` with `password` in it (quoted for a URL), its user and host kept."""
+    parts = urlsplit(url)
+    host = parts.netloc.rsplit("@", 1)[-1]
+    user = quote(parts.username or "", safe="")
+    return urlunsplit(parts._replace(netloc=f"{user}:{quote(password, safe='')}@{host}"))
+
+
+def _secret(path: object, variable: str) -> str:
+    try:
+        return Path(str(path)).read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise ValueError(f"{variable}: cannot read {path}: {exc.strerror or exc}") from None

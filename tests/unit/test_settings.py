@@ -1,0 +1,45 @@
+"""Settings read from the environment, with passwords from files (Compose and Kubernetes
+secrets) instead of environment variables."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import redis
+import sqlalchemy
+
+from trialq.cli import trialq_main
+from trialq.settings import Settings
+
+
+def test_passwords_from_files_go_into_the_urls(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    secret = tmp_path / "password"
+    secret.write_text("s3cr/t@x:y\n")  # characters a URL must quote; the newline a file has
+    monkeypatch.setenv("TRIALQ_BROKER_URL", "redis://redis:6379/0")
+    monkeypatch.setenv("TRIALQ_BROKER_PASSWORD_FILE", str(secret))
+    monkeypatch.setenv("TRIALQ_STORAGE", "postgresql+psycopg2://trialq@postgres:5432/optuna")
+    monkeypatch.setenv("TRIALQ_STORAGE_PASSWORD_FILE", str(secret))
+    settings = Settings()
+    assert redis.connection.parse_url(settings.broker_url)["password"] == "s3cr/t@x:y"
+    assert redis.connection.parse_url(settings.backend_url)["password"] == "s3cr/t@x:y"
+    storage = sqlalchemy.make_url(settings.storage or "")
+    assert (storage.username, storage.password, storage.host) == (
+        "trialq",
+        "s3cr/t@x:y",
+        "postgres",
+    )
+
+
+def test_an_unreadable_password_file_is_one_line_and_exit_2(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("TRIALQ_BROKER_PASSWORD_FILE", "/nonexistent/password")
+    assert trialq_main(["health"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        "error: environment: settings: TRIALQ_BROKER_PASSWORD_FILE: cannot read "
+        "/nonexistent/password: No such file or directory"
+    )
