@@ -481,9 +481,9 @@ def test_scaler_reads_the_brokers_redis(target: str) -> None:
 @pytest.mark.parametrize("target", TARGETS)
 def test_scaler_authenticates_with_the_redis_password_secret(target: str) -> None:
     objs = render(target)
-    redis = find(objs, "StatefulSet", "redis")["spec"]["template"]["spec"]["containers"][0]
-    password_ref = next(e for e in redis["env"] if e["name"] == "REDIS_PASSWORD")
-    secret_ref = password_ref["valueFrom"]["secretKeyRef"]
+    redis_pod = find(objs, "StatefulSet", "redis")["spec"]["template"]["spec"]
+    (redis_key,) = secret_files(redis_pod, redis_pod["containers"][0]).values()
+    secret_ref = {"name": SECRET, "key": redis_key}
     for trigger in find(objs, "ScaledObject", WORKER)["spec"]["triggers"]:
         assert not {"password", "passwordFromEnv"} & set(trigger["metadata"])
         auth = find(objs, "TriggerAuthentication", trigger["authenticationRef"]["name"])
@@ -560,7 +560,7 @@ def check_container_secrets(where: str, container: Obj) -> None:
     for entry in container.get("env", []):
         name = entry["name"]
         if re.search(r"PASSWORD|SECRET|TOKEN|AUTH", name) or name.endswith("_KEY"):
-            assert "secretKeyRef" in entry.get("valueFrom", {}), f"{where}: {name} not a Secret"
+            assert name.endswith("_FILE") and "value" in entry, f"{where}: {name} not a file"
         if "value" in entry:
             assert_no_inline_credentials(f"{where} env {name}", entry["value"], secret_env)
         if "secretKeyRef" in entry.get("valueFrom", {}):
@@ -590,10 +590,11 @@ def test_secrets_are_referenced_not_inlined(target: str) -> None:
 def test_secret_check_catches_an_inlined_password() -> None:
     objs = render("base")
     env = worker_container(objs)["env"]
-    next(e for e in env if e["name"] == "TRIALQ_BROKER_URL")["value"] = (
-        "redis://:hunter2@redis:6379/0"
-    )
+    env.append({"name": "TRIALQ_BROKER_URL", "value": "redis://:hunter2@redis:6379/0"})
     with pytest.raises(AssertionError, match="literal password"):
+        check_secrets(objs)
+    env[-1] = {"name": "REDIS_PASSWORD", "value": "hunter2"}
+    with pytest.raises(AssertionError, match="REDIS_PASSWORD not a file"):
         check_secrets(objs)
 
 
@@ -622,6 +623,150 @@ def test_pods_run_as_non_root_without_privileges(target: str) -> None:
             assert context.get("allowPrivilegeEscalation") is False, where
             assert context.get("readOnlyRootFilesystem") is True, where
             assert context.get("capabilities", {}).get("drop") == ["ALL"], where
+
+
+# --- passwords reach the pods as files, never as environment variables ----------------------
+
+SECRET_FILE_MODE = 0o440  # owner root, group the pod's fsGroup: readable by the pod's user only
+SECRET_VARIABLE = re.compile(r"PASSWORD|SECRET|TOKEN|AUTH")
+
+
+def secret_files(pod_spec: Obj, container: Obj) -> dict[str, str]:
+    """{path in the container: Secret key} for every file this container mounts from the Secret."""
+    volumes = {v["name"]: v for v in pod_spec.get("volumes", [])}
+    files: dict[str, str] = {}
+    for mount in container.get("volumeMounts", []):
+        source = volumes.get(mount["name"], {}).get("secret")
+        if source is None:
+            continue
+        assert source["secretName"] == SECRET, f"{mount['name']}: an unknown Secret"
+        assert mount.get("readOnly") is True, f"{mount['name']}: a Secret mounted writable"
+        assert source.get("defaultMode") == SECRET_FILE_MODE, f"{mount['name']}: file mode"
+        assert source.get("items"), f"{mount['name']}: name the keys a pod needs, no more"
+        for item in source["items"]:
+            files[f"{mount['mountPath']}/{item['path']}"] = item["key"]
+    return files
+
+
+def password_file_variables(container: Obj, objs: list[Obj]) -> dict[str, str]:
+    """The container's *_FILE variables that name a secret, with the path each names."""
+    return {
+        name: value
+        for name, value in env_values(container, objs).items()
+        if name.endswith("_FILE") and SECRET_VARIABLE.search(name)
+    }
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_no_password_is_an_environment_variable(target: str) -> None:
+    """`kubectl describe` and /proc/PID/environ show env: passwords are mounted files instead."""
+    for owner, template in pod_templates(render(target)):
+        for container in containers(template["spec"]):
+            where = f"{owner['metadata']['name']}/{container['name']}"
+            for entry in container.get("env", []):
+                assert "secretKeyRef" not in entry.get("valueFrom", {}), f"{where}: {entry['name']}"
+            assert not container.get("envFrom", []) or all(
+                "secretRef" not in source for source in container["envFrom"]
+            ), where
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_every_password_file_is_mounted_from_the_secret(target: str) -> None:
+    objs = render(target)
+    for owner, template in pod_templates(objs):
+        pod_spec = template["spec"]
+        for container in containers(pod_spec):
+            where = f"{owner['metadata']['name']}/{container['name']}"
+            mounted = secret_files(pod_spec, container)
+            for name, path in password_file_variables(container, objs).items():
+                assert path in mounted, f"{where}: {name}={path} is not a mounted Secret file"
+            if mounted:
+                group = pod_spec["securityContext"].get("fsGroup")
+                assert group is not None, f"{where}: without fsGroup the files are root's only"
+
+
+# Which Secret keys each workload may read: a worker never holds the database's password.
+SECRET_KEYS_BY_WORKLOAD = {
+    ("Deployment", WORKER): {"redis-password"},
+    ("StatefulSet", "redis"): {"redis-password"},
+    ("StatefulSet", "postgres"): {"postgres-password"},
+    ("Job", "submit-study"): {"redis-password", "postgres-password"},
+    ("Deployment", "optuna-dashboard"): {"redis-password", "postgres-password"},
+}
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_each_workload_mounts_only_the_passwords_it_needs(target: str) -> None:
+    objs = render(target)
+    for (kind, name), keys in SECRET_KEYS_BY_WORKLOAD.items():
+        pod_spec = find(objs, kind, name)["spec"]["template"]["spec"]
+        mounted = {key for c in containers(pod_spec) for key in secret_files(pod_spec, c).values()}
+        assert mounted == keys, f"{kind}/{name}"
+
+
+def test_redis_and_postgres_read_their_passwords_from_the_files() -> None:
+    objs = render("base")
+    redis_pod = find(objs, "StatefulSet", "redis")["spec"]["template"]["spec"]
+    redis_container = redis_pod["containers"][0]
+    (redis_file,) = secret_files(redis_pod, redis_container)
+    assert redis_file in " ".join(command_line(redis_container))
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert redis_file in " ".join(redis_container[probe]["exec"]["command"]), probe
+    postgres_pod = find(objs, "StatefulSet", "postgres")["spec"]["template"]["spec"]
+    postgres_container = postgres_pod["containers"][0]
+    (postgres_file,) = secret_files(postgres_pod, postgres_container)
+    assert env_values(postgres_container, objs)["POSTGRES_PASSWORD_FILE"] == postgres_file
+
+
+def _settings_in(container: Obj, pod_spec: Obj, objs: list[Obj], root: Path) -> Any:
+    """trialq's own Settings, built from the container's rendered environment with each
+    mounted Secret file present (under `root`) and holding `pw-<key>`."""
+    from trialq.settings import Settings
+
+    env = {k: v for k, v in env_values(container, objs).items() if k.startswith("TRIALQ_")}
+    for path, key in secret_files(pod_spec, container).items():
+        local = root / path.lstrip("/")
+        local.parent.mkdir(parents=True, exist_ok=True)
+        local.write_text(f"pw-{key}\n")
+        env = {k: (str(local) if v == path else v) for k, v in env.items()}
+    with pytest.MonkeyPatch.context() as patch:
+        for name in [n for n in os.environ if n.startswith("TRIALQ_")]:
+            patch.delenv(name)
+        for name, value in env.items():
+            patch.setenv(name, value)
+        return Settings()
+
+
+@pytest.mark.parametrize("target", ["base", "overlays/cpu"])
+def test_trialq_settings_find_the_passwords_in_the_mounted_files(
+    target: str, tmp_path: Path
+) -> None:
+    """The variable names and paths as trialq reads them: a typo leaves a URL without password."""
+    objs = render(target)
+    for kind, name in (
+        ("Deployment", WORKER),
+        ("Job", "submit-study"),
+        ("Deployment", "optuna-dashboard"),
+    ):
+        pod_spec = find(objs, kind, name)["spec"]["template"]["spec"]
+        settings = _settings_in(pod_spec["containers"][0], pod_spec, objs, tmp_path / name)
+        assert urlsplit(settings.broker_url).password == "pw-redis-password", name
+        assert urlsplit(settings.broker_url).hostname == "redis", name
+        if name == WORKER:
+            assert settings.storage is None, "workers talk only to Redis"
+        else:
+            assert urlsplit(settings.storage).password == "pw-postgres-password", name
+            assert urlsplit(settings.storage).hostname == "postgres", name
+
+
+def test_no_url_on_a_command_line() -> None:
+    """A URL with its password in argv is visible to every user of the node (`ps`)."""
+    for owner, template in pod_templates(render("base")):
+        for container in containers(template["spec"]):
+            for arg in command_line(container):
+                assert "TRIALQ_STORAGE)" not in arg and "TRIALQ_BROKER_URL)" not in arg, (
+                    f"{owner['metadata']['name']}/{container['name']}: {arg}"
+                )
 
 
 # --- Redis, PostgreSQL and who may reach them ------------------------------------------------
@@ -687,9 +832,14 @@ def test_external_postgres_component_reads_the_storage_url_from_the_secret(
     objs = external_db_objs
     assert not [o for o in objs if o["metadata"]["name"].startswith("postgres")]
     for kind, name in (("Job", "submit-study"), ("Deployment", "optuna-dashboard")):
-        env = find(objs, kind, name)["spec"]["template"]["spec"]["containers"][0]["env"]
+        pod_spec = find(objs, kind, name)["spec"]["template"]["spec"]
+        env = pod_spec["containers"][0]["env"]
         storage = next(e for e in env if e["name"] == "TRIALQ_STORAGE")
         assert "value" not in storage
         assert storage["valueFrom"]["secretKeyRef"] == {"name": SECRET, "key": "storage-url"}
+        # The password still comes from its file, which trialq puts into that URL.
+        password_file = next(e for e in env if e["name"] == "TRIALQ_STORAGE_PASSWORD_FILE")
+        mounted = secret_files(pod_spec, pod_spec["containers"][0])
+        assert mounted[password_file["value"]] == "postgres-password", name
     check_secrets(objs)
     assert sum(validate_all(objs).values()) == len(objs)
