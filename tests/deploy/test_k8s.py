@@ -17,7 +17,9 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
+import time
 import tomllib
 from collections.abc import Iterator
 from functools import cache
@@ -716,6 +718,58 @@ def test_redis_and_postgres_read_their_passwords_from_the_files() -> None:
     postgres_container = postgres_pod["containers"][0]
     (postgres_file,) = secret_files(postgres_pod, postgres_container)
     assert env_values(postgres_container, objs)["POSTGRES_PASSWORD_FILE"] == postgres_file
+
+
+def test_redis_pod_script_and_probe_run_with_the_secret_file(tmp_path: Path) -> None:
+    """The Redis container's own start script and probe, run here against a real
+    redis-server, with the Secret's file, the config and the data dir under tmp_path."""
+    if shutil.which("redis-server") is None or shutil.which("redis-cli") is None:
+        pytest.skip("redis-server / redis-cli not installed")
+    redis = pytest.importorskip("redis")
+    objs = render("base")
+    pod_spec = find(objs, "StatefulSet", "redis")["spec"]["template"]["spec"]
+    container = pod_spec["containers"][0]
+    (secret_path,) = secret_files(pod_spec, container)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = int(sock.getsockname()[1])
+    paths = {  # the pod's paths -> here
+        secret_path: str(tmp_path / "redis-password"),
+        "/run/redis/": f"{tmp_path}/",
+        "/etc/redis/": f"{tmp_path}/",
+        "dir /data": f"dir {tmp_path}\nport {port}\nbind 127.0.0.1",
+    }
+
+    def here(text: str) -> str:
+        for pod_path, local in paths.items():
+            text = text.replace(pod_path, local)
+        return text
+
+    (tmp_path / "redis-password").write_text("k8s-test-pw\n")
+    config = find(objs, "ConfigMap", "redis-config")["data"]["redis.conf"]
+    (tmp_path / "redis.conf").write_text(here(config))
+    script = here(command_line(container)[-1])
+    probe = [here(word) for word in container["readinessProbe"]["exec"]["command"]]
+    probe = [word.replace("redis-cli", f"redis-cli -p {port}") for word in probe]
+    server = subprocess.Popen(["sh", "-c", script], stdout=subprocess.DEVNULL)
+    try:
+        client = redis.Redis(port=port, password="k8s-test-pw")
+        for _ in range(50):
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                time.sleep(0.1)
+        with pytest.raises(redis.AuthenticationError):
+            redis.Redis(port=port).ping()
+        assert subprocess.run(probe, capture_output=True, timeout=10).returncode == 0
+        (tmp_path / "redis-password").write_text("a-wrong-one\n")
+        assert subprocess.run(probe, capture_output=True, timeout=10).returncode != 0
+        assert b"k8s-test-pw" not in Path(f"/proc/{server.pid}/cmdline").read_bytes()
+        assert oct((tmp_path / "auth.conf").stat().st_mode & 0o777) == "0o600"
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
 
 
 def _settings_in(container: Obj, pod_spec: Obj, objs: list[Obj], root: Path) -> Any:
