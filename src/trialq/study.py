@@ -101,9 +101,39 @@ def storage_errors(url: str) -> Iterator[None]:
         raise
 
 
+SMALL_BUDGET = 100
+"""Below this many trials, TPE with trials in flight models the params jointly."""
+
+
+def tpe_defaults(spec: StudySpec) -> dict[str, Any]:
+    """What `sampler = "tpe"` means, pinned (Optuna 4 and 5 default differently), chosen by
+    `benchmarks.parallel_search` (README, "Search quality with trials in flight").
+
+    The constant liar always: trials in flight count as bad ones, so the next ask avoids
+    them (with one in flight it changes nothing). Multivariate with one trial in flight,
+    or with more below `SMALL_BUDGET` trials; with more trials and several in flight it
+    cost more than it won. `group` on a define-by-run space, where multivariate needs it.
+    `max_in_flight` unset means "the workers seen", taken as several. `sampler_args`
+    override each argument.
+    """
+    study = spec.study
+    multivariate = study.max_in_flight == 1 or study.n_trials < SMALL_BUDGET
+    args: dict[str, Any] = {
+        "multivariate": multivariate,
+        "constant_liar": True,
+        "n_startup_trials": 10,
+        **study.sampler_args,
+    }
+    if args["multivariate"] and study.search_space is not None:
+        args.setdefault("group", True)
+    return args
+
+
 def make_sampler(spec: StudySpec) -> optuna.samplers.BaseSampler:
-    """The spec's sampler, built with the spec's arguments."""
+    """The spec's sampler, built with the spec's arguments (over `tpe_defaults` for TPE)."""
     name, args = spec.study.sampler, dict(spec.study.sampler_args)
+    if name == "tpe":
+        args = tpe_defaults(spec)
     if name == "grid":
         args.setdefault("search_space", _grid_space(spec))
     classes: dict[str, Any] = {

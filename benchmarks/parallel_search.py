@@ -1,0 +1,592 @@
+"""Search quality with many trials in flight: samplers compared on the real driver.
+
+    python -m benchmarks.parallel_search [--quick] [--seeds N] [--jobs N] [--out FILE]
+
+Runs trialq's real `StudyDriver` (its ask/tell loop, in-flight bookkeeping, OOM constraint
+and pruner relay) against a simulated cluster on a virtual clock (`virtual_cluster`): k
+workers, lognormal trial durations (trials finish out of order), learning curves for the
+pruners. The objectives (`search_objectives`) are seeded and noisy: Branin, Hartmann-6, a
+training run with a mixed space, a cost and an out-of-memory region, a define-by-run
+conditional space, and the training run as a two-objective study (loss, cost). All are
+minimised; a study's score is the noise-free value of the best trial it found (for two
+objectives, minus the hypervolume of its trials' noise-free values).
+
+For each sampler, k in flight and seed it runs one study of 200 trials; the first 50 and 100
+trials of that study are exactly the studies of budget 50 and 100 (the driver asks the same
+trials in the same order up to there). Prints, per objective, the median over seeds of the
+score after 50/100/200 trials and after two virtual hours; then how much of the gap between
+Optuna 4's TPE at k=16 and at k=1 each sampler closes at k=16, per budget; the driver's ask
+time per sampler at 200 and 1,000 trials; writes JSON (default
+benchmarks/last_parallel_search.json). The last line is `gap closed at k=16: <fraction>` for
+trialq's default sampler: per budget the median over objectives (each objective's gap taken
+on medians over seeds), and of the budgets the worst.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import logging
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+import warnings
+from collections import defaultdict
+from collections.abc import Iterable
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+from benchmarks.search_objectives import OBJECTIVES, Objective, hypervolume_2d
+from benchmarks.virtual_cluster import (
+    MEDIAN_TRIAL_S,
+    VirtualChannel,
+    VirtualClock,
+    VirtualCluster,
+    trial_rng,
+)
+from trialq.driver import DriverOptions, StudyDriver
+from trialq.outage import Outages
+from trialq.progress import NoProgress
+from trialq.spec import StudySpec
+from trialq.study import make_pruner, make_sampler
+
+BUDGETS = (50, 100, 200)
+KS = (1, 4, 16, 64)
+WALL_S = 2 * 3600.0
+"""The virtual wall time the second score is taken at: twelve median trials."""
+HV_REFERENCE = (1.2, 5.0)
+BASELINE = "tpe-optuna4"
+DEFAULT = "default"
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "benchmarks" / "last_parallel_search.json"
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A sampler as a spec names it (`sampler`, `sampler_args`), or `gp` (not a spec name)."""
+
+    sampler: str
+    args: dict[str, Any] = field(default_factory=dict)
+    multivariate: bool = False
+    """Add `group = true` on a define-by-run space (multivariate TPE needs it there)."""
+
+
+VARIANTS: dict[str, Variant] = {
+    BASELINE: Variant("tpe", {"multivariate": False, "constant_liar": False}),
+    "tpe+liar": Variant("tpe", {"multivariate": False, "constant_liar": True}),
+    "tpe+mv": Variant("tpe", {"multivariate": True, "constant_liar": False}, multivariate=True),
+    "tpe+mv+liar": Variant("tpe", {"multivariate": True, "constant_liar": True}, multivariate=True),
+    DEFAULT: Variant("tpe"),  # whatever `sampler = "tpe"` with no sampler_args builds
+    "random": Variant("random"),
+    "cmaes": Variant("cmaes", {"warn_independent_sampling": False}),
+    "nsga2": Variant("nsga2"),
+    "gp": Variant("gp"),
+}
+MULTI_ONLY = {"nsga2"}
+SINGLE_ONLY = {"cmaes", "gp"}
+
+
+def available(label: str) -> bool:
+    """CMA-ES needs the `cmaes` package and GP needs torch: neither is trialq's to require."""
+    needs = {"cmaes": "cmaes", "gp": "torch"}.get(label)
+    return needs is None or importlib.util.find_spec(needs) is not None
+
+
+@dataclass(frozen=True)
+class Case:
+    """One study to simulate."""
+
+    objective: str
+    variant: str
+    k: int
+    seed: int
+    pruner: str = "none"
+    n_trials: int = max(BUDGETS)
+
+
+# --- one study on the simulated cluster ----------------------------------------------------
+
+
+def spec_for(case: Case) -> StudySpec:
+    """The spec a user would write for this study."""
+    objective, variant = OBJECTIVES[case.objective], VARIANTS[case.variant]
+    args = {**variant.args, "seed": case.seed}
+    if variant.multivariate and objective.search_space:
+        args["group"] = True
+    study: dict[str, Any] = {
+        "name": f"{case.objective}-{case.variant}-{case.k}-{case.seed}",
+        "n_trials": case.n_trials,
+        "max_in_flight": case.k,
+        "sampler": variant.sampler if variant.sampler != "gp" else "random",
+        "sampler_args": args,
+        "pruner": case.pruner,
+    }
+    if objective.multi:
+        study.update(directions=["minimize"] * len(objective.metrics), metrics=objective.metrics)
+    else:
+        study["direction"] = "minimize"
+    if objective.search_space:
+        study["search_space"] = objective.search_space
+    raw = {
+        "path": ROOT / "parallel-search.toml",
+        "study": study,
+        "trial": {"entrypoint": "benchmarks.search_objectives:conditional_space"},  # never run
+        "space": objective.space,
+    }
+    return StudySpec.model_validate(raw)
+
+
+def build_sampler(case: Case, spec: StudySpec) -> optuna.samplers.BaseSampler:
+    if VARIANTS[case.variant].sampler == "gp":
+        return optuna.samplers.GPSampler(seed=case.seed)
+    return make_sampler(spec)
+
+
+@dataclass
+class StudyRun:
+    """What one simulated study did: per trial number, its end, and how it is scored."""
+
+    finished_at: dict[int, float]
+    observed: dict[int, tuple[float, ...]]
+    """Returned values of the trials that completed (not OOM, not pruned, not failed)."""
+    true: dict[int, tuple[float, ...]]
+    ask_s: dict[int, float]
+    wall_s: float
+
+
+def simulate(case: Case) -> StudyRun:
+    """Run the real driver over the virtual cluster until the study is done."""
+    objective, spec = OBJECTIVES[case.objective], spec_for(case)
+    study = optuna.create_study(
+        storage=optuna.storages.InMemoryStorage(),
+        directions=list(spec.study.objective_directions),
+        sampler=build_sampler(case, spec),
+        pruner=make_pruner(spec),
+        study_name=spec.study.name,
+    )
+    clock = VirtualClock()
+    cluster = VirtualCluster(objective, case.seed, clock)
+    options = DriverOptions(max_in_flight=case.k, poll_interval_s=0.0, clock=clock)
+    driver = StudyDriver(spec, study, cluster, VirtualChannel(cluster), NoProgress(), options)
+    ask_s = time_asks(driver)
+    started = time.perf_counter()
+    drive(driver, cluster, clock, case.n_trials)
+    wall = time.perf_counter() - started
+    observed, true = {}, {}
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        sim = cluster.by_number[trial.number].sim
+        if not sim.oom:
+            observed[trial.number], true[trial.number] = sim.values, sim.true_values
+    finished = {number: run.finishes for number, run in cluster.by_number.items()}
+    return StudyRun(finished, observed, true, ask_s, wall)
+
+
+def drive(driver: StudyDriver, cluster: VirtualCluster, clock: VirtualClock, n: int) -> None:
+    """The driver's own `run`, minus its real-time pause: after each pass the clock jumps
+    to the next report or end (the driver's `_pause` sleeps on the real clock). A pass with
+    no event ahead collects what ended at this instant (a trial the driver just killed)."""
+    outages = Outages(driver.options.outage_limit_s, clock)
+    idle = 0
+    while driver._step(n, outages):
+        upcoming = cluster.next_event(clock.now)
+        idle = idle + 1 if upcoming is None else 0
+        assert idle < 3, "the driver waits for trials the cluster does not run"
+        clock.now = clock.now if upcoming is None else upcoming
+
+
+def time_asks(driver: StudyDriver) -> dict[int, float]:
+    """Seconds each of the driver's asks took (sampler, storage and define-by-run)."""
+    seconds: dict[int, float] = {}
+    ask = driver._ask
+
+    def timed() -> optuna.Trial:
+        started = time.perf_counter()
+        trial = ask()
+        seconds[trial.number] = time.perf_counter() - started
+        return trial
+
+    driver._ask = timed  # type: ignore[method-assign]
+    return seconds
+
+
+# --- scores --------------------------------------------------------------------------------
+
+
+def score(run: StudyRun, objective: Objective, budget: int, until: float = math.inf) -> float:
+    """The study's best after `budget` trials (and by `until`): lower is better."""
+    numbers = [n for n in run.observed if n < budget and run.finished_at[n] <= until]
+    if objective.multi:
+        points = [(run.true[n][0], run.true[n][1]) for n in numbers]
+        return -hypervolume_2d(points, HV_REFERENCE)
+    return min((run.true[n][0] for n in numbers), default=math.inf)
+
+
+def summarise(case: Case) -> dict[str, Any]:
+    """One study, simulated and scored (what a worker process sends back)."""
+    quiet()
+    run = simulate(case)
+    objective = OBJECTIVES[case.objective]
+    whole = case.n_trials == max(BUDGETS)
+    asks = list(run.ask_s.values())
+    return {
+        **asdict(case),
+        "scores": {str(b): score(run, objective, b) for b in budgets_of(case)},
+        "at_wall": score(run, objective, case.n_trials, WALL_S) if whole else None,
+        "ask_s_total": sum(asks),
+        "ask_s_max": max(asks, default=0.0),
+        "wall_s": run.wall_s,
+        "virtual_h": max(run.finished_at.values(), default=0.0) / 3600,
+    }
+
+
+def budgets_of(case: Case) -> list[int]:
+    """The budgets a study stands for: a study of 200 trials holds those of 50 and 100 too,
+    except for the default, whose configuration depends on `n_trials` (one study each)."""
+    if case.variant == DEFAULT:
+        return [case.n_trials]
+    return [b for b in BUDGETS if b <= case.n_trials]
+
+
+def quiet() -> None:
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    logging.getLogger("trialq").setLevel(logging.ERROR)
+    warnings.simplefilter("ignore")
+
+
+# --- the matrix and its tables -------------------------------------------------------------
+
+
+def cases(
+    objectives: Iterable[str],
+    variants: Iterable[str],
+    ks: Iterable[int],
+    seeds: int,
+    pruners: dict[str, tuple[str, ...]],
+) -> list[Case]:
+    found = []
+    for name in objectives:
+        objective = OBJECTIVES[name]
+        for label in variants:
+            if not available(label):
+                continue
+            if (label in MULTI_ONLY and not objective.multi) or (
+                label in SINGLE_ONLY and objective.multi
+            ):
+                continue
+            budgets = BUDGETS if label == DEFAULT else (max(BUDGETS),)
+            for pruner in pruners.get(name, ("none",)) if objective.has_curves else ("none",):
+                found.extend(
+                    Case(name, label, k, seed, pruner, n)
+                    for k in ks
+                    for seed in range(seeds)
+                    for n in budgets
+                )
+    return found
+
+
+def run_all(todo: list[Case], jobs: int) -> list[dict[str, Any]]:
+    if jobs <= 1:
+        return [summarise(case) for case in todo]
+    with ProcessPoolExecutor(jobs) as pool:
+        return list(pool.map(summarise, todo, chunksize=4))
+
+
+Key = tuple[str, str, str, int]
+"""(objective, variant, pruner, k)"""
+
+
+def medians(results: list[dict[str, Any]]) -> dict[Key, dict[str, float]]:
+    """Median over seeds of each score, by objective, variant, pruner and k."""
+    grouped: dict[Key, list[dict[str, Any]]] = defaultdict(list)
+    for row in results:
+        grouped[(row["objective"], row["variant"], row["pruner"], row["k"])].append(row)
+    table = {}
+    for key, rows in grouped.items():
+        by_budget: dict[str, list[float]] = defaultdict(list)
+        for row in rows:
+            for budget, value in row["scores"].items():
+                by_budget[budget].append(value)
+        cell = {budget: statistics.median(values) for budget, values in by_budget.items()}
+        cell["wall"] = statistics.median(r["at_wall"] for r in rows if r["at_wall"] is not None)
+        cell["ask_s"] = statistics.median(r["ask_s_total"] for r in rows)
+        table[key] = cell
+    return table
+
+
+def gap_closed(
+    table: dict[Key, dict[str, float]],
+    objective: str,
+    variant: str,
+    budget: str,
+    pruner: str = "none",
+) -> float | None:
+    """How much of the baseline's loss from k=1 to k=16 `variant` wins back at k=16 (1: all
+    of it; negative: worse than the baseline); None where the baseline loses nothing."""
+    try:
+        base_1 = table[(objective, BASELINE, pruner, 1)][budget]
+        base_16 = table[(objective, BASELINE, pruner, 16)][budget]
+        other_16 = table[(objective, variant, pruner, 16)][budget]
+    except KeyError:
+        return None
+    gap = base_16 - base_1
+    if not gap > 1e-9:
+        return None
+    return (base_16 - other_16) / gap
+
+
+def fmt(value: float | None) -> str:
+    if value is None:
+        return "-"
+    if math.isinf(value):
+        return "inf"
+    return f"{value:.3g}" if abs(value) >= 0.01 else f"{value:.2e}"
+
+
+def print_objective(
+    table: dict[Key, dict[str, float]], objective: str, ks: tuple[int, ...], budgets: list[str]
+) -> None:
+    rows = sorted(
+        {(v, p) for (o, v, p, _k) in table if o == objective},
+        key=lambda vp: (vp[1] != "none", list(VARIANTS).index(vp[0]), vp[1]),
+    )
+    what = "-hypervolume" if OBJECTIVES[objective].multi else "best true value"
+    print(f"\n{objective}: median {what} over seeds (lower is better)")
+    columns = [f"{b}@k{k}" for b in budgets for k in ks] + [f"2h@k{k}" for k in ks]
+    print(f"{'sampler':<26}" + "".join(f"{c:>10}" for c in columns) + f"{'deg1→16':>10}")
+    for variant, pruner in rows:
+        name = variant if pruner == "none" else f"{variant} +{pruner}"
+        cells = []
+        for column in [*((b, k) for b in budgets for k in ks), *(("wall", k) for k in ks)]:
+            cell = table.get((objective, variant, pruner, column[1]))
+            cells.append(fmt(cell[column[0]] if cell else None))
+        last = budgets[-1]
+        one, sixteen = (
+            table.get((objective, variant, pruner, 1)),
+            table.get((objective, variant, pruner, 16)),
+        )
+        degradation = sixteen[last] - one[last] if one and sixteen else None
+        print(f"{name:<26}" + "".join(f"{c:>10}" for c in cells) + f"{fmt(degradation):>10}")
+
+
+def gap_table(
+    table: dict[Key, dict[str, float]], objectives: list[str], budgets: list[str]
+) -> dict[str, dict[str, float | None]]:
+    """Per variant and budget: the median over objectives of the gap closed at k=16."""
+    variants = sorted(
+        {v for (_o, v, p, k) in table if k == 16 and p == "none"}, key=list(VARIANTS).index
+    )
+    closed: dict[str, dict[str, float | None]] = {}
+    for variant in variants:
+        closed[variant] = {}
+        for budget in budgets:
+            found = [gap_closed(table, o, variant, budget) for o in objectives]
+            kept = [f for f in found if f is not None]
+            closed[variant][budget] = statistics.median(kept) if kept else None
+    return closed
+
+
+def print_gaps(
+    closed: dict[str, dict[str, float | None]],
+    table: dict[Key, dict[str, float]],
+    objectives: list[str],
+    budgets: list[str],
+) -> None:
+    print("\ngap closed at k=16 (share of Optuna-4 TPE's k=1→16 loss won back; median over")
+    print("objectives; per objective in brackets)")
+    print(f"{'sampler':<26}" + "".join(f"{'budget ' + b:>12}" for b in budgets))
+    for variant, by_budget in closed.items():
+        print(f"{variant:<26}" + "".join(f"{fmt(by_budget[b]):>12}" for b in budgets))
+    for objective in objectives:
+        per = [fmt(gap_closed(table, objective, DEFAULT, b)) for b in budgets]
+        print(f"  {DEFAULT} on {objective:<15}" + "".join(f"{p:>12}" for p in per))
+
+
+# --- ask time ------------------------------------------------------------------------------
+
+
+def ask_time(label: str, history: int, asks: int = 8, objective: str = "hartmann6") -> float:
+    """Median seconds of the driver's ask once `history` trials have finished, with up to
+    `asks` more in flight (the history is drawn at random: what is timed is the sampler
+    reading and fitting it, not how it was found)."""
+    quiet()
+    case = Case(objective, label, k=16, seed=0, n_trials=history + asks)
+    spec = spec_for(case)
+    study = optuna.create_study(
+        storage=optuna.storages.InMemoryStorage(),
+        directions=list(spec.study.objective_directions),
+        sampler=optuna.samplers.RandomSampler(seed=0),
+    )
+    clock = VirtualClock()
+    cluster = VirtualCluster(OBJECTIVES[objective], 0, clock)
+    options = DriverOptions(max_in_flight=16, poll_interval_s=0.0, clock=clock)
+    driver = StudyDriver(spec, study, cluster, None, NoProgress(), options)
+    for _ in range(history):
+        trial = driver._ask()
+        simulated = cluster.objective.evaluate(trial.params, trial_rng(0, trial.number))
+        study.tell(
+            trial,
+            None if simulated.oom else list(simulated.values),
+            state=TrialState.FAIL if simulated.oom else TrialState.COMPLETE,
+        )
+    study.sampler = build_sampler(case, spec)
+    seconds = []
+    for _ in range(asks):
+        started = time.perf_counter()
+        driver._ask()  # left running: the liar's cost is part of what a parallel ask pays
+        seconds.append(time.perf_counter() - started)
+    return statistics.median(seconds)
+
+
+# --- main ----------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.parallel_search",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="the baseline and the default at k=1 and 16, 5 seeds: minutes",
+    )
+    parser.add_argument("--seeds", type=int, help="seeds per cell (default 10; --quick 5)")
+    parser.add_argument("--jobs", type=int, default=1, help="processes (default 1)")
+    parser.add_argument("--objectives", nargs="+", choices=list(OBJECTIVES))
+    parser.add_argument("--variants", nargs="+", choices=list(VARIANTS))
+    parser.add_argument("--ks", nargs="+", type=int)
+    parser.add_argument("--no-pruners", action="store_true", help="skip the pruner variants")
+    parser.add_argument("--out", type=Path, default=OUT)
+    return parser.parse_args(argv)
+
+
+def plan(args: argparse.Namespace) -> tuple[list[Case], tuple[int, ...], list[str]]:
+    if args.quick:
+        objectives = args.objectives or ["branin", "hartmann6", "train", "conditional"]
+        variants = args.variants or [BASELINE, DEFAULT]
+        ks, seeds, pruners = tuple(args.ks or (1, 16)), args.seeds or 5, {}
+    else:
+        objectives = args.objectives or list(OBJECTIVES)
+        variants = args.variants or list(VARIANTS)
+        ks, seeds = tuple(args.ks or KS), args.seeds or 10
+        pruners = {} if args.no_pruners else {"train": ("none", "median", "successive_halving")}
+    return cases(objectives, variants, ks, seeds, pruners), ks, objectives
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    quiet()
+    started = time.perf_counter()
+    todo, ks, objectives = plan(args)
+    print(
+        f"{len(todo)} studies of {max(BUDGETS)} trials, k in {ks}, "
+        f"{len({c.seed for c in todo})} seeds, {args.jobs} process(es)",
+        flush=True,
+    )
+    results = run_all(todo, args.jobs)
+    table = medians(results)
+    budgets = [str(b) for b in BUDGETS]
+    for objective in objectives:
+        print_objective(table, objective, ks, budgets)
+    closed = gap_table(table, objectives, budgets) if 16 in ks and 1 in ks else {}
+    if closed:
+        print_gaps(closed, table, objectives, budgets)
+    asks = ask_times([v for v in dict.fromkeys(c.variant for c in todo)], quick=args.quick)
+    print_ask_times(asks)
+    headline = worst([closed.get(DEFAULT, {}).get(b) for b in budgets])
+    write(args.out, args, results, table, closed, asks, headline, time.perf_counter() - started)
+    print(f"gap closed at k=16: {fmt(headline) if headline is not None else 'n/a'}")
+    return 0
+
+
+def worst(values: list[float | None]) -> float | None:
+    kept = [v for v in values if v is not None]
+    return min(kept) if kept else None
+
+
+def ask_times(variants: list[str], quick: bool) -> dict[str, dict[str, float]]:
+    histories = (200, 1000)
+    found: dict[str, dict[str, float]] = {}
+    for label in variants:
+        if label in MULTI_ONLY or not available(label):
+            continue
+        found[label] = {str(h): ask_time(label, h, asks=4 if quick else 8) for h in histories}
+    return found
+
+
+def print_ask_times(asks: dict[str, dict[str, float]]) -> None:
+    print("\ndriver ask time (median ms; hartmann6, up to 8 running) after N finished trials")
+    print(f"{'sampler':<26}{'200':>10}{'1000':>10}")
+    for label, by_history in asks.items():
+        print(f"{label:<26}" + "".join(f"{by_history[h] * 1000:>10.1f}" for h in ("200", "1000")))
+
+
+def write(
+    out: Path,
+    args: argparse.Namespace,
+    results: list[dict[str, Any]],
+    table: dict[Key, dict[str, float]],
+    closed: dict[str, dict[str, float | None]],
+    asks: dict[str, dict[str, float]],
+    headline: float | None,
+    wall_s: float,
+) -> None:
+    cells = [
+        {"objective": o, "variant": v, "pruner": p, "k": k, **cell}
+        for (o, v, p, k), cell in sorted(table.items())
+    ]
+    document = {
+        "benchmark": "parallel_search",
+        "quick": args.quick,
+        "median_trial_s": MEDIAN_TRIAL_S,
+        "wall_s_virtual": WALL_S,
+        "default_sampler": describe_default(),
+        "environment": environment(),
+        "medians": cells,
+        "gap_closed_k16": closed,
+        "gap_closed_headline": headline,
+        "ask_s": asks,
+        "runs": results,
+        "wall_s": wall_s,
+    }
+    out.write_text(json.dumps(document, indent=1, default=str))
+    print(f"\nwrote {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out} ({wall_s:.0f} s)")
+
+
+def environment() -> dict[str, Any]:
+    """What the numbers were measured on (no paths, nothing secret)."""
+    return {
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+        "optuna": optuna.__version__,
+        "torch": available("gp"),
+        "cmaes": available("cmaes"),
+    }
+
+
+def describe_default() -> dict[str, str]:
+    """What `sampler = "tpe"` builds, per max_in_flight (the rule make_sampler applies)."""
+    found = {}
+    for k in KS:
+        for n in BUDGETS:
+            spec = spec_for(Case("hartmann6", DEFAULT, k, seed=0, n_trials=n))
+            sampler: Any = make_sampler(spec)
+            found[f"k={k} n_trials={n}"] = (
+                f"multivariate={sampler._multivariate} constant_liar={sampler._constant_liar}"
+            )
+    return found
+
+
+if __name__ == "__main__":
+    sys.exit(main())
