@@ -34,8 +34,10 @@ COPY src/ /tmp/trialq-build/src/
 RUN python3 -m pip install --no-cache-dir --no-deps /tmp/trialq-build \
     && rm -rf /tmp/trialq-build
 
-# The example study, so `submit-study /app/examples/digits/study.toml` works out of the box.
+# The example study, so `submit-study /app/examples/digits/study.toml` works out of the box,
+# and Flower's configuration (its login comes from a secret file).
 COPY examples/ /app/examples/
+COPY docker/flowerconfig.py /app/flowerconfig.py
 
 RUN useradd --create-home --uid 10001 --user-group --shell /usr/sbin/nologin trialq
 USER 10001:10001

@@ -53,6 +53,9 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "result_backend_max_retries": 30,
         "broker_connection_retry_on_startup": True,
         "task_default_queue": "gpu",
+        # Flower (and `celery events`) see every trial, also one that started before they did.
+        "worker_send_task_events": True,
+        "task_send_sent_event": True,
         "worker_hijack_root_logger": False,
         # Prefork with a warm spare process and prompt replacement of each trial's process.
         "worker_pool": "trialq.pool:TrialPool",

@@ -15,6 +15,7 @@ import socket
 import threading
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import redis
@@ -75,10 +76,23 @@ class Heartbeat(_RenewedKey):
     """
 
     def __init__(
-        self, client: redis.Redis, beat: WorkerBeat, interval_s: float, ttl_s: float
+        self,
+        client: redis.Redis,
+        beat: WorkerBeat,
+        interval_s: float,
+        ttl_s: float,
+        mark: Path | None = None,
     ) -> None:
+        """`mark`: a file touched after each beat that reached Redis, so a container health
+        check can read its age with no Python and no round trip (`TRIALQ_HEARTBEAT_FILE`)."""
         super().__init__(client, interval_s, ttl_s, "trialq-heartbeat")
         self._beat = beat
+        self._mark = mark
+
+    def _write(self) -> None:
+        super()._write()
+        if self._mark is not None:
+            self._mark.touch()
 
     def start(self) -> None:
         """Beat once now (so readiness is immediate; a Redis error here is raised), then keep

@@ -51,6 +51,11 @@ class Settings(BaseSettings):
     heartbeat_ttl_s: float = Field(default=20.0, gt=0)
     """A worker whose key is older than this is taken as gone; its trial is lost."""
 
+    heartbeat_file: Path | None = None
+    """A file the worker touches after each heartbeat that reached Redis: the container
+    images' health check reads its age (a shell `stat`, cheap enough to run every few
+    seconds, so `docker compose up --wait` returns as soon as the worker beats)."""
+
     max_result_bytes: int = Field(default=1_000_000, gt=0)
     """A trial result larger than this (as JSON) is refused, not stored."""
 

@@ -194,7 +194,13 @@ def _start_heartbeat(sender: Any = None, **_: Any) -> None:
         beat_at=0.0,
     )
     client = redis.Redis.from_url(settings.broker_url, socket_timeout=5)
-    _heartbeat = Heartbeat(client, beat, settings.heartbeat_interval_s, settings.heartbeat_ttl_s)
+    _heartbeat = Heartbeat(
+        client,
+        beat,
+        settings.heartbeat_interval_s,
+        settings.heartbeat_ttl_s,
+        mark=settings.heartbeat_file,
+    )
     _heartbeat.start()
 
 

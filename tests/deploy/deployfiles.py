@@ -26,7 +26,11 @@ DOCKER_DIR = REPO_ROOT / "docker"
 DOCKERFILES = sorted(DOCKER_DIR.glob("*.Dockerfile"))
 
 # What the tests put in place of the user's .env.
-TEST_ENV = {"REDIS_PASSWORD": "redis-test-password", "POSTGRES_PASSWORD": "pg-test-password"}
+TEST_ENV = {
+    "REDIS_PASSWORD": "redis-test-password",
+    "POSTGRES_PASSWORD": "pg-test-password",
+    "FLOWER_PASSWORD": "flower-test-password",
+}
 
 
 class Reset:

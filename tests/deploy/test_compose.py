@@ -155,12 +155,21 @@ def test_worker_command_is_the_image_cmd(workers: dict[str, Any]) -> None:
 
 
 def test_worker_environment(workers: dict[str, Any]) -> None:
-    password = TEST_ENV["REDIS_PASSWORD"]
     for name, worker in workers.items():
         env = worker["environment"]
         assert env["TF_FORCE_GPU_ALLOW_GROWTH"] == "true", name
-        assert env["TRIALQ_BROKER_URL"] == f"redis://:{password}@redis:6379/0", name
+        assert env["TRIALQ_BROKER_URL"] == "redis://redis:6379/0", name
+        assert env["TRIALQ_BROKER_PASSWORD_FILE"] == "/run/secrets/redis_password", name
+        assert worker["secrets"] == ["redis_password"], f"{name}: the Redis password only"
         assert "TRIALQ_STORAGE" not in env, f"{name}: workers talk only to Redis"
+
+
+def test_no_password_is_in_any_environment(services: dict[str, Any]) -> None:
+    """Passwords reach the containers as secret files: `docker inspect` shows environments."""
+    for name, service in services.items():
+        env = " ".join(str(v) for v in (service.get("environment") or {}).values())
+        for password in TEST_ENV.values():
+            assert password not in env, f"{name}: a password in its environment"
 
 
 def test_workers_are_kept_off_the_storage_network(
@@ -195,13 +204,13 @@ def _redis_config_lines(services: dict[str, Any]) -> list[str]:
 
 def test_redis_has_password_persistence_and_noeviction(services: dict[str, Any]) -> None:
     config = dict(line.split(" ", 1) for line in _redis_config_lines(services))
-    assert config["requirepass"] == "$REDIS_PASSWORD"
+    assert config["requirepass"] == "$(cat /run/secrets/redis_password)"
     assert config["appendonly"] == "yes"
     assert config["maxmemory-policy"] == "noeviction"
     assert config["dir"] == "/data"
     volumes = services["redis"]["volumes"]
     assert any(str(v).endswith(":/data") for v in volumes), "AOF must live on a volume"
-    assert services["redis"]["environment"]["REDIS_PASSWORD"] == TEST_ENV["REDIS_PASSWORD"]
+    assert services["redis"]["secrets"] == ["redis_password"]
 
 
 def test_redis_password_never_appears_on_a_command_line(services: dict[str, Any]) -> None:
@@ -229,7 +238,7 @@ def test_env_example_ships_no_secret() -> None:
         for line in (REPO_ROOT / ".env.example").read_text(encoding="utf-8").splitlines()
         if line and not line.startswith("#")
     )
-    assert values == {"REDIS_PASSWORD": "", "POSTGRES_PASSWORD": ""}
+    assert values == {"REDIS_PASSWORD": "", "POSTGRES_PASSWORD": "", "FLOWER_PASSWORD": ""}
 
 
 def _free_port() -> int:
@@ -247,8 +256,11 @@ def test_redis_command_runs_and_enforces_its_config(
     redis = pytest.importorskip("redis")
     script = shell_words(services["redis"]["command"])[-1]
     port = _free_port()
+    secret = tmp_path / "redis_password"
+    secret.write_text("local-test-pw\n")
     script = script.replace("dir /data", f"dir {tmp_path}\nport {port}\nbind 127.0.0.1")
-    env = {**os.environ, "REDIS_PASSWORD": "local-test-pw", "REDIS_MAXMEMORY": "32mb"}
+    script = script.replace("/run/secrets/redis_password", str(secret))
+    env = {**os.environ, "REDIS_MAXMEMORY": "32mb"}
     server = subprocess.Popen(["sh", "-c", script], env=env, stdout=subprocess.DEVNULL)
     try:
         client = redis.Redis(port=port, password="local-test-pw")
@@ -348,8 +360,37 @@ def test_driver_is_one_shot_under_a_profile(services: dict[str, Any]) -> None:
     assert driver["profiles"] == ["driver"]
     assert driver["restart"] == "no"
     assert shell_words(driver["command"])[0] == "submit-study"
-    assert driver["environment"]["TRIALQ_STORAGE"].startswith("postgresql+psycopg2://trialq:")
+    assert (
+        driver["environment"]["TRIALQ_STORAGE"]
+        == "postgresql+psycopg2://trialq@postgres:5432/optuna"
+    )
+    assert driver["environment"]["TRIALQ_STORAGE_PASSWORD_FILE"] == "/run/secrets/postgres_password"
     assert driver["image"].startswith("trialq-driver:")
+
+
+def test_each_trialq_image_is_built_by_one_service_and_never_pulled(
+    services: dict[str, Any],
+) -> None:
+    """Four services run the driver image: built in parallel it was built twice (a dangling
+    590 MB image), and Compose looked for trialq-* in a registry first."""
+    by_image: dict[str, list[str]] = {}
+    for name, service in services.items():
+        if service["image"].startswith("trialq-"):
+            by_image.setdefault(service["image"], []).append(name)
+    for image, users in by_image.items():
+        builders = [n for n in users if "build" in services[n]]
+        assert len(builders) == 1, f"{image} is built by {builders}"
+        assert services[builders[0]]["pull_policy"] == "build", builders[0]
+        for name in set(users) - set(builders):
+            assert services[name]["pull_policy"] == "never", f"{name} would pull {image}"
+
+
+def test_postgres_is_healthy_only_once_it_listens_on_tcp(services: dict[str, Any]) -> None:
+    """pg_isready without --host asks the Unix socket, which answers during the image's
+    socket-only first-start phase: storage-init would start before TCP is open."""
+    test = shell_words(services["postgres"]["healthcheck"]["test"])
+    assert "pg_isready" in test
+    assert test[test.index("--host") + 1] == "127.0.0.1"
 
 
 def test_postgres_keeps_the_study_on_a_volume(model: dict[str, Any]) -> None:
@@ -364,11 +405,14 @@ def test_postgres_keeps_the_study_on_a_volume(model: dict[str, Any]) -> None:
 def test_cpu_override_removes_every_gpu_reservation() -> None:
     merged = compose_model(COMPOSE_FILE, CPU_OVERRIDE_FILE)
     gpu_workers = [n for n in compose_model(COMPOSE_FILE)["services"] if n.startswith("worker-")]
+    builder = merged["services"]["worker-gpu0"]
+    assert builder["build"]["args"]["TRIALQ_EXTRA"] == "cpu"
+    assert "tensorflow" not in builder["build"]["args"]["BASE_IMAGE"]
     for name in gpu_workers:
         worker = merged["services"][name]
         assert "deploy" not in worker, f"{name} keeps its GPU reservation"
-        assert worker["build"]["args"]["TRIALQ_EXTRA"] == "cpu", name
-        assert "tensorflow" not in worker["build"]["args"]["BASE_IMAGE"], name
+        assert "ulimits" not in worker, f"{name}: memlock -1 stops a worker on some engines"
+        assert worker["image"] == builder["image"], name
         assert worker["image"] != compose_model(COMPOSE_FILE)["services"][name]["image"], (
             f"{name}: the CPU build must not overwrite the GPU image's tag"
         )
@@ -436,5 +480,7 @@ def test_docker_compose_cpu_override_drops_reservations(compose: list[str]) -> N
         devices = gpu["services"][name]["deploy"]["resources"]["reservations"]["devices"]
         assert devices[0]["driver"] == "nvidia" and devices[0]["capabilities"] == ["gpu"]
         assert "deploy" not in cpu["services"][name], name
-        assert cpu["services"][name]["build"]["args"]["TRIALQ_EXTRA"] == "cpu"
+        assert "ulimits" not in cpu["services"][name], name
+        assert cpu["services"][name]["image"] == "trialq-worker-cpu:0.1.0"
+    assert cpu["services"]["worker-gpu0"]["build"]["args"]["TRIALQ_EXTRA"] == "cpu"
     assert "driver" in gpu["services"]

@@ -83,8 +83,10 @@ def test_worker_image_design() -> None:
     assert args["TRIALQ_EXTRA"] == "tf"
     env = " ".join(a for k, a in steps if k == "ENV")
     assert "TF_FORCE_GPU_ALLOW_GROWTH=true" in env
+    assert "TRIALQ_HEARTBEAT_FILE=/tmp/trialq-heartbeat" in env
     healthcheck = next(a for k, a in steps if k == "HEALTHCHECK")
-    assert json.loads(healthcheck.split("CMD", 1)[1]) == ["trialq", "health"]
+    check = json.loads(healthcheck.split("CMD", 1)[1])
+    assert check[:2] == ["sh", "-c"] and "/tmp/trialq-heartbeat" in check[2]
     cmd = json.loads(next(a for k, a in reversed(steps) if k == "CMD"))
     assert cmd[:2] == ["trialq", "worker"]
     assert cmd[cmd.index("--concurrency") + 1] == "1"

@@ -3,10 +3,20 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
+import pytest
 import redis
 
-from trialq.heartbeat import RunningTrial, TrialBeacon, live_workers, running_trials
+from trialq.heartbeat import (
+    Heartbeat,
+    RunningTrial,
+    TrialBeacon,
+    WorkerBeat,
+    live_workers,
+    running_trials,
+)
+from trialq.local import free_port
 
 
 def _claim(pid: int = 42) -> RunningTrial:
@@ -39,3 +49,23 @@ def test_a_claim_no_one_renews_expires_with_its_ttl(redis_url: str) -> None:
     time.sleep(0.6)
     assert running_trials(client) == []
     beacon.stop()
+
+
+def test_a_worker_touches_its_heartbeat_file_only_when_the_beat_reached_redis(
+    redis_url: str, tmp_path: Path
+) -> None:
+    mark = tmp_path / "heartbeat"
+    beat = WorkerBeat(name="w@host", host="host", pid=1, queues=("gpu",), gpu=None, beat_at=0)
+    beating = Heartbeat(redis.Redis.from_url(redis_url), beat, interval_s=60, ttl_s=5, mark=mark)
+    beating.start()
+    try:
+        assert mark.exists(), "the first beat reached Redis: the health check sees it"
+        mark.unlink()
+        away = Heartbeat(
+            redis.Redis(port=free_port(), socket_timeout=1), beat, interval_s=60, ttl_s=5, mark=mark
+        )
+        with pytest.raises(redis.ConnectionError):
+            away.start()
+        assert not mark.exists(), "a beat Redis never got must not look healthy"
+    finally:
+        beating.stop()
