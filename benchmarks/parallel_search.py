@@ -401,7 +401,7 @@ def print_gaps(
     budgets: list[str],
 ) -> None:
     print("\ngap closed at k=16 (share of Optuna-4 TPE's k=1→16 loss won back; median over")
-    print("objectives; per objective in brackets)")
+    print("objectives; the default per objective below)")
     print(f"{'sampler':<26}" + "".join(f"{'budget ' + b:>12}" for b in budgets))
     for variant, by_budget in closed.items():
         print(f"{variant:<26}" + "".join(f"{fmt(by_budget[b]):>12}" for b in budgets))
