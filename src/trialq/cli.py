@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import signal
 import sys
 import traceback
@@ -264,7 +265,7 @@ def _worker(args: argparse.Namespace, rest: list[str]) -> int:
 
     import trialq.worker  # noqa: F401  (the app, its task and signal handlers)
 
-    hostname = args.hostname or f"trialq-{os.getpid()}@%h"
+    hostname = args.hostname or default_worker_name()
     # `app.worker_main` drops the worker's exit status; Celery's own command returns it.
     status = celery_command.main(
         args=[
@@ -281,6 +282,13 @@ def _worker(args: argparse.Namespace, rest: list[str]) -> int:
         standalone_mode=False,
     )  # fmt: skip
     return status if isinstance(status, int) else 0
+
+
+def default_worker_name() -> str:
+    """`trialq-PID-XXXX@HOST`, new at every start. The driver takes a trial whose worker stopped
+    beating for lost; a worker restarted in its container gets the same pid and host, and
+    under the same name it would look alive, so the trial its last life ran would wait forever."""
+    return f"trialq-{os.getpid()}-{secrets.token_hex(2)}@%h"
 
 
 def _health(args: argparse.Namespace) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import ssl
 
 from trialq.celery_app import create_app
@@ -32,3 +33,13 @@ def test_rediss_url_parameters_win() -> None:
     app = create_app(Settings(broker_url=url))
     assert not app.conf.broker_use_ssl
     assert app.backend.connparams["ssl_cert_reqs"] == ssl.CERT_NONE
+
+
+def test_a_restarted_worker_never_takes_the_name_of_its_last_life() -> None:
+    """In a container a restarted worker has the same pid and host: under the same node name
+    it would look alive to the driver, and the trial its last life ran would wait forever."""
+    from trialq.cli import default_worker_name
+
+    names = {default_worker_name() for _ in range(20)}
+    assert len(names) == 20
+    assert all(name.startswith(f"trialq-{os.getpid()}-") and name.endswith("@%h") for name in names)
