@@ -16,11 +16,11 @@ import time
 import urllib.request
 from base64 import b64encode
 from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import optuna
+from faults.harness import Verdict
 
 from trialq.local import free_port
 
@@ -36,27 +36,6 @@ def engine_answers() -> bool:
         if subprocess.run(command, capture_output=True, timeout=30).returncode != 0:
             return False
     return True
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """One container-level fault's figures, as the fault suite's table has them."""
-
-    fault: str
-    n_trials: int
-    finished: int
-    lost: int
-    told_twice: int
-    left_running: int
-
-    @property
-    def passed(self) -> bool:
-        return (
-            self.finished == self.n_trials
-            and self.lost == 0
-            and self.told_twice == 0
-            and self.left_running == 0
-        )
 
 
 class Cluster:

@@ -19,8 +19,9 @@ from pathlib import Path
 import psycopg2
 import pytest
 import redis
+from faults.harness import Verdict
 
-from .cluster import Cluster, Verdict, engine_answers, wait_until
+from .cluster import Cluster, engine_answers, wait_until
 
 pytestmark = [pytest.mark.compose, pytest.mark.timeout(1800)]
 
