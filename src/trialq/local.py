@@ -14,6 +14,7 @@ SIGKILLed driver runs no cleanup): Redis is stopped, workers and their trials ar
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
 import signal
@@ -23,7 +24,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
 
@@ -163,7 +164,7 @@ class LocalCluster:
                 stderr=subprocess.STDOUT,
                 env=env,
                 start_new_session=True,
-                preexec_fn=_signalled_when_parent_dies(when_orphaned),
+                preexec_fn=functools.partial(die_with_parent, when_orphaned),
             )
 
     def _wait_for_workers(self) -> None:
@@ -207,11 +208,6 @@ def yield_cpu(pid: int, by: int) -> None:
         os.setpriority(os.PRIO_PROCESS, pid, niceness)
     with contextlib.suppress(OSError):
         Path(f"/proc/{pid}/autogroup").write_text(str(niceness))
-
-
-def _signalled_when_parent_dies(sig: signal.Signals) -> Callable[[], None]:
-    """Run in the child before it starts: the kernel sends `sig` when the driver dies."""
-    return lambda: die_with_parent(sig)
 
 
 @contextlib.contextmanager

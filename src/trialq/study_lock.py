@@ -165,8 +165,7 @@ class _LockFile:
 def holding_study(study: optuna.Study) -> Iterator[StudyLock | None]:
     """The study's lock for as long as the block runs; None for a storage other than an RDB
     one (an in-memory study has one process by nature)."""
-    storage = study._storage
-    rdb = getattr(storage, "backend", None) or getattr(storage, "_backend", storage)
+    rdb = getattr(study._storage, "_backend", study._storage)  # the mirror, or Optuna's cache
     if not isinstance(rdb, optuna.storages.RDBStorage):
         yield None
         return
