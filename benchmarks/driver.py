@@ -39,16 +39,16 @@ from unittest import mock
 
 import optuna
 
-import trialq.driver
-import trialq.mirror
+import trialq.driver._storage.mirror
+import trialq.driver.loop
 from benchmarks.overhead import RESULTS, ROOT, environment
-from trialq.celery_dispatch import CeleryDispatcher
-from trialq.driver import DriverOptions, StudyDriver
+from trialq._celery.dispatcher import CeleryDispatcher
+from trialq.driver.loop import DriverOptions, StudyDriver
+from trialq.driver.progress import NoProgress
+from trialq.driver.spec import StudySpec, load_spec
+from trialq.driver.study import distributions, make_pruner, make_sampler, open_study
 from trialq.local import LocalCluster
-from trialq.progress import NoProgress
 from trialq.settings import Settings
-from trialq.spec import StudySpec, load_spec
-from trialq.study import distributions, make_pruner, make_sampler, open_study
 
 DEFAULT_STORAGE = "postgresql+psycopg2://postgres@127.0.0.1:5432/test"
 BUCKET = 100
@@ -92,10 +92,10 @@ def instrumented(study: optuna.Study, timings: Timings, attrs_one_by_one: bool) 
     ask, tell = study.ask, study.tell
     set_user_attr = optuna.Trial.set_user_attr
     best_value = optuna.Study.best_value
-    batched = getattr(trialq.driver, "set_user_attrs", None)
-    persist = getattr(trialq.driver, "persist", None)
-    flush_behind = trialq.driver.flush_behind
-    commit = trialq.mirror.MirroredStorage._commit
+    batched = getattr(trialq.driver.loop, "set_user_attrs", None)
+    persist = getattr(trialq.driver.loop, "persist", None)
+    flush_behind = trialq.driver.loop.flush_behind
+    commit = trialq.driver._storage.mirror.MirroredStorage._commit
 
     def timed_ask(*args: Any, **kwargs: Any) -> optuna.Trial:
         wall, cpu = time.perf_counter(), time.thread_time()
@@ -162,11 +162,11 @@ def instrumented(study: optuna.Study, timings: Timings, attrs_one_by_one: bool) 
         if batched is None:
             swap(optuna.Trial, "set_user_attr", timed_set_user_attr)
         else:
-            swap(trialq.driver, "set_user_attrs", timed_set_user_attrs)
+            swap(trialq.driver.loop, "set_user_attrs", timed_set_user_attrs)
         if persist is not None:
-            swap(trialq.driver, "persist", timed_persist)
-        swap(trialq.driver, "flush_behind", timed_flush)
-        swap(trialq.mirror.MirroredStorage, "_commit", timed_commit)
+            swap(trialq.driver.loop, "persist", timed_persist)
+        swap(trialq.driver.loop, "flush_behind", timed_flush)
+        swap(trialq.driver._storage.mirror.MirroredStorage, "_commit", timed_commit)
         yield
 
 

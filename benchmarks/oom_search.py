@@ -5,7 +5,7 @@
 A simulated study of two params (width, depth) in [0, 1], maximising width x depth, where
 every trial with width x depth > 0.3 runs out of memory. The trials run in this process (no
 workers: the sampler's choices are what is measured), but each OOM trial is told exactly as
-trialq's driver tells it (`trialq.oom_constraint`): FAIL without the option, and with it the
+trialq's driver tells it (`trialq.driver.oom_constraint`): FAIL without the option, and with it the
 state, stand-in values and constraint the sampler reads. Prints, for TPE and NSGA-II, the
 share of OOM trials in the second half of each study, without and with the option, per seed
 and on average; writes JSON under benchmarks/results/.
@@ -25,7 +25,7 @@ import optuna
 from optuna.trial import TrialState
 
 from benchmarks.overhead import RESULTS, ROOT, environment
-from trialq.oom_constraint import OOM_CONSTRAINT, oom_telling
+from trialq.driver.oom_constraint import OOM_CONSTRAINT, oom_telling
 
 SPACE = {
     "width": optuna.distributions.FloatDistribution(0, 1),

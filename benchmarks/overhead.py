@@ -46,12 +46,12 @@ import psutil
 import redis
 
 from benchmarks.params import sample_params
-from trialq import heartbeat
-from trialq.celery_dispatch import CeleryDispatcher
-from trialq.entrypoint import Entrypoint
+from trialq._celery.dispatcher import CeleryDispatcher
 from trialq.local import LocalCluster
-from trialq.messages import Outcome, TrialRequest, TrialResult
 from trialq.settings import Settings
+from trialq.wire import heartbeat
+from trialq.wire.entrypoint import Entrypoint
+from trialq.wire.messages import Outcome, TrialRequest, TrialResult
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).resolve().parent / "results"

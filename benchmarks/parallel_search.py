@@ -53,11 +53,11 @@ from benchmarks.virtual_cluster import (
     VirtualCluster,
     trial_rng,
 )
-from trialq.driver import DriverOptions, StudyDriver
-from trialq.outage import Outages
-from trialq.progress import NoProgress
-from trialq.spec import StudySpec
-from trialq.study import make_pruner, make_sampler
+from trialq.driver.loop import DriverOptions, StudyDriver
+from trialq.driver.outage import Outages
+from trialq.driver.progress import NoProgress
+from trialq.driver.spec import StudySpec
+from trialq.driver.study import make_pruner, make_sampler
 
 BUDGETS = (50, 100, 200)
 KS = (1, 4, 16, 64)

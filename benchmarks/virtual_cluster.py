@@ -17,9 +17,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from benchmarks.search_objectives import Objective, Simulated
-from trialq.channel import Report, ReportChannel, TrialAddress
-from trialq.dispatch import TaskPhase, TaskStatus
-from trialq.messages import Outcome, TrialRequest, TrialResult
+from trialq.wire.channel import Report, ReportChannel, TrialAddress
+from trialq.wire.dispatch import TaskPhase, TaskStatus
+from trialq.wire.messages import Outcome, TrialRequest, TrialResult
 
 MEDIAN_TRIAL_S = 600.0
 """A median trial: ten virtual minutes."""

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from trialq.dispatch import TaskPhase, TaskStatus
-from trialq.messages import TrialRequest, TrialResult
+from trialq.wire.dispatch import TaskPhase, TaskStatus
+from trialq.wire.messages import TrialRequest, TrialResult
 
 
 class StandInDispatcher:

@@ -13,7 +13,7 @@ import optuna
 from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState
 
-from trialq.messages import Outcome, TrialResult
+from trialq.wire.messages import Outcome, TrialResult
 
 MIB = 2**20
 SPACE = {"x": FloatDistribution(0.0, 10.0), "lr": FloatDistribution(1e-4, 1e-1, log=True)}

@@ -3,8 +3,8 @@
 `import trialq` stays light: it loads neither Celery nor TensorFlow.
 """
 
-from trialq.context import TrialContext
 from trialq.errors import TrialPruned
+from trialq.trial.context import TrialContext
 
 __all__ = ["TrialContext", "TrialPruned", "__version__"]
 __version__ = "0.1.0"

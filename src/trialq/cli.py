@@ -60,7 +60,7 @@ def _run(command: Callable[[], int]) -> int:
     except Exception as exc:
         from pydantic import ValidationError
 
-        from trialq.outage import service_lost
+        from trialq.driver.outage import service_lost
 
         if isinstance(exc, ValidationError):  # a TRIALQ_* variable of the environment
             error = exc.errors()[0]
@@ -178,7 +178,7 @@ FAILURES_SHOWN = 5
 
 def _print_outcome(summary: dict[str, Any]) -> None:
     """The counts, the best trial (values rounded), and why trials failed."""
-    from trialq.summary import failure_lines, rounded
+    from trialq.views.summary import failure_lines, rounded
 
     best = "none complete"
     if summary["best_value"] is not None:
@@ -258,18 +258,18 @@ def _worker(args: argparse.Namespace, rest: list[str]) -> int:
     if args.spare is not None:
         os.environ["TRIALQ_SPARE_PROCESSES"] = str(args.spare)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # Celery's own warm shutdown
-    from trialq.prewarm import preload, preload_modules
+    from trialq.trial.prewarm import preload, preload_modules
 
     preload(preload_modules(Settings().preload))  # refused here: one line, exit code 2
     from celery.bin.celery import celery as celery_command
 
-    import trialq.worker  # noqa: F401  (the app, its task and signal handlers)
+    import trialq._celery.worker  # noqa: F401  (the app, its task and signal handlers)
 
     hostname = args.hostname or default_worker_name()
     # `app.worker_main` drops the worker's exit status; Celery's own command returns it.
     status = celery_command.main(
         args=[
-            "--app", "trialq.worker:app",
+            "--app", "trialq._celery.worker:app",
             "worker",
             "--queues", args.queue,
             "--concurrency", str(args.concurrency),
@@ -294,7 +294,7 @@ def default_worker_name() -> str:
 def _health(args: argparse.Namespace) -> int:
     import redis
 
-    from trialq.heartbeat import local_worker_alive
+    from trialq.wire.heartbeat import local_worker_alive
 
     client = redis.Redis.from_url(Settings().broker_url, socket_timeout=5)
     try:
@@ -307,8 +307,8 @@ def _health(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from trialq.status import show_status
-    from trialq.study import find_study
+    from trialq.driver.study import find_study
+    from trialq.views.status import show_status
 
     settings = Settings()
     study = find_study(args.study, args.storage, settings.storage, "trialq status")
@@ -317,8 +317,8 @@ def _status(args: argparse.Namespace) -> int:
 
 def _report(args: argparse.Namespace) -> int:
     """Write the study's report and print where its page is."""
-    from trialq.report import write_report
-    from trialq.study import find_study
+    from trialq.driver.study import find_study
+    from trialq.views.report import write_report
 
     study = find_study(args.study, args.storage, Settings().storage, "trialq report")
     print(write_report(study, args.out))

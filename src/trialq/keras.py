@@ -12,8 +12,8 @@ from typing import Any
 
 import keras
 
-from trialq.context import TrialContext
 from trialq.errors import TrialPruned
+from trialq.trial.context import TrialContext
 
 
 class TrialCallback(keras.callbacks.Callback):  # type: ignore[misc]

@@ -30,9 +30,9 @@ from types import TracebackType
 
 import redis
 
-from trialq import heartbeat
 from trialq.errors import LocalClusterError
 from trialq.lifeline import die_with_parent
+from trialq.wire import heartbeat
 
 STARTUP_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 15.0

@@ -12,18 +12,18 @@ from typing import Any
 import optuna
 import redis
 
-from trialq.celery_dispatch import CeleryDispatcher
-from trialq.channel import ReportChannel
-from trialq.drift import check_spec_against_study
-from trialq.driver import DriverOptions, StudyDriver, search_paths_for
+from trialq._celery.dispatcher import CeleryDispatcher
+from trialq.driver.drift import check_spec_against_study
+from trialq.driver.loop import DriverOptions, StudyDriver, search_paths_for
+from trialq.driver.progress import NoProgress, ProgressSink, RichProgress
+from trialq.driver.spec import StudySpec, load_spec
+from trialq.driver.study import open_study, redacted, storage_url
+from trialq.driver.study_lock import holding_study
 from trialq.errors import SpecError
 from trialq.local import LocalCluster
-from trialq.progress import NoProgress, ProgressSink, RichProgress
 from trialq.settings import Settings
-from trialq.spec import StudySpec, load_spec
-from trialq.study import open_study, redacted, storage_url
-from trialq.study_lock import holding_study
-from trialq.summary import study_summary
+from trialq.views.summary import study_summary
+from trialq.wire.channel import ReportChannel
 
 VISIBILITY_MARGIN_S = 300
 """How much longer than a trial's hard limit the broker must wait before redelivering."""

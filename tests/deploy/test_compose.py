@@ -325,7 +325,7 @@ def test_start_order_waits_for_health(services: dict[str, Any]) -> None:
     """Long-running services are waited for until healthy, one-shot ones until they succeed.
     A worker only until Redis has started: it imports TensorFlow meanwhile, and Celery waits
     for its broker itself (broker_connection_retry_on_startup)."""
-    from trialq.celery_app import celery_config
+    from trialq._celery.app import celery_config
     from trialq.settings import Settings
 
     assert celery_config(Settings())["broker_connection_retry_on_startup"] is True

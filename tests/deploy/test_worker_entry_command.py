@@ -5,8 +5,8 @@ CMD), pointed at Redis DB 14, given two trials, and stopped with SIGTERM as `doc
 would: each trial must run in a process of its own and the worker must exit 0.
 
 Assumed from the core package (see TODO(core) below): the task name `trialq.run_trial`
-(the contract), one positional argument = `trialq.messages.TrialRequest` as JSON, the result
-= `trialq.messages.TrialResult` as JSON, and TRIALQ_ALLOWED_MODULES gating entrypoints.
+(the contract), one positional argument = `trialq.wire.messages.TrialRequest` as JSON, the result
+= `trialq.wire.messages.TrialResult` as JSON, and TRIALQ_ALLOWED_MODULES gating entrypoints.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from .deployfiles import COMPOSE_FILE, compose_model, find_tool, shell_words
 pytest.importorskip("trialq.worker", reason="the worker module is not written yet")
 celery = pytest.importorskip("celery")
 redis = pytest.importorskip("redis")
-messages = pytest.importorskip("trialq.messages")
+messages = pytest.importorskip("trialq.wire.messages")
 
 BROKER_URL = os.environ.get("TRIALQ_TEST_REDIS_URL", "redis://127.0.0.1:6379/14")
 PROBE_MODULE = "trialq_deploy_probe"

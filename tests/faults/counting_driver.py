@@ -18,8 +18,8 @@ from typing import Any
 import optuna
 
 from trialq.cli import submit_study_main
-from trialq.mirror import MirroredStorage
-from trialq.trial_writes import Batch
+from trialq.driver._storage.mirror import MirroredStorage
+from trialq.driver._storage.sql import Batch
 
 _original_tell = optuna.Study.tell
 _original_commit = MirroredStorage._commit

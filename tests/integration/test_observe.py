@@ -20,7 +20,7 @@ from report_checks import ALL_PLOTS, assert_page_loads_offline, assert_valid_png
 
 from trialq.cli import trialq_main
 from trialq.local import LocalCluster
-from trialq.report import write_report
+from trialq.views.report import write_report
 
 pytestmark = pytest.mark.integration
 

@@ -16,13 +16,13 @@ import psutil
 import pytest
 import redis
 
-from trialq import heartbeat
-from trialq.celery_dispatch import CeleryDispatcher
-from trialq.dispatch import TaskPhase, TaskStatus
-from trialq.entrypoint import Entrypoint
+from trialq._celery.dispatcher import CeleryDispatcher
 from trialq.local import LocalCluster
-from trialq.messages import Outcome, TrialRequest, TrialResult
 from trialq.settings import Settings
+from trialq.wire import heartbeat
+from trialq.wire.dispatch import TaskPhase, TaskStatus
+from trialq.wire.entrypoint import Entrypoint
+from trialq.wire.messages import Outcome, TrialRequest, TrialResult
 
 pytestmark = pytest.mark.integration
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import ssl
 
-from trialq.celery_app import create_app
+from trialq._celery.app import create_app
 from trialq.settings import Settings
 
 

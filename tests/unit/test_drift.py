@@ -9,10 +9,10 @@ from pathlib import Path
 import optuna
 import pytest
 
-from trialq.drift import check_spec_against_study
+from trialq.driver.drift import check_spec_against_study
+from trialq.driver.spec import StudySpec, load_spec
+from trialq.driver.study import open_study
 from trialq.errors import SpecError
-from trialq.spec import StudySpec, load_spec
-from trialq.study import open_study
 
 BASE = {
     "direction": '"maximize"',
@@ -63,7 +63,7 @@ def created(tmp_path: Path) -> Path:
     trial.suggest_float("x", 0, 1)
     trial.suggest_categorical("act", ["relu", "tanh"])
     study.tell(trial, 0.5)
-    from trialq.mirror import flush
+    from trialq.driver._storage.mirror import flush
 
     flush(study)
     return tmp_path

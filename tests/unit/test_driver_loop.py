@@ -19,12 +19,12 @@ import pytest
 import sqlalchemy
 from stand_in import StandInDispatcher
 
-from trialq.driver import DriverOptions, StudyDriver
-from trialq.messages import Outcome
-from trialq.mirror import flush
-from trialq.progress import NoProgress
-from trialq.spec import load_spec
-from trialq.study import open_study
+from trialq.driver._storage.mirror import flush
+from trialq.driver.loop import DriverOptions, StudyDriver
+from trialq.driver.progress import NoProgress
+from trialq.driver.spec import load_spec
+from trialq.driver.study import open_study
+from trialq.wire.messages import Outcome
 
 
 def _driver(

@@ -17,10 +17,10 @@ import sqlalchemy
 from optuna.trial import TrialState
 from studies import trial_fields
 
-from trialq import trial_writes
+from trialq.driver._storage import sql as trial_writes
+from trialq.driver._storage.attrs import set_user_attrs
+from trialq.driver._storage.mirror import MirroredStorage, flush, mirrored, persist
 from trialq.errors import ForeignWriter
-from trialq.mirror import MirroredStorage, flush, mirrored, persist
-from trialq.trial_attrs import set_user_attrs
 
 SPACE = {
     "lr": optuna.distributions.FloatDistribution(1e-5, 1e-1, log=True),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from trialq.driver import objective_values
+from trialq.driver.loop import objective_values
 from trialq.errors import SpecError
 
 
@@ -33,7 +33,7 @@ def test_a_missing_metric_names_what_was_returned() -> None:
 
 
 def test_a_result_with_fields_from_a_newer_worker_still_reads() -> None:
-    from trialq.messages import TrialResult
+    from trialq.wire.messages import TrialResult
 
     raw = {"study": "s", "number": 1, "attempt": 1, "outcome": "ok", "new_field": 3}
     assert TrialResult.model_validate(raw).outcome == "ok"

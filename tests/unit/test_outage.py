@@ -11,9 +11,9 @@ import pytest
 import redis
 import sqlalchemy
 
+from trialq.driver.outage import LONGEST_RETRY_S, Outages, service_lost
 from trialq.errors import BrokerUnreachable, StorageUnreachable
 from trialq.local import free_port
-from trialq.outage import LONGEST_RETRY_S, Outages, service_lost
 
 
 def _refused_by_postgresql() -> sqlalchemy.exc.OperationalError:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from trialq.errors import PreloadError
-from trialq.prewarm import device_in_use, preload_modules
+from trialq.trial.prewarm import device_in_use, preload_modules
 
 
 def test_preload_choice_names_modules_or_auto_or_nothing() -> None:
@@ -34,7 +34,7 @@ def test_an_open_cuda_driver_file_means_the_device_is_in_use(tmp_path: Path) -> 
 
 GUARD_PROBE = """
 import json
-from trialq.prewarm import device_in_use
+from trialq.trial.prewarm import device_in_use
 seen = {"before": device_in_use()}
 import tensorflow as tf
 seen["imported"] = device_in_use()

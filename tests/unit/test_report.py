@@ -14,7 +14,7 @@ from report_checks import ALL_PLOTS, assert_page_loads_offline, assert_valid_png
 from studies import finished_study
 
 from trialq.cli import trialq_main
-from trialq.report import write_report
+from trialq.views.report import write_report
 
 
 @pytest.fixture
@@ -102,7 +102,7 @@ def test_an_oom_trial_told_complete_for_nsga2_is_drawn_as_the_failure_it_was(
     trial = study.ask({"x": optuna.distributions.FloatDistribution(0, 1)})
     trial.set_user_attr("outcome", "oom")
     trial.set_constraint("oom", 1.0)
-    study.tell(trial, float("-inf"))  # the stand-in value trialq.oom_constraint gives NSGA-II
+    study.tell(trial, float("-inf"))  # the stand-in value trialq.driver.oom_constraint gives NSGA-II
 
     page = write_report(study, tmp_path / "out")
 
@@ -119,7 +119,7 @@ def test_the_parallel_coordinates_keep_every_line_visible_and_the_names_apart(
 ) -> None:
     from matplotlib.colors import to_rgb
 
-    from trialq.report import _parallel_coordinate
+    from trialq.views.report import _parallel_coordinate
 
     figure = _parallel_coordinate(finished_study(storage))
     ax = figure.axes[0]

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from trialq.device import FakeDevice
-from trialq.entrypoint import Entrypoint
-from trialq.failures import classify
-from trialq.messages import Outcome, TrialRequest
-from trialq.runner import numeric_metrics, run_trial
+from trialq.trial.device import FakeDevice
+from trialq.trial.runner import numeric_metrics, run_trial
+from trialq.wire.entrypoint import Entrypoint
+from trialq.wire.failures import classify
+from trialq.wire.messages import Outcome, TrialRequest
 
 
 def _request(entrypoint: str, **params: object) -> TrialRequest:

@@ -8,8 +8,8 @@ from typing import Any
 import optuna
 import pytest
 
-from trialq.spec import StudySpec
-from trialq.study import make_sampler
+from trialq.driver.spec import StudySpec
+from trialq.driver.study import make_sampler
 
 SPACE = {
     "units": {"type": "int", "low": 0, "high": 5},

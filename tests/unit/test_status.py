@@ -14,7 +14,7 @@ import redis
 from studies import SPACE, finished_study
 
 from trialq.cli import trialq_main
-from trialq.heartbeat import Heartbeat, RunningTrial, TrialBeacon, WorkerBeat
+from trialq.wire.heartbeat import Heartbeat, RunningTrial, TrialBeacon, WorkerBeat
 
 
 @pytest.fixture

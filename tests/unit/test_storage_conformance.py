@@ -13,7 +13,7 @@ import sqlalchemy
 from optuna.testing.pytest_storages import StorageTestCase
 from studies import trial_fields
 
-from trialq.mirror import MirroredStorage
+from trialq.driver._storage.mirror import MirroredStorage
 
 CONFORMANCE_DATABASE = "trialq_conformance"
 """A PostgreSQL database of the tests' own: the kit counts every study in the storage."""

@@ -11,8 +11,8 @@ import optuna
 import pytest
 import sqlalchemy
 
+from trialq.driver.study_lock import StudyLock
 from trialq.errors import StudyInUse
-from trialq.study_lock import StudyLock
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

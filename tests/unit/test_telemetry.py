@@ -7,11 +7,11 @@ import time
 
 import pytest
 
-from trialq.device import FakeDevice, TensorFlowDevice
-from trialq.entrypoint import Entrypoint
-from trialq.messages import Outcome, TrialRequest, TrialResult
-from trialq.runner import run_trial
-from trialq.telemetry import MIB, SETTLE_S, DeviceBaseline, Sampler
+from trialq.trial.device import FakeDevice, TensorFlowDevice
+from trialq.trial.runner import run_trial
+from trialq.trial.telemetry import MIB, SETTLE_S, DeviceBaseline, Sampler
+from trialq.wire.entrypoint import Entrypoint
+from trialq.wire.messages import Outcome, TrialRequest, TrialResult
 
 
 def _request(entrypoint: str = "trials:quadratic", **params: object) -> TrialRequest:

@@ -8,7 +8,7 @@ from typing import Any
 import optuna
 import pytest
 
-from trialq.trial_attrs import set_user_attrs
+from trialq.driver._storage.attrs import set_user_attrs
 
 ATTRS: dict[str, Any] = {
     "outcome": "ok",

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from trialq.heartbeat import (
+from trialq.local import free_port
+from trialq.wire.heartbeat import (
     Heartbeat,
     RunningTrial,
     TrialBeacon,
@@ -16,7 +17,6 @@ from trialq.heartbeat import (
     live_workers,
     running_trials,
 )
-from trialq.local import free_port
 
 
 def _claim(pid: int = 42) -> RunningTrial:

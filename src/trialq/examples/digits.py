@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from trialq.context import TrialContext
+from trialq.trial.context import TrialContext
 
 EPOCHS = 12
 SEED = 0

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from trialq.context import TrialContext
+from trialq.trial.context import TrialContext
 
 
 def train(params: dict[str, Any], trial: TrialContext) -> dict[str, float]:

@@ -6,7 +6,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from trialq.channel import ReportChannel, TrialAddress
+from trialq.wire.channel import ReportChannel, TrialAddress
 
 
 class TrialContext:

@@ -36,9 +36,9 @@ from billiard import pool as billiard_pool
 from celery.concurrency import asynpool
 from celery.concurrency.prefork import TaskPool
 
-from trialq.prewarm import device_in_use
+from trialq.trial.prewarm import device_in_use
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("trialq.pool")  # the name log lines show; kept when the module moved
 
 SLOT_WAIT_S = 60.0
 """How long a trial waits for its predecessor's process to exit before it runs anyway."""

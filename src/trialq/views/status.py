@@ -20,9 +20,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from trialq import heartbeat
-from trialq.heartbeat import RunningTrial, WorkerBeat
-from trialq.rows import (
+from trialq.views.rows import (
     TrialRow,
     best_line,
     human_bytes,
@@ -32,7 +30,9 @@ from trialq.rows import (
     value_text,
     with_running,
 )
-from trialq.summary import study_summary
+from trialq.views.summary import study_summary
+from trialq.wire import heartbeat
+from trialq.wire.heartbeat import RunningTrial, WorkerBeat
 
 MAX_FAILURES_SHOWN = 10
 """The table has every trial; the 'failed' list below it only the latest few, in full."""

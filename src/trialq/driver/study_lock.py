@@ -1,9 +1,10 @@
 """One driver per study: a lock the database (or the SQLite file's folder) holds for the run.
 
-The driver numbers and tells trials from its own copy of the study (`trialq.mirror`), so a
-second `submit-study` on the same study would number trials twice. It is refused with one
-line and exit 2 before it writes anything. The lock dies with the driver's process or with
-its connection, so a driver that crashed never blocks the next run:
+The driver numbers and tells trials from its own copy of the study
+(`trialq.driver._storage.mirror`), so a second `submit-study` on the same study would number
+trials twice. It is refused with one line and exit 2 before it writes anything. The lock dies
+with the driver's process or with its connection, so a driver that crashed never blocks the
+next run:
 - PostgreSQL: a session advisory lock, on a connection of its own that names the driver;
 - MySQL: `GET_LOCK`, likewise;
 - SQLite: an exclusive `flock` on a file beside the database, removed when the run ends;

@@ -58,7 +58,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "task_send_sent_event": True,
         "worker_hijack_root_logger": False,
         # Prefork with a warm spare process and prompt replacement of each trial's process.
-        "worker_pool": "trialq.pool:TrialPool",
+        "worker_pool": "trialq._celery.pool:TrialPool",
     }
 
 

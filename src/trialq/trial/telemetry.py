@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from statistics import fmean
 from types import TracebackType
 
-from trialq.device import Device
+from trialq.trial.device import Device
 
 SAMPLE_INTERVAL_S = 0.5
 """How often the trial process reads its device; NVML's own utilisation window is ~1/6 s

@@ -24,7 +24,7 @@ not lost.
 
 A second writer would make the copy wrong, so one is detected where it would do harm: a
 new trial whose number is not the next one in the copy stops the run with `ForeignWriter`
-(and `trialq.study_lock` keeps a second driver out in the first place). The one writer from
+(and `trialq.driver.study_lock` keeps a second driver out in the first place). The one writer from
 outside that is expected is a person finishing a running trial (optuna-dashboard's Fail
 button): `finished_elsewhere` finds it, and a commit that would finish it again drops the
 driver's state change for it and writes the rest. That state stands.
@@ -48,8 +48,7 @@ from optuna.study import StudyDirection
 from optuna.study._frozen import FrozenStudy
 from optuna.trial import FrozenTrial, TrialState
 
-from trialq.errors import ForeignWriter
-from trialq.trial_writes import (
+from trialq.driver._storage.sql import (
     Batch,
     FinishedElsewhere,
     NewTrial,
@@ -60,6 +59,7 @@ from trialq.trial_writes import (
     insert_trial,
     reserve_trial_ids,
 )
+from trialq.errors import ForeignWriter
 
 IDS_RESERVED_AT_ONCE = 32
 

@@ -15,8 +15,8 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from trialq.entrypoint import EntrypointRef
 from trialq.errors import SpecError
+from trialq.wire.entrypoint import EntrypointRef
 
 Direction = Literal["maximize", "minimize"]
 SamplerName = Literal["tpe", "random", "cmaes", "nsga2", "grid"]

@@ -14,9 +14,9 @@ from typing import Any
 
 import optuna
 
-from trialq.failures import headline
-from trialq.heartbeat import RunningTrial
-from trialq.oom_constraint import real_values
+from trialq.driver.oom_constraint import real_values
+from trialq.wire.failures import headline
+from trialq.wire.heartbeat import RunningTrial
 
 
 @dataclass(frozen=True)

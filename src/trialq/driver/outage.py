@@ -4,9 +4,10 @@ bounded time.
 The driver's loop runs its passes inside `Outages.tolerated()`. A lost connection, a
 restarting server or a failover is logged in one line, and the pass is retried with backoff
 while the trials in flight keep running on their workers; what could not be written stays
-pending in the driver's copy (`trialq.mirror`) and goes in with the next commit. When the
-service answers again the run goes on as if nothing happened. An outage longer than the limit
-ends the run with one line and exit 3 (`ServiceUnreachable`); a re-run resumes the study.
+pending in the driver's copy (`trialq.driver._storage.mirror`) and goes in with the next
+commit. When the service answers again the run goes on as if nothing happened. An outage
+longer than the limit ends the run with one line and exit 3 (`ServiceUnreachable`); a re-run
+resumes the study.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import sqlalchemy
 
 from trialq.errors import BrokerUnreachable, ServiceUnreachable, StorageUnreachable
 
-_log = logging.getLogger(__name__)
+_log = logging.getLogger("trialq.outage")  # the name log lines show; kept when the module moved
 
 FIRST_RETRY_S = 0.5
 LONGEST_RETRY_S = 5.0

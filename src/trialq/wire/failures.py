@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import traceback
 
-from trialq.messages import Outcome
+from trialq.wire.messages import Outcome
 
 _OOM_TYPE_NAMES = frozenset({"ResourceExhaustedError", "OutOfMemoryError"})
 _OOM_MESSAGES = (

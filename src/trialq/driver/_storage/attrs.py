@@ -15,8 +15,8 @@ from typing import Any
 
 import optuna
 
-from trialq.mirror import MirroredStorage
-from trialq.trial_writes import TrialWrites, commit
+from trialq.driver._storage.mirror import MirroredStorage
+from trialq.driver._storage.sql import TrialWrites, commit
 
 
 def set_user_attrs(trial: optuna.Trial, attrs: Mapping[str, Any]) -> None:

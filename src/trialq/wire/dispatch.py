@@ -1,6 +1,6 @@
 """The dispatcher seam between the driver's ask/tell loop and whatever runs trials.
 
-The driver speaks only this protocol; `trialq.celery_dispatch` implements it over Celery
+The driver speaks only this protocol; `trialq._celery.dispatcher` implements it over Celery
 and Redis, and tests may drive the loop with an in-process stand-in.
 """
 
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
 
-from trialq.messages import Outcome, TrialRequest, TrialResult
+from trialq.wire.messages import Outcome, TrialRequest, TrialResult
 
 
 class TaskPhase(StrEnum):

@@ -13,9 +13,9 @@ from typing import Any
 
 import optuna
 
+from trialq.driver._storage.mirror import mirrored
+from trialq.driver.spec import CategoricalParam, FloatParam, IntParam, StudySpec, load_spec
 from trialq.errors import SpecError, StorageUnreachable, UsageError
-from trialq.mirror import mirrored
-from trialq.spec import CategoricalParam, FloatParam, IntParam, StudySpec, load_spec
 
 
 def storage_url(spec: StudySpec, override: str | None, from_env: str | None) -> str:

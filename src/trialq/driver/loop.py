@@ -4,7 +4,7 @@ The driver is the single writer of trial states: it asks the study for params, s
 trial through a `Dispatcher`, and tells each trial exactly once when its fate is known. It
 retries only what was lost (a worker gone), re-attaches after a restart to trials it had in
 flight, and relays intermediate values to Optuna's pruner. It rides out an outage of Redis or
-of the storage (`trialq.outage`), and a trial that someone else finishes while it runs
+of the storage (`trialq.driver.outage`), and a trial that someone else finishes while it runs
 (optuna-dashboard's Fail button) is stopped, not told again.
 """
 
@@ -25,23 +25,30 @@ import redis
 from optuna.trial import FrozenTrial, TrialState
 
 from trialq import logs
-from trialq.channel import Report, ReportChannel, TrialAddress
-from trialq.dispatch import Dispatcher, TaskPhase, TaskStatus
+from trialq.driver._storage.attrs import set_user_attrs
+from trialq.driver._storage.mirror import (
+    annotate,
+    finished_elsewhere,
+    flush,
+    flush_behind,
+    persist,
+    ping,
+)
+from trialq.driver.oom_constraint import OOM_CONSTRAINT, OomTelling, counted_state, oom_telling
+from trialq.driver.outage import Outages
+from trialq.driver.progress import Counts, ProgressSink
+from trialq.driver.spec import StudySpec
+from trialq.driver.study import distributions
+from trialq.driver.study_lock import StudyLock
 from trialq.errors import BrokerUnreachable, Interrupted, SpecError
-from trialq.failures import failure_line
-from trialq.messages import Outcome, TrialRequest, TrialResult
-from trialq.mirror import annotate, finished_elsewhere, flush, flush_behind, persist, ping
-from trialq.oom_constraint import OOM_CONSTRAINT, OomTelling, counted_state, oom_telling
-from trialq.outage import Outages
-from trialq.progress import Counts, ProgressSink
-from trialq.spec import StudySpec
-from trialq.study import distributions
-from trialq.study_lock import StudyLock
-from trialq.trial_attrs import set_user_attrs
+from trialq.wire.channel import Report, ReportChannel, TrialAddress
+from trialq.wire.dispatch import Dispatcher, TaskPhase, TaskStatus
+from trialq.wire.failures import failure_line
+from trialq.wire.messages import Outcome, TrialRequest, TrialResult
 
 FINISHED_STATES = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 _STATE_OF = {Outcome.OK: TrialState.COMPLETE, Outcome.PRUNED: TrialState.PRUNED}
-_log = logging.getLogger(__name__)
+_log = logging.getLogger("trialq.driver")  # the name log lines show; kept when the module moved
 
 
 @dataclass
@@ -98,7 +105,7 @@ class StudyDriver:
     progress: ProgressSink
     options: DriverOptions
     study_lock: StudyLock | None = None
-    """This driver's hold on the study (`trialq.study_lock`), checked as it goes."""
+    """This driver's hold on the study (`trialq.driver.study_lock`), checked as it goes."""
     in_flight: dict[str, InFlight] = field(default_factory=dict)
     recording: list[Recording] = field(default_factory=list)
     """Trials whose record is on its way to the database, in the order they were asked."""
@@ -428,7 +435,7 @@ class StudyDriver:
         self.counts.record(state)
         told = self._oom_telling() if result.outcome is Outcome.OOM else None
         if told is not None:
-            # A FAIL trial teaches no sampler anything; see trialq.oom_constraint.
+            # A FAIL trial teaches no sampler anything; see trialq.driver.oom_constraint.
             entry.trial.set_constraint(OOM_CONSTRAINT, 1.0)
             state, values = told.state, told.values
         self.study.tell(

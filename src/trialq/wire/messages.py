@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from trialq.entrypoint import EntrypointRef
+from trialq.wire.entrypoint import EntrypointRef
 
 MESSAGE_VERSION: Literal[1] = 1
 

@@ -7,8 +7,8 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from trialq.failures import failure_line
-from trialq.oom_constraint import counted_state, real_values
+from trialq.driver.oom_constraint import counted_state, real_values
+from trialq.wire.failures import failure_line
 
 
 def study_summary(study: optuna.Study) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from optuna.trial import FrozenTrial, TrialState
 
-from trialq.messages import Outcome
+from trialq.wire.messages import Outcome
 
 OOM_CONSTRAINT = "oom"
 """The constraint's name; 1.0 on a trial that ran out of memory (feasible trials have none)."""

@@ -18,17 +18,18 @@ from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
-from trialq import failures, logs
-from trialq.channel import ReportChannel, TrialAddress
-from trialq.context import TrialContext
-from trialq.device import Device
-from trialq.entrypoint import importable_from
+from trialq import logs
 from trialq.errors import TrialPruned
-from trialq.memory_guard import MemoryGuard
-from trialq.messages import Outcome, TrialRequest, TrialResult
-from trialq.telemetry import DeviceBaseline, Sampler
+from trialq.trial.context import TrialContext
+from trialq.trial.device import Device
+from trialq.trial.memory_guard import MemoryGuard
+from trialq.trial.telemetry import DeviceBaseline, Sampler
+from trialq.wire import failures
+from trialq.wire.channel import ReportChannel, TrialAddress
+from trialq.wire.entrypoint import importable_from
+from trialq.wire.messages import Outcome, TrialRequest, TrialResult
 
-_log = logging.getLogger(__name__)
+_log = logging.getLogger("trialq.runner")  # the name log lines show; kept when the module moved
 
 
 def run_trial(

@@ -11,12 +11,12 @@ import redis
 from celery import Celery
 from kombu.exceptions import OperationalError
 
-from trialq import heartbeat
-from trialq.celery_app import TASK_NAME, create_app, result_key, withdrawn_key
-from trialq.dispatch import TaskPhase, TaskStatus
+from trialq._celery.app import TASK_NAME, create_app, result_key, withdrawn_key
 from trialq.errors import BrokerUnreachable
-from trialq.messages import Outcome, TrialRequest, TrialResult
 from trialq.settings import Settings
+from trialq.wire import heartbeat
+from trialq.wire.dispatch import TaskPhase, TaskStatus
+from trialq.wire.messages import Outcome, TrialRequest, TrialResult
 
 _WITHDRAWN_TTL_S = 7 * 24 * 3600
 _FAILURE_OUTCOMES = {
