@@ -1,37 +1,95 @@
-"""A stand-in for the dispatcher (no Celery, no Redis), for tests of the driver's loop."""
+"""A stand-in for the dispatcher and its report channel (no Celery, no Redis), for tests of
+the driver's loop."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
+from trialq.wire.channel import Report, TrialAddress
 from trialq.wire.dispatch import TaskPhase, TaskStatus
-from trialq.wire.messages import TrialRequest, TrialResult
+from trialq.wire.messages import Outcome, TrialRequest, TrialResult
+
+
+class StandInReports:
+    """A stand-in for the report channel: each attempt's scripted intermediate values, all
+    there from its start; the prune flags the driver raised."""
+
+    def __init__(self) -> None:
+        self.values: dict[TrialAddress, list[float]] = {}
+        self.prune_requested: set[TrialAddress] = set()
+        self.stopped: set[TrialAddress] = set()
+        self.orphaned: list[str] = []
+
+    def read_new(self, positions: dict[TrialAddress, str]) -> dict[TrialAddress, list[Report]]:
+        found = {}
+        for address, last in positions.items():
+            values = self.values.get(address, [])
+            seen = int(last)
+            if seen < len(values):
+                found[address] = [
+                    Report(str(step + 1), step, values[step]) for step in range(seen, len(values))
+                ]
+        return found
+
+    def request_prune(self, address: TrialAddress) -> None:
+        self.prune_requested.add(address)
+
+    def memory_exceeded(self, address: TrialAddress) -> int | None:
+        return None
+
+    def stop_requested(self, address: TrialAddress) -> bool:
+        return address in self.stopped
+
+    def orphan_checkpoint(self, key: str) -> None:
+        self.orphaned.append(key)
+
+    def forget(self, address: TrialAddress) -> None:
+        self.values.pop(address, None)
 
 
 class StandInDispatcher:
-    """Answers each submitted attempt with the next scripted result, at once."""
+    """Answers each submitted attempt with the next scripted result, at once. A scripted
+    result with `reports` (intermediate values) runs for one poll first, and ends PRUNED if
+    the driver raised its prune flag by then."""
 
     def __init__(self, script: list[dict[str, object]]) -> None:
         self.script = script
         self.sent: dict[str, TrialRequest] = {}
+        self.channel = StandInReports()
+        self._polled: set[str] = set()
 
     def submit(
         self, request: TrialRequest, queue: str, hard_limit_s: float, task_id: str | None = None
     ) -> str:
         assert task_id is not None, "the driver names each attempt before sending it"
         self.sent[task_id] = request
+        reports = self._fields(task_id).get("reports")
+        if isinstance(reports, list):
+            self.channel.values[_address(request)] = [float(v) for v in reports]
         return task_id
 
     def statuses(self, task_ids: Iterable[str]) -> dict[str, TaskStatus]:
         found = {}
         for task_id in task_ids:
             request = self.sent[task_id]
-            fields = self.script[list(self.sent).index(task_id)]
+            fields = {k: v for k, v in self._fields(task_id).items() if k != "reports"}
+            if "reports" in self._fields(task_id) and task_id not in self._polled:
+                self._polled.add(task_id)
+                found[task_id] = TaskStatus(TaskPhase.RUNNING)
+                continue
+            if _address(request) in self.channel.prune_requested:
+                fields = {"outcome": Outcome.PRUNED}
             result = TrialResult(
                 study=request.study, number=request.number, attempt=request.attempt, **fields
             )
             found[task_id] = TaskStatus(TaskPhase.FINISHED, result=result)
         return found
+
+    def _fields(self, task_id: str) -> dict[str, object]:
+        return self.script[list(self.sent).index(task_id)]
+
+    def reports(self) -> StandInReports:
+        return self.channel
 
     def pending_ids(self, queue: str) -> set[str]:
         return set()
@@ -47,3 +105,7 @@ class StandInDispatcher:
 
     def live_worker_count(self, queue: str) -> int:
         return 1
+
+
+def _address(request: TrialRequest) -> TrialAddress:
+    return TrialAddress(request.study, request.number, request.attempt)

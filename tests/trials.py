@@ -311,3 +311,122 @@ def stalls_first(params: dict[str, Any], trial: TrialContext) -> float:
     a moment."""
     time.sleep(120.0 if trial.number == 0 else 0.3)
     return 1.0
+
+
+def _saved_step(trial: TrialContext) -> int:
+    path = trial.checkpoint_dir / "step"
+    return int(path.read_text()) if path.exists() else 0
+
+
+def _save_step(trial: TrialContext, step: int) -> None:
+    path = trial.checkpoint_dir / "step"
+    path.with_suffix(".tmp").write_text(str(step))
+    path.with_suffix(".tmp").replace(path)  # atomic: a kill never leaves half a number
+
+
+def resumes_from_checkpoint(params: dict[str, Any], trial: TrialContext) -> dict[str, float]:
+    """Ten steps, each saved in `checkpoint_dir`; SIGKILLed after step 5 on attempt 1 and
+    after step 7 on attempt 2. Returns where each attempt started."""
+    start = _saved_step(trial)
+    with (trial.checkpoint_dir / "starts").open("a") as starts:
+        starts.write(f"{trial.attempt} {start}\n")
+    for step in range(start, 10):
+        time.sleep(0.05)
+        _save_step(trial, step + 1)
+        trial.report(float(step), step)
+        if (trial.attempt, step) in {(1, 5), (2, 7)}:
+            os.kill(os.getpid(), signal.SIGKILL)
+    lines = (trial.checkpoint_dir / "starts").read_text().split("\n")
+    return {"value": 1.0} | {
+        f"start_{attempt}": float(first)
+        for attempt, first in (line.split() for line in lines if line)
+    }
+
+
+def saves_on_stop(params: dict[str, Any], trial: TrialContext) -> dict[str, float]:
+    """`n_steps` steps of `step_s`, saved as it goes; on should_stop() it saves and returns.
+    Returns where each attempt started. `ignore_stop`: never asks (killed at the grace)."""
+    start = _saved_step(trial)
+    with (trial.checkpoint_dir / "starts").open("a") as starts:
+        starts.write(f"{trial.attempt} {start}\n")
+    for step in range(start, int(params.get("n_steps", 20))):
+        time.sleep(float(params.get("step_s", 0.3)))
+        _save_step(trial, step + 1)
+        trial.report(float(step), step)
+        if not params.get("ignore_stop") and trial.should_stop():
+            return {"value": -1.0}  # cut short: the attempt is preempted
+    lines = (trial.checkpoint_dir / "starts").read_text().split("\n")
+    return {"value": 1.0} | {
+        f"start_{attempt}": float(first)
+        for attempt, first in (line.split() for line in lines if line)
+    }
+
+
+def stops_at_once(params: dict[str, Any], trial: TrialContext) -> float:
+    """Raises its own stop notice on every attempt (study `faults`): always preempted."""
+    import redis
+
+    from trialq.wire.channel import ReportChannel, TrialAddress
+
+    channel = ReportChannel(redis.Redis.from_url(os.environ["TRIALQ_BROKER_URL"]))
+    channel.request_stop(TrialAddress("faults", trial.number, trial.attempt))
+    if trial.should_stop():
+        return 0.0
+    return 1.0
+
+
+def keras_killed_after_epoch_7(params: dict[str, Any], trial: TrialContext) -> float:
+    """A tiny fit of 10 epochs on generated data, SIGKILLed after its 7th epoch on attempt 1.
+    Every epoch run, on any attempt, is a line in `<epochs_log>/epochs-<backup>.log`."""
+    import keras
+    import numpy as np
+
+    from trialq.keras import TrialCallback
+
+    backup = bool(params["backup"])
+    log = Path(params["epochs_log"]) / f"epochs-{int(backup)}.log"
+
+    class Count(keras.callbacks.Callback):  # type: ignore[misc]
+        def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+            with log.open("a") as out:
+                out.write(f"{trial.attempt} {epoch}\n")
+            if trial.attempt == 1 and epoch == 6:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    keras.utils.set_random_seed(0)
+    x = np.random.default_rng(0).normal(size=(256, 8)).astype("float32")
+    y = (x.sum(axis=1) > 0).astype("float32")
+    model = keras.Sequential(
+        [keras.Input(shape=(8,)), keras.layers.Dense(4, activation="relu"), keras.layers.Dense(1)]
+    )
+    model.compile("adam", "mse")
+    history = model.fit(
+        x, y, epochs=10, batch_size=64, verbose=0,
+        callbacks=[TrialCallback(trial, monitor="loss", backup=backup), Count()],
+    )  # fmt: skip
+    return float(history.history["loss"][-1])
+
+
+def saves_an_artifact(params: dict[str, Any], trial: TrialContext) -> float:
+    """Writes a small CSV and stores it with `trial.save_artifact`."""
+    path = trial.checkpoint_dir / f"curve-{trial.number}.csv"
+    path.write_text(f"step,value\n0,{params['x']}\n")
+    trial.save_artifact(path)
+    return float(params["x"])
+
+
+def saves_and_checks_the_store(params: dict[str, Any], trial: TrialContext) -> dict[str, float]:
+    """Saves a step in `checkpoint_dir`, asks `should_stop()`, and says how many files the
+    store (`params["store"]`, an fsspec URL of the trial's folder) held right after the yes;
+    then saves one more file and returns (preempted). Resumes from the saved step."""
+    import fsspec
+
+    start = _saved_step(trial)
+    _save_step(trial, start + 1)
+    if trial.should_stop():
+        fs, path = fsspec.core.url_to_fs(params["store"])
+        in_store = len(fs.find(path))
+        (trial.checkpoint_dir / "after-stop").write_text("saved after the yes")
+        return {"value": -1.0, "in_store_at_yes": float(in_store)}
+    after_stop = (trial.checkpoint_dir / "after-stop").exists()
+    return {"value": float(start), "after_stop_found": float(after_stop)}

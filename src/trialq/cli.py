@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import secrets
 import signal
 import sys
 import traceback
@@ -22,6 +21,7 @@ from typing import Any, NoReturn
 
 from trialq.errors import Interrupted, ServiceUnreachable, TrialqError, UsageError
 from trialq.settings import Settings
+from trialq.wire.keys import DEFAULT_QUEUE
 
 INTERNAL_ERROR_EXIT_CODE = 4
 STUDY_ARGUMENT_HELP = (
@@ -202,7 +202,7 @@ def _trialq_parser() -> _Parser:
     parser = _Parser(prog="trialq", description="trialq workers, status, reports and health.")
     commands = parser.add_subparsers(dest="command", required=True)
     worker = commands.add_parser("worker", help="run a Celery worker: one trial per process")
-    worker.add_argument("--queue", "-Q", default="gpu")
+    worker.add_argument("--queue", "-Q", default=DEFAULT_QUEUE)
     worker.add_argument("--gpu", help="GPU index this worker's trials see (CUDA_VISIBLE_DEVICES)")
     worker.add_argument("--concurrency", "-c", type=_positive_int, default=1)
     worker.add_argument("--hostname", "-n", help="Celery node name (default trialq-PID@HOST)")
@@ -258,37 +258,10 @@ def _worker(args: argparse.Namespace, rest: list[str]) -> int:
     if args.spare is not None:
         os.environ["TRIALQ_SPARE_PROCESSES"] = str(args.spare)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # Celery's own warm shutdown
-    from trialq.trial.prewarm import preload, preload_modules
+    from trialq._celery.launch import WorkerOptions, run_worker
 
-    preload(preload_modules(Settings().preload))  # refused here: one line, exit code 2
-    from celery.bin.celery import celery as celery_command
-
-    import trialq._celery.worker  # noqa: F401  (the app, its task and signal handlers)
-
-    hostname = args.hostname or default_worker_name()
-    # `app.worker_main` drops the worker's exit status; Celery's own command returns it.
-    status = celery_command.main(
-        args=[
-            "--app", "trialq._celery.worker:app",
-            "worker",
-            "--queues", args.queue,
-            "--concurrency", str(args.concurrency),
-            "--max-tasks-per-child", "1",
-            "--prefetch-multiplier", "1",
-            "--hostname", hostname,
-            "--loglevel", args.loglevel,
-            *rest,
-        ],
-        standalone_mode=False,
-    )  # fmt: skip
-    return status if isinstance(status, int) else 0
-
-
-def default_worker_name() -> str:
-    """`trialq-PID-XXXX@HOST`, new at every start. The driver takes a trial whose worker stopped
-    beating for lost; a worker restarted in its container gets the same pid and host, and
-    under the same name it would look alive, so the trial its last life ran would wait forever."""
-    return f"trialq-{os.getpid()}-{secrets.token_hex(2)}@%h"
+    options = WorkerOptions(args.queue, args.concurrency, args.hostname, args.loglevel, rest)
+    return run_worker(Settings(), options)
 
 
 def _health(args: argparse.Namespace) -> int:

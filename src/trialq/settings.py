@@ -5,6 +5,7 @@ The CLI builds a `Settings` and passes it on; nothing else calls `os.getenv`.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import quote, urlsplit, urlunsplit
@@ -13,6 +14,7 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 DEFAULT_BROKER_URL = "redis://127.0.0.1:6379/0"
+_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
 
 
 class Settings(BaseSettings):
@@ -77,6 +79,28 @@ class Settings(BaseSettings):
     """Idle, already forked processes a worker keeps beyond its trial slots, so that the next
     trial starts without waiting for a fork; 0 leaves Celery's own replacement."""
 
+    checkpoint_root: Path | str | None = None
+    """Where trials' `checkpoint_dir` folders live, on a worker: a volume every worker mounts
+    (Compose: one named volume; Kubernetes: a ReadWriteMany claim), so that an attempt on
+    another node finds what the last one saved. Or an fsspec URL (`s3://bucket/prefix`,
+    `gs://...`; needs the `objectstore` extra and the store's fsspec package), kept as a `str`:
+    each attempt works in a local folder synced with it (docs/preemption.md). Unset: a folder
+    in the system's temporary directory, which only attempts on the same machine share."""
+
+    stop_grace_s: float | None = Field(default=None, ge=0)
+    """After a worker gets SIGTERM (a spot node reclaimed, a pod deleted), its running trial
+    is told at once (`trial.should_stop()`); with this set, it has this long to save and
+    return, then its process is killed and the attempt ends `preempted`. Unset, the worker
+    waits for the trial as Celery's warm shutdown does, until the platform kills it (the
+    driver counts that as a preemption too). Set it a few seconds below the platform's own
+    grace (Kubernetes' `terminationGracePeriodSeconds`), so the worker reports the kill."""
+
+    artifact_root: Path | str | None = None
+    """Where `trial.save_artifact` stores files: an Optuna `FileSystemArtifactStore` on a
+    volume the workers and whoever reads the artifacts (optuna-dashboard) both mount. Or
+    `s3://BUCKET`, kept as a `str`: Optuna's `Boto3ArtifactStore(BUCKET)`, written with boto3
+    (the `s3` extra), which keeps each file at the bucket's top, so no prefix is taken."""
+
     @model_validator(mode="before")
     @classmethod
     def _passwords_from_files(cls, data: Any) -> Any:
@@ -92,6 +116,35 @@ class Settings(BaseSettings):
             password = _secret(data["storage_password_file"], "TRIALQ_STORAGE_PASSWORD_FILE")
             data["storage"] = with_password(data["storage"], password)
         return data
+
+    @field_validator("checkpoint_root", mode="before")
+    @classmethod
+    def _url_or_folder(cls, value: object) -> object:
+        if isinstance(value, str | Path) and not _URL.match(str(value)):
+            return Path(value)
+        return value
+
+    @field_validator("artifact_root", mode="before")
+    @classmethod
+    def _bucket_or_folder(cls, value: object) -> object:
+        if not isinstance(value, str | Path):
+            return value
+        text = str(value)
+        if not _URL.match(text):
+            return Path(text)
+        parts = urlsplit(text)
+        if parts.scheme != "s3":
+            raise ValueError(
+                f"TRIALQ_ARTIFACT_ROOT: {text!r}: a folder or s3://BUCKET, not {parts.scheme}://"
+            )
+        if not parts.netloc:
+            raise ValueError(f"TRIALQ_ARTIFACT_ROOT: {text!r}: no bucket (s3://BUCKET)")
+        if parts.path.strip("/") or parts.query or parts.fragment:
+            raise ValueError(
+                f"TRIALQ_ARTIFACT_ROOT: {text!r}: only a bucket, s3://BUCKET (Optuna's "
+                "Boto3ArtifactStore keeps each artifact at the bucket's top, so no prefix)"
+            )
+        return f"s3://{parts.netloc}"
 
     @field_validator("allowed_modules", mode="before")
     @classmethod

@@ -10,12 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import optuna
-import redis
 
 from trialq._celery.dispatcher import CeleryDispatcher
 from trialq.driver.drift import check_spec_against_study
 from trialq.driver.loop import DriverOptions, StudyDriver, search_paths_for
 from trialq.driver.progress import NoProgress, ProgressSink, RichProgress
+from trialq.driver.search_space import load_search_space
 from trialq.driver.spec import StudySpec, load_spec
 from trialq.driver.study import open_study, redacted, storage_url
 from trialq.driver.study_lock import holding_study
@@ -23,7 +23,6 @@ from trialq.errors import SpecError
 from trialq.local import LocalCluster
 from trialq.settings import Settings
 from trialq.views.summary import study_summary
-from trialq.wire.channel import ReportChannel
 
 VISIBILITY_MARGIN_S = 300
 """How much longer than a trial's hard limit the broker must wait before redelivering."""
@@ -40,6 +39,7 @@ def submit_study(
 ) -> dict[str, Any]:
     """Run the spec's study to its number of finished trials and return the summary."""
     spec = load_spec(spec_path)
+    define_space = load_search_space(spec)  # runs the user's module: once, before the study
     _check_time_limits(spec, settings)
     if local_workers is None:
         CeleryDispatcher(settings).check_reachable()  # before the study is created
@@ -56,7 +56,11 @@ def submit_study(
             return study_summary(study)
         if local_workers is not None:
             cluster = LocalCluster(
-                local_workers, spec.trial.queue, local_allow_list(spec), log_dir=local_logs(spec)
+                local_workers,
+                spec.trial.queue,
+                local_allow_list(spec),
+                extra_env=local_folders(spec, settings),
+                log_dir=local_logs(spec),
             )
             stack.enter_context(cluster)
             settings = settings.model_copy(
@@ -78,8 +82,9 @@ def submit_study(
             search_paths=search_paths_for(spec) if local_workers is not None else (),
             outage_limit_s=outage_limit_s or spec.study.outage_limit_s,
         )
-        channel = ReportChannel(redis.Redis.from_url(settings.broker_url))
-        StudyDriver(spec, study, dispatcher, channel, progress, options, study_lock).run(target)
+        StudyDriver(spec, study, dispatcher, progress, options, study_lock, define_space).run(
+            target
+        )
     return study_summary(study)
 
 
@@ -104,6 +109,21 @@ def _say(line: str) -> None:
 def local_logs(spec: StudySpec) -> Path:
     """Where `--local` keeps its workers' logs: beside the spec, replaced by each run."""
     return spec.directory / f"{spec.study.name}-logs"
+
+
+def local_folders(spec: StudySpec, settings: Settings) -> dict[str, str]:
+    """`--local`'s checkpoint and artifact roots, beside the spec (as its logs are) unless
+    the environment names them: kept across runs, so a rerun resumes what was preempted."""
+    checkpoints = settings.checkpoint_root or spec.directory / f"{spec.study.name}-checkpoints"
+    artifacts = settings.artifact_root or spec.directory / f"{spec.study.name}-artifacts"
+    return {
+        "TRIALQ_CHECKPOINT_ROOT": (
+            checkpoints if isinstance(checkpoints, str) else str(checkpoints.resolve())
+        ),
+        "TRIALQ_ARTIFACT_ROOT": (
+            artifacts if isinstance(artifacts, str) else str(artifacts.resolve())
+        ),
+    }
 
 
 def local_allow_list(spec: StudySpec) -> tuple[str, ...]:

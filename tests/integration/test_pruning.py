@@ -3,6 +3,7 @@ with real workers on the real Redis."""
 
 from __future__ import annotations
 
+import datetime
 import json
 import math
 import time
@@ -34,9 +35,14 @@ def _enqueue(spec: Path, name: str, direction: str, *params: dict[str, Any]) -> 
     return study
 
 
-def _process_gone(pid: int) -> bool:
+def _process_gone(pid: int, told_at: datetime.datetime | None = None) -> bool:
+    """Whether the process is gone; a live one created after its trial was told is another
+    process that got the pid again (pids wrap at 32768 on a busy machine)."""
     try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        process = psutil.Process(pid)
+        if told_at is not None and process.create_time() > told_at.timestamp():
+            return True
+        return process.status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return True
 
@@ -77,7 +83,7 @@ def test_median_pruner_stops_worse_curves_early_and_their_processes_exit(
     for trial in pruned:
         assert max(trial.intermediate_values) < 9, "pruned before its last step"
         assert trial.user_attrs["outcome"] == "pruned"
-        assert _process_gone(trial.user_attrs["worker_pid"])
+        assert _process_gone(trial.user_attrs["worker_pid"], trial.datetime_complete)
     assert summary["n_pruned"] == len(pruned)
 
 

@@ -38,8 +38,24 @@ def test_rediss_url_parameters_win() -> None:
 def test_a_restarted_worker_never_takes_the_name_of_its_last_life() -> None:
     """In a container a restarted worker has the same pid and host: under the same node name
     it would look alive to the driver, and the trial its last life ran would wait forever."""
-    from trialq.cli import default_worker_name
+    from trialq._celery.launch import default_worker_name
 
     names = {default_worker_name() for _ in range(20)}
     assert len(names) == 20
     assert all(name.startswith(f"trialq-{os.getpid()}-") and name.endswith("@%h") for name in names)
+
+
+def test_the_worker_command_line_carries_the_apps_design_settings() -> None:
+    from trialq._celery.launch import WorkerOptions, worker_argv
+
+    settings = Settings()
+    conf = create_app(settings).conf
+    options = WorkerOptions(queue="q1", concurrency=3, hostname=None, loglevel="DEBUG", extra=["-E"])
+    argv = worker_argv(settings, options)
+    flags = dict(zip(argv[3:-1:2], argv[4:-1:2], strict=True))
+    assert argv[:2] == ["--app", "trialq._celery.worker:app"] and argv[2] == "worker"
+    assert flags["--max-tasks-per-child"] == str(conf.worker_max_tasks_per_child) == "1"
+    assert flags["--prefetch-multiplier"] == str(conf.worker_prefetch_multiplier) == "1"
+    assert flags["--queues"] == "q1" and flags["--concurrency"] == "3"
+    assert flags["--loglevel"] == "DEBUG" and flags["--hostname"].startswith("trialq-")
+    assert argv[-1] == "-E"

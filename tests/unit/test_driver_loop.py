@@ -57,7 +57,7 @@ def _driver(
     study = open_study(spec, storage or "sqlite:///" + str(tmp_path / "loop.db"))
     dispatcher = dispatcher or StandInDispatcher(script)
     options = DriverOptions(max_in_flight=1, poll_interval_s=0)
-    return StudyDriver(spec, study, dispatcher, None, NoProgress(), options), dispatcher
+    return StudyDriver(spec, study, dispatcher, NoProgress(), options), dispatcher
 
 
 def test_a_trial_refused_for_a_dirty_device_is_sent_again_with_the_same_params(
@@ -213,3 +213,47 @@ def test_a_failed_commit_sends_nothing_and_the_next_one_writes_it_once(
     (recording,) = driver.recording
     assert stored.number == 0 and stored.user_attrs["task_id"] == recording.task_id
     assert stored.params == recording.request.params
+
+
+def test_the_prune_relay_runs_under_the_stand_in(tmp_path: Path) -> None:
+    """The report channel is the dispatcher's (`Dispatcher.reports`): intermediate values
+    reach Optuna and a trial worse than the median at every step gets its prune flag."""
+    path = tmp_path / "study.toml"
+    path.write_text(
+        textwrap.dedent(
+            """
+            [study]
+            name = "relay"
+            n_trials = 3
+            direction = "minimize"
+            pruner = "median"
+            pruner_args = { n_startup_trials = 2, n_warmup_steps = 0 }
+            [trial]
+            entrypoint = "trials:quadratic"
+            [space.x]
+            type = "float"
+            low = 0
+            high = 1
+            """
+        )
+    )
+    spec = load_spec(path)
+    study = open_study(spec, "sqlite:///" + str(tmp_path / "relay.db"))
+    good: dict[str, object] = {
+        "outcome": Outcome.OK,
+        "metrics": {"value": 1.0},
+        "reports": [1.0, 1.0, 1.0],
+    }
+    bad: dict[str, object] = {**good, "metrics": {"value": 10.0}, "reports": [10.0, 10.0]}
+    dispatcher = StandInDispatcher([good, dict(good), bad])
+    driver = StudyDriver(
+        spec, study, dispatcher, NoProgress(), DriverOptions(max_in_flight=1, poll_interval_s=0)
+    )
+
+    driver.run(3)
+
+    first, second, third = driver.study.trials
+    assert first.intermediate_values == {0: 1.0, 1: 1.0, 2: 1.0}
+    assert third.intermediate_values == {0: 10.0, 1: 10.0}
+    assert [t.state.name for t in (first, second, third)] == ["COMPLETE", "COMPLETE", "PRUNED"]
+    assert len(dispatcher.channel.prune_requested) == 1

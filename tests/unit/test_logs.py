@@ -46,7 +46,7 @@ def test_fields_passed_per_call_win_over_the_context() -> None:
 
 
 def test_submit_study_logs_nothing_unless_asked(capsys: pytest.CaptureFixture[str]) -> None:
-    logger = logging.getLogger("trialq.driver.loop")
+    logger = logging.getLogger("trialq.driver")
     _log_to_stderr(verbose=False, settings=Settings())
     logger.info("sent", extra=logs.fields(TrialAddress("s", 0, 1)))
     assert capsys.readouterr().err == ""
@@ -55,12 +55,12 @@ def test_submit_study_logs_nothing_unless_asked(capsys: pytest.CaptureFixture[st
     _log_to_stderr(verbose=True, settings=Settings())  # twice: still one handler
     logger.info("sent", extra=logs.fields(TrialAddress("s", 0, 1)))
     lines = capsys.readouterr().err.splitlines()
-    assert len(lines) == 1 and "INFO trialq.driver.loop" in lines[0]
+    assert len(lines) == 1 and "INFO trialq.driver" in lines[0]
     assert lines[0].endswith("study=s trial=0 attempt=1 | sent")
 
 
 def test_trialq_log_level_overrides_verbose(capsys: pytest.CaptureFixture[str]) -> None:
     _log_to_stderr(verbose=True, settings=Settings(log_level="warning"))  # type: ignore[arg-type]
-    logging.getLogger("trialq.driver.loop").info("quiet")
-    logging.getLogger("trialq.driver.loop").warning("loud")
+    logging.getLogger("trialq.driver").info("quiet")
+    logging.getLogger("trialq.driver").warning("loud")
     assert capsys.readouterr().err.count("|") == 1

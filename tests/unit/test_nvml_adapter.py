@@ -117,3 +117,14 @@ def test_readings_and_a_lost_gpu_reading_as_nothing(nvml: FakeNvml) -> None:
     assert device.memory_used_bytes() is None
     device.close()
     assert nvml.opened == 0
+
+
+def test_the_real_pynvml_has_what_the_fake_stands_for() -> None:
+    """Where nvidia-ml-py is installed (.ci/run's oldest run), its pynvml offers every call the
+    adapter makes on the fake above, so the fake's answers stand for a real library's."""
+    pynvml = pytest.importorskip("pynvml")
+    calls = [name for name in vars(FakeNvml) if name.startswith("nvml")]
+    assert len(calls) >= 8
+    missing = [name for name in calls if not callable(getattr(pynvml, name, None))]
+    assert not missing, missing
+    assert issubclass(pynvml.NVMLError, Exception)

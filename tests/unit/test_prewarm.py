@@ -8,11 +8,12 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from types import ModuleType, SimpleNamespace
 
 import pytest
 
 from trialq.errors import PreloadError
-from trialq.trial.prewarm import device_in_use, preload_modules
+from trialq.trial.prewarm import TF_CONTEXT_MODULE, device_in_use, preload_modules
 
 
 def test_preload_choice_names_modules_or_auto_or_nothing() -> None:
@@ -61,3 +62,105 @@ def test_the_guard_tells_an_imported_tensorflow_from_an_initialised_one() -> Non
     assert seen["seeded"] is None, "a seed makes the context object, not the runtime"
     assert "listed the physical devices" in seen["listed"]
     assert "runtime was initialised" in seen["op"]
+
+
+class FakeContextWithoutAttributes:
+    """A fake TensorFlow eager context whose private attributes were renamed (`_handle`,
+    `_devices`), as an upgrade could: the guard must not read that as "nothing initialised"."""
+
+    def __init__(self) -> None:
+        self._handle = object()  # an op ran; the guard cannot see it
+        self._devices = ["/physical_device:GPU:0"]
+
+
+class FakeContextThatRaises:
+    """A fake TensorFlow eager context whose attributes raise when read."""
+
+    @property
+    def _context_handle(self) -> object:
+        raise RuntimeError("the fake context refuses to be read")
+
+    _physical_devices = None
+
+
+def _fake_context_module(context: object) -> SimpleNamespace:
+    """A fake `tensorflow.python.eager.context` whose `context_safe()` returns `context`."""
+    return SimpleNamespace(context_safe=lambda: context)
+
+
+@pytest.mark.parametrize(
+    "context", [FakeContextWithoutAttributes(), FakeContextThatRaises()], ids=type
+)
+def test_a_tensorflow_context_the_guard_cannot_read_counts_as_initialised(
+    context: object, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setitem(sys.modules, TF_CONTEXT_MODULE, _fake_context_module(context))
+    reason = device_in_use(tmp_path)
+    assert reason is not None and "cannot be checked" in reason, reason
+
+
+def test_a_fake_context_with_the_attributes_unset_is_nothing_initialised(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The same fakes' counterpart: the attributes there, and None, read as nothing yet."""
+    context = SimpleNamespace(_context_handle=None, _physical_devices=None)
+    monkeypatch.setitem(sys.modules, TF_CONTEXT_MODULE, _fake_context_module(context))
+    assert device_in_use(tmp_path) is None
+    monkeypatch.setitem(sys.modules, TF_CONTEXT_MODULE, _fake_context_module(None))
+    assert device_in_use(tmp_path) is None
+
+
+def test_a_tensorflow_without_the_context_module_counts_as_initialised(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setitem(sys.modules, "tensorflow", ModuleType("tensorflow"))  # a fake
+    monkeypatch.delitem(sys.modules, TF_CONTEXT_MODULE, raising=False)
+    reason = device_in_use(tmp_path)
+    assert reason is not None and "cannot be checked" in reason, reason
+    monkeypatch.setitem(sys.modules, TF_CONTEXT_MODULE, SimpleNamespace())  # no context_safe
+    reason = device_in_use(tmp_path)
+    assert reason is not None and "cannot be checked" in reason, reason
+
+
+FAKE_CONTEXT_SOURCE = '''
+"""A fake tensorflow/python/eager/context.py: TensorFlow's eager context with its private
+attributes renamed, as an upgrade could rename them."""
+
+
+class Context:
+    def __init__(self):
+        self._handle = None
+        self._devices = None
+
+
+def context_safe():
+    return None
+'''
+
+PRELOAD_PROBE = """
+import sys
+from trialq.trial.prewarm import preload
+preload(("tensorflow",))
+preload(("tensorflow",))  # `trialq worker` preloads, then Celery's worker_init again
+print("tensorflow imported:", "tensorflow" in sys.modules)
+"""
+
+
+def test_the_worker_preloads_nothing_where_it_cannot_check_tensorflow(tmp_path: Path) -> None:
+    """A fake TensorFlow package whose context lacks the attributes the guard reads: preload
+    imports nothing, says so in one line, and the worker goes on."""
+    package = tmp_path / "tensorflow"
+    (package / "python" / "eager").mkdir(parents=True)
+    (package / "__init__.py").write_text("raise AssertionError('the fake TensorFlow was imported')")
+    (package / "python" / "eager" / "context.py").write_text(FAKE_CONTEXT_SOURCE)
+    path = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
+    probe = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(PRELOAD_PROBE)],
+        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": path}, timeout=60,
+    )  # fmt: skip
+    assert probe.returncode == 0, probe.stderr
+    assert probe.stdout.strip() == "tensorflow imported: False"
+    warning = probe.stderr.strip().splitlines()
+    assert len(warning) == 1, probe.stderr
+    assert "not preloading tensorflow" in warning[0]
+    assert "Context._context_handle" in warning[0] and "Context._physical_devices" in warning[0]

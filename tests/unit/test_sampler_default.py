@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import importlib.util
+import textwrap
 from pathlib import Path
 from typing import Any
 
 import optuna
 import pytest
 
+from trialq.cli import submit_study_main
 from trialq.driver.spec import StudySpec
 from trialq.driver.study import make_sampler
 
@@ -110,3 +113,35 @@ def test_default_proposes_nothing_already_running(tmp_path: Path) -> None:
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     seeded = {"sampler_args": {"seed": 1}}
     assert duplicates_of_running(make_sampler(spec(tmp_path, 4, 200, **seeded)), 4) == 0
+
+
+def test_cmaes_without_its_package_is_refused_before_the_study_exists(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    if importlib.util.find_spec("cmaes") is not None:
+        pytest.skip("the cmaes package is installed here")
+    spec_path = tmp_path / "study.toml"
+    spec_path.write_text(
+        textwrap.dedent(
+            """
+            [study]
+            name = "cma"
+            n_trials = 2
+            sampler = "cmaes"
+            [trial]
+            entrypoint = "trials:quadratic"
+            [space.x]
+            type = "float"
+            low = 0
+            high = 1
+            """
+        )
+    )
+    database = tmp_path / "cma.db"
+
+    code = submit_study_main([str(spec_path), "--storage", f"sqlite:///{database}", "--local"])
+
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1
+    assert "study.sampler" in err[0] and "trialq[cmaes]" in err[0]
+    assert not database.exists()

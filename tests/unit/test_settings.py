@@ -43,3 +43,34 @@ def test_an_unreadable_password_file_is_one_line_and_exit_2(
         "error: environment: settings: TRIALQ_BROKER_PASSWORD_FILE: cannot read "
         "/nonexistent/password: No such file or directory"
     )
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [("s3://trials", "s3://trials"), ("s3://trials/", "s3://trials"), ("/mnt/a", Path("/mnt/a"))],
+)
+def test_the_artifact_root_is_a_folder_or_a_bucket(
+    monkeypatch: pytest.MonkeyPatch, value: str, expected: object
+) -> None:
+    monkeypatch.setenv("TRIALQ_ARTIFACT_ROOT", value)
+    assert Settings().artifact_root == expected
+
+
+@pytest.mark.parametrize(
+    ("value", "why"),
+    [
+        (
+            "s3://trials/runs",
+            "only a bucket, s3://BUCKET (Optuna's Boto3ArtifactStore keeps each artifact at the bucket's top, so no prefix)",
+        ),
+        ("s3://", "no bucket (s3://BUCKET)"),
+        ("gs://trials", "a folder or s3://BUCKET, not gs://"),
+    ],
+)
+def test_an_artifact_root_with_a_prefix_is_one_line_and_exit_2(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], value: str, why: str
+) -> None:
+    monkeypatch.setenv("TRIALQ_ARTIFACT_ROOT", value)
+    assert trialq_main(["health"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"error: environment: artifact_root: TRIALQ_ARTIFACT_ROOT: {value!r}: {why}"

@@ -10,13 +10,15 @@ from pathlib import Path
 import optuna
 import pytest
 import sqlalchemy
+from conftest import TEST_REDIS_URL
 from optuna.testing.pytest_storages import StorageTestCase
 from studies import trial_fields
 
 from trialq.driver._storage.mirror import MirroredStorage
 
-CONFORMANCE_DATABASE = "trialq_conformance"
-"""A PostgreSQL database of the tests' own: the kit counts every study in the storage."""
+CONFORMANCE_DATABASE = "trialq_conformance_" + TEST_REDIS_URL.rsplit("/", 1)[-1]
+"""A PostgreSQL database of the tests' own: the kit counts every study in the storage. Named
+after the run's Redis database, so that test runs side by side do not empty each other's."""
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

@@ -12,20 +12,10 @@ from typing import Any
 from celery import Celery
 
 from trialq.settings import Settings
+from trialq.wire.keys import DEFAULT_QUEUE
 
 TASK_NAME = "trialq.run_trial"
 RESULT_TTL_S = 7 * 24 * 3600
-
-
-def withdrawn_key(task_id: str) -> str:
-    """The key that tells a worker not to run a task after all (revokes are not durable)."""
-    return f"trialq:withdrawn:{task_id}"
-
-
-def result_key(task_id: str) -> str:
-    """Where a trial's own result is kept: Celery's meta can be overwritten by a redelivery
-    (it writes STARTED again), this key is written once, when the trial has ended."""
-    return f"trialq:result:{task_id}"
 
 
 def celery_config(settings: Settings) -> dict[str, Any]:
@@ -52,7 +42,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "result_backend_always_retry": True,
         "result_backend_max_retries": 30,
         "broker_connection_retry_on_startup": True,
-        "task_default_queue": "gpu",
+        "task_default_queue": DEFAULT_QUEUE,
         # Flower (and `celery events`) see every trial, also one that started before they did.
         "worker_send_task_events": True,
         "task_send_sent_event": True,

@@ -11,11 +11,13 @@ import redis
 from celery import Celery
 from kombu.exceptions import OperationalError
 
-from trialq._celery.app import TASK_NAME, create_app, result_key, withdrawn_key
+from trialq._celery.app import TASK_NAME, create_app
 from trialq.errors import BrokerUnreachable
 from trialq.settings import Settings
 from trialq.wire import heartbeat
+from trialq.wire.channel import ReportChannel
 from trialq.wire.dispatch import TaskPhase, TaskStatus
+from trialq.wire.keys import KOMBU_UNACKED, kombu_queue_key, result_key, withdrawn_key
 from trialq.wire.messages import Outcome, TrialRequest, TrialResult
 
 _WITHDRAWN_TTL_S = 7 * 24 * 3600
@@ -78,8 +80,8 @@ class CeleryDispatcher:
 
     def pending_ids(self, queue: str) -> set[str]:
         """Ids of the queue's waiting messages and of every reserved (unacked) one."""
-        ids = {_message_id(raw) for raw in self._broker.lrange(queue, 0, -1)}
-        for raw in self._broker.hvals("unacked"):
+        ids = {_message_id(raw) for raw in self._broker.lrange(kombu_queue_key(queue), 0, -1)}
+        for raw in self._broker.hvals(KOMBU_UNACKED):
             ids.add(_message_id(json.loads(raw)[0]))
         ids.discard(None)
         return ids  # type: ignore[return-value]
@@ -98,15 +100,19 @@ class CeleryDispatcher:
             pipe.set(withdrawn_key(task_id), 1, ex=_WITHDRAWN_TTL_S)
         pipe.execute()
         self._app.control.revoke(list(ids))
-        queued: list[Any] = self._broker.lrange(queue, 0, -1)
+        queued: list[Any] = self._broker.lrange(kombu_queue_key(queue), 0, -1)
         for raw in queued:
             if _message_id(raw) in ids:
-                self._broker.lrem(queue, 1, raw)
+                self._broker.lrem(kombu_queue_key(queue), 1, raw)
 
     def terminate(self, task_id: str) -> None:
         """Revoke a running task and kill its process (SIGKILL: the GPU is freed at once)."""
         self._broker.set(withdrawn_key(task_id), 1, ex=_WITHDRAWN_TTL_S)
         self._app.control.revoke(task_id, terminate=True, signal="SIGKILL")
+
+    def reports(self) -> ReportChannel:
+        """Trials report on the broker's Redis (`trialq.wire.channel`)."""
+        return ReportChannel(self._broker)
 
     def live_worker_count(self, queue: str) -> int:
         """Workers whose heartbeat is fresh and who consume the queue."""

@@ -16,6 +16,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
 from collections.abc import Mapping
 from contextvars import Token
@@ -24,19 +25,22 @@ from typing import Any
 import redis
 from celery import signals
 from celery.exceptions import Ignore, SoftTimeLimitExceeded, WorkerShutdown
+from celery.worker import state as worker_state
 
 from trialq import logs
-from trialq._celery.app import RESULT_TTL_S, TASK_NAME, create_app, result_key, withdrawn_key
+from trialq._celery.app import RESULT_TTL_S, TASK_NAME, create_app
 from trialq._celery.pool import claim_trial_slot
 from trialq.errors import TrialqError
 from trialq.lifeline import die_with_parent
 from trialq.settings import Settings
+from trialq.trial import checkpoints
 from trialq.trial.device import TensorFlowDevice
 from trialq.trial.prewarm import device_in_use, preload, preload_modules
 from trialq.trial.runner import run_trial
 from trialq.trial.telemetry import MIB, DeviceBaseline
-from trialq.wire.channel import ReportChannel
+from trialq.wire.channel import ReportChannel, TrialAddress
 from trialq.wire.heartbeat import Heartbeat, RunningTrial, TrialBeacon, WorkerBeat
+from trialq.wire.keys import DEFAULT_QUEUE, result_key, withdrawn_key
 from trialq.wire.messages import Outcome, TrialRequest, TrialResult
 
 EX_SOFTWARE = 70
@@ -70,16 +74,22 @@ def run_trial_task(self: Any, payload: dict[str, Any]) -> dict[str, Any]:
         # Withdrawn by the driver, or a redelivery of a trial that already ended: not run.
         raise Ignore()
     claim_trial_slot()
+    channel = ReportChannel(_trial_redis())
+    root = settings.checkpoint_root or checkpoints.default_root()
     result = run_trial(
         request,
-        channel=ReportChannel(_trial_redis()),
+        channel=channel,
         device=TensorFlowDevice(),
         allowed_modules=settings.allowed_modules,
         timeout_errors=(SoftTimeLimitExceeded,),
         baseline=_baseline,
+        checkpoint_root=root,
+        artifact_root=settings.artifact_root,
     )
     message = _bounded_json(result)
     _keep_result(task_id, message)
+    with contextlib.suppress(OSError, redis.RedisError):
+        checkpoints.remove_orphans(channel, root)  # after the result: off the trial's time
     if result.device_refused:
         _stop_taking_trials()
     return json.loads(message)  # type: ignore[no-any-return]
@@ -184,7 +194,7 @@ def _freeze_started_worker(**_: Any) -> None:
 @signals.worker_ready.connect
 def _start_heartbeat(sender: Any = None, **_: Any) -> None:
     global _heartbeat
-    queues = tuple(sorted(sender.app.amqp.queues.consume_from or ["gpu"]))
+    queues = tuple(sorted(sender.app.amqp.queues.consume_from or [DEFAULT_QUEUE]))
     beat = WorkerBeat(
         name=sender.hostname,
         host=socket.gethostname(),
@@ -249,6 +259,66 @@ def _release_trial(**_: Any) -> None:
     if _log_token is not None:
         logs.leave_trial(_log_token)
         _log_token = None
+
+
+@signals.worker_shutting_down.connect
+def _preempt_running_trials(how: str = "", **_: Any) -> None:
+    """SIGTERM (warm shutdown): tell each running trial to save and return, at once, and
+    with `stop_grace_s` set, kill what still runs that much later, before the platform kills
+    the whole worker.
+
+    Celery's warm shutdown waits for the running task however long it takes; a spot node
+    gives 30 s to 2 min. The notice is the attempt's stop flag in Redis, which
+    `trial.should_stop()` reads; the driver finds it there too, so an attempt killed after it
+    counts as preempted, not as a lost worker. Runs in the parent's signal handler: it only
+    writes a few keys and starts a timer thread.
+    """
+    if how != "Warm":
+        return  # a cold shutdown ends the trials at once; the driver sees them lost
+    running = _running_requests()
+    if not running:
+        return
+    try:
+        client = redis.Redis.from_url(settings.broker_url, socket_timeout=5)
+        channel = ReportChannel(client)
+        for request, _pid in running:
+            channel.request_stop(TrialAddress(request.study, request.number, request.attempt))
+    except redis.RedisError as exc:
+        logger.warning("stop notice not sent (Redis: %s); the trials run on until killed", exc)
+    pids = [pid for _request, pid in running]
+    grace = settings.stop_grace_s
+    if grace is None:
+        logger.warning("SIGTERM: %d running trial(s) told to stop", len(pids))
+        return
+    logger.warning(
+        "SIGTERM: %d running trial(s) told to stop; killed in %g s if still running",
+        len(pids), grace,
+    )  # fmt: skip
+    timer = threading.Timer(grace, _kill_trials, args=(pids, grace))
+    timer.daemon = True
+    timer.start()
+
+
+def _running_requests() -> list[tuple[TrialRequest, int]]:
+    """The trials this worker runs now, with the pid of each one's process."""
+    running = []
+    for request in list(worker_state.active_requests):
+        pid = getattr(request, "worker_pid", None)
+        if getattr(request, "name", None) != TASK_NAME or not pid:
+            continue
+        try:
+            running.append((TrialRequest.model_validate(request.args[0]), int(pid)))
+        except (ValueError, IndexError, TypeError):
+            continue
+    return running
+
+
+def _kill_trials(pids: list[int], grace: float) -> None:
+    """The grace is over: end what still runs, so the worker exits before it is killed."""
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+            logger.warning("trial process %d killed %g s after its stop notice", pid, grace)
 
 
 @signals.worker_shutdown.connect

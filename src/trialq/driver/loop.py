@@ -37,14 +37,16 @@ from trialq.driver._storage.mirror import (
 from trialq.driver.oom_constraint import OOM_CONSTRAINT, OomTelling, counted_state, oom_telling
 from trialq.driver.outage import Outages
 from trialq.driver.progress import Counts, ProgressSink
+from trialq.driver.search_space import DefineSpace, load_search_space
 from trialq.driver.spec import StudySpec
 from trialq.driver.study import distributions
 from trialq.driver.study_lock import StudyLock
 from trialq.errors import BrokerUnreachable, Interrupted, SpecError
-from trialq.wire.channel import Report, ReportChannel, TrialAddress
-from trialq.wire.dispatch import Dispatcher, TaskPhase, TaskStatus
+from trialq.wire.channel import Report, TrialAddress
+from trialq.wire.dispatch import Dispatcher, TaskPhase, TaskStatus, TrialReports
 from trialq.wire.failures import failure_line
-from trialq.wire.messages import Outcome, TrialRequest, TrialResult
+from trialq.wire.messages import ARTIFACTS_ATTR_PREFIX, Outcome, TrialRequest, TrialResult
+from trialq.wire.messages import checkpoint_key as new_checkpoint_key
 
 FINISHED_STATES = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 _STATE_OF = {Outcome.OK: TrialState.COMPLETE, Outcome.PRUNED: TrialState.PRUNED}
@@ -101,21 +103,30 @@ class StudyDriver:
     spec: StudySpec
     study: optuna.Study
     dispatcher: Dispatcher
-    channel: ReportChannel | None
     progress: ProgressSink
     options: DriverOptions
     study_lock: StudyLock | None = None
     """This driver's hold on the study (`trialq.driver.study_lock`), checked as it goes."""
+    define_space: DefineSpace | None = None
+    """The spec's `study.search_space`, loaded once (by `submit-study` before the study
+    exists, else here)."""
     in_flight: dict[str, InFlight] = field(default_factory=dict)
     recording: list[Recording] = field(default_factory=list)
     """Trials whose record is on its way to the database, in the order they were asked."""
-    unsent: list[tuple[optuna.Trial, int]] = field(default_factory=list)
+    unsent: list[tuple[optuna.Trial, TrialRequest]] = field(default_factory=list)
     """Asked trials whose sending failed (broker away); sent before any new one."""
     counts: Counts = field(default_factory=Counts)
     _last_lost_check: float = -math.inf
     _last_outside_check: float = -math.inf
     _written: Future[None] | None = None
     """The last step's commit: its failure is how a storage outage shows."""
+    channel: TrialReports | None = field(init=False, default=None)
+    """Where trials in flight report, as the dispatcher says (`Dispatcher.reports`)."""
+
+    def __post_init__(self) -> None:
+        self.channel = self.dispatcher.reports()
+        if self.define_space is None:
+            self.define_space = load_search_space(self.spec)
 
     def run(self, n_trials: int) -> None:
         """Ask, send, collect and tell until `n_trials` trials have finished."""
@@ -196,8 +207,8 @@ class StudyDriver:
     def _fill(self, n_trials: int) -> bool:
         """Send new trials while there is room; True while more remain to be sent."""
         while self.unsent:
-            trial, attempt = self.unsent.pop(0)
-            self._send(trial, attempt)
+            trial, unsent = self.unsent.pop(0)
+            self._send(trial, unsent.attempt, unsent.checkpoint_key, unsent.preemptions)
         while (
             self._outstanding < self.options.max_in_flight
             and self.counts.finished + self._outstanding < n_trials
@@ -208,13 +219,14 @@ class StudyDriver:
     def _ask(self) -> optuna.Trial:
         if self.spec.space:
             return self.study.ask(distributions(self.spec))
-        assert self.spec.study.search_space is not None
+        assert self.define_space is not None
         trial = self.study.ask()
-        define = self.spec.study.search_space.load()
-        define(trial)
+        self.define_space(trial)
         return trial
 
-    def _request(self, trial: optuna.Trial, attempt: int) -> TrialRequest:
+    def _request(
+        self, trial: optuna.Trial, attempt: int, checkpoint_key: str | None, preemptions: int
+    ) -> TrialRequest:
         return TrialRequest(
             study=self.study.study_name,
             number=trial.number,
@@ -224,15 +236,33 @@ class StudyDriver:
             timeout_s=self.spec.trial.timeout_s,
             memory_limit_mb=self.spec.trial.memory_limit_mb,
             search_paths=self.options.search_paths,
+            checkpoint_key=checkpoint_key,
+            keep_checkpoints=self.spec.trial.keep_checkpoints,
+            preemptions=preemptions,
         )
 
-    def _send(self, trial: optuna.Trial, attempt: int) -> None:
+    def _send(
+        self,
+        trial: optuna.Trial,
+        attempt: int,
+        checkpoint_key: str | None = None,
+        preemptions: int = 0,
+    ) -> None:
         """Record the attempt in the storage, and send it once the record is written: a trial
-        in a queue always has its params and task id in the database, so a restarted driver
-        finds it."""
-        request = self._request(trial, attempt)
+        in a queue always has its params, task id and checkpoint key in the database, so a
+        restarted driver finds it and its next attempt finds the same checkpoint folder."""
+        key = checkpoint_key or new_checkpoint_key(self.study.study_name, trial.number)
+        request = self._request(trial, attempt, key, preemptions)
         task_id = str(uuid.uuid4())
-        set_user_attrs(trial, {"task_id": task_id, "attempts": attempt})
+        set_user_attrs(
+            trial,
+            {
+                "task_id": task_id,
+                "attempts": attempt,
+                "checkpoint_key": key,
+                "preemptions": preemptions,
+            },
+        )
         self.recording.append(Recording(trial, request, task_id, persist(trial)))
         self._send_recorded()
 
@@ -260,7 +290,7 @@ class StudyDriver:
                 request, self.spec.trial.queue, self.spec.trial.hard_limit_s, task_id
             )
         except BaseException:
-            self.unsent.append((trial, request.attempt))
+            self.unsent.append((trial, request))
             raise
         self.in_flight[task_id] = InFlight(trial, request, task_id)
         _log.info("sent task_id=%s params=%s", task_id, request.params, extra=logs.fields(request))
@@ -276,15 +306,18 @@ class StudyDriver:
             trial = optuna.Trial(self.study, frozen._trial_id)
             task_id = frozen.user_attrs.get("task_id")
             attempt = int(frozen.user_attrs.get("attempts", 1))
+            key = frozen.user_attrs.get("checkpoint_key")
+            preemptions = int(frozen.user_attrs.get("preemptions", 0))
             if task_id is None and not frozen.params:
                 note = "never sent: the previous driver stopped between asking and sending it"
                 set_user_attrs(trial, {"outcome": Outcome.ERROR.value, "error": note})
                 self.study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
                 self.counts.record(TrialState.FAIL)
-            elif task_id is None:
-                self._send(trial, attempt=attempt)  # an older driver recorded ids after sending
+            elif task_id is None:  # an older driver recorded ids after sending
+                self._send(trial, attempt, key, preemptions)
             else:
-                self.in_flight[task_id] = InFlight(trial, self._request(trial, attempt), task_id)
+                request = self._request(trial, attempt, key, preemptions)
+                self.in_flight[task_id] = InFlight(trial, request, task_id)
 
     # --- collecting ----------------------------------------------------------------------
 
@@ -298,6 +331,8 @@ class StudyDriver:
                 assert status.result is not None
                 if status.result.device_refused:  # not run: the worker's device was not clean
                     self._lost(entry, status.result.error or "the worker's device was not clean")
+                elif status.result.outcome is Outcome.PREEMPTED:
+                    self._preempted(entry, status.result)
                 else:
                     self._finish(entry, status.result)
             elif status.phase is TaskPhase.FAILED:
@@ -341,6 +376,7 @@ class StudyDriver:
         self.dispatcher.terminate(entry.task_id)
         del self.in_flight[entry.task_id]
         self._forget_reports(entry)
+        self._orphan_checkpoint(entry)
         note = f"finished from outside as {frozen.state.name} while it ran; its process was killed"
         annotate(
             entry.trial,
@@ -385,25 +421,46 @@ class StudyDriver:
     def _lost(self, entry: InFlight, detail: str) -> None:
         """Resend the same trial (same number and params) or give up after max_retries.
 
-        A process that killed itself over `memory_limit_mb` is not lost but out of memory.
+        A process that killed itself over `memory_limit_mb` is not lost but out of memory; one
+        lost after its worker's stop notice (SIGTERM, then killed) was preempted.
         """
         rss = self.channel.memory_exceeded(entry.address) if self.channel else None
+        retries = entry.request.attempt - 1 - entry.request.preemptions
         if rss is not None:
             limit = f"memory_limit_mb = {self.spec.trial.memory_limit_mb}"
             result = self._synthetic(entry, Outcome.OOM, f"killed at {rss} bytes RSS, over {limit}")
             self._finish(entry, result.model_copy(update={"peak_rss_bytes": rss}))
-        elif entry.request.attempt <= self.spec.trial.max_retries:
+        elif self.channel is not None and self.channel.stop_requested(entry.address):
+            note = f"killed after its stop notice ({detail})"
+            self._preempted(entry, self._synthetic(entry, Outcome.PREEMPTED, note))
+        elif retries < self.spec.trial.max_retries:
             self._forget_reports(entry)
             _log.info("retried after: %s", detail, extra=logs.fields(entry.request))
             self._resend(entry, attempt=entry.request.attempt + 1)
         else:
             self._finish(entry, self._synthetic(entry, Outcome.WORKER_LOST, detail))
 
-    def _resend(self, entry: InFlight, attempt: int) -> None:
+    def _preempted(self, entry: InFlight, result: TrialResult) -> None:
+        """Re-send a preempted trial (same number, params and checkpoint folder) as its next
+        attempt, or tell it FAIL past `max_preemptions`."""
+        if entry.request.preemptions < self.spec.trial.max_preemptions:
+            _link_artifacts(entry.trial, result)  # what the cut-short attempt saved stays
+            self._forget_reports(entry)
+            _log.info("re-sent after preemption: %s", result.error or "",
+                      extra=logs.fields(entry.request))  # fmt: skip
+            self._resend(entry, entry.request.attempt + 1, entry.request.preemptions + 1)
+        else:
+            given_up = f"gave up after {entry.request.preemptions} preemptions"
+            error = f"{result.error or 'preempted'}; {given_up}"
+            self._finish(entry, result.model_copy(update={"error": error}))
+
+    def _resend(self, entry: InFlight, attempt: int, preemptions: int | None = None) -> None:
         """Withdraw the old task for good, then send the same trial again."""
         self.dispatcher.withdraw([entry.task_id], self.spec.trial.queue)
         del self.in_flight[entry.task_id]
-        self._send(entry.trial, attempt)
+        if preemptions is None:
+            preemptions = entry.request.preemptions
+        self._send(entry.trial, attempt, entry.request.checkpoint_key, preemptions)
 
     def _synthetic(self, entry: InFlight, outcome: Outcome, detail: str) -> TrialResult:
         return TrialResult(
@@ -429,8 +486,16 @@ class StudyDriver:
 
     def _tell(self, entry: InFlight, result: TrialResult, values: list[float] | None) -> None:
         """Record the result on the trial and tell Optuna, once."""
-        attrs = {**result.user_attrs(), "attempts": entry.request.attempt, "task_id": entry.task_id}
+        attrs = {
+            **result.user_attrs(),
+            "attempts": entry.request.attempt,
+            "task_id": entry.task_id,
+            "preemptions": entry.request.preemptions,
+        }
         set_user_attrs(entry.trial, attrs)
+        _link_artifacts(entry.trial, result)
+        if not result.checkpoint_removed:
+            self._orphan_checkpoint(entry)
         state = _STATE_OF.get(result.outcome, TrialState.FAIL)
         self.counts.record(state)
         told = self._oom_telling() if result.outcome is Outcome.OOM else None
@@ -469,6 +534,15 @@ class StudyDriver:
             error = f"objective is not finite: {values}"
             return result.model_copy(update={"outcome": Outcome.ERROR, "error": error}), None
         return result, values
+
+    def _orphan_checkpoint(self, entry: InFlight) -> None:
+        """The trial is over and no process of it removed its checkpoint folder (it was
+        killed, or gave up): ask a later trial process to (`trialq.trial.checkpoints`)."""
+        key = entry.request.checkpoint_key
+        if key is None or self.spec.trial.keep_checkpoints or self.channel is None:
+            return
+        with contextlib.suppress(redis.RedisError):
+            self.channel.orphan_checkpoint(key)
 
     def _forget_reports(self, entry: InFlight) -> None:
         if self.channel is not None:
@@ -545,6 +619,14 @@ def _record_intermediate(trial: optuna.Trial, step: int, value: float) -> None:
         cached[step] = value
     else:
         trial.report(value, step)
+
+
+def _link_artifacts(trial: optuna.Trial, result: TrialResult) -> None:
+    """Link the files the attempt stored to the trial, with the system attr that
+    `optuna.artifacts.upload_artifact` writes (the worker wrote the files themselves)."""
+    for meta in result.artifacts:
+        key = ARTIFACTS_ATTR_PREFIX + meta.artifact_id
+        trial.storage.set_trial_system_attr(trial._trial_id, key, meta.model_dump_json())
 
 
 def _failed(future: Future[None]) -> bool:

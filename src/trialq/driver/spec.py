@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from trialq.errors import SpecError
 from trialq.wire.entrypoint import EntrypointRef
+from trialq.wire.keys import DEFAULT_QUEUE
 
 Direction = Literal["maximize", "minimize"]
 SamplerName = Literal["tpe", "random", "cmaes", "nsga2", "grid"]
@@ -134,7 +135,12 @@ class TrialSection(_Frozen):
     entrypoint: EntrypointRef
     timeout_s: float = Field(default=3600, gt=0)
     max_retries: int = Field(default=2, ge=0)
-    queue: str = Field(default="gpu", min_length=1, pattern=r"^[A-Za-z0-9_.:-]+$")
+    max_preemptions: int = Field(default=20, ge=0)
+    """Re-sends of a trial whose attempt was preempted (counted apart from `max_retries`:
+    a reclaimed spot node says nothing about the trial's params)."""
+    keep_checkpoints: bool = False
+    """Leave each trial's `checkpoint_dir` on the workers' volume after it finished."""
+    queue: str = Field(default=DEFAULT_QUEUE, min_length=1, pattern=r"^[A-Za-z0-9_.:-]+$")
     memory_limit_mb: int = Field(default=0, ge=0)
     kill_grace_s: float = Field(default=60, gt=0)
     """Seconds between the soft time limit (seen by the trial) and the kill of its process."""

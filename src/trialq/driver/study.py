@@ -7,6 +7,7 @@ the storage.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -107,7 +108,7 @@ SMALL_BUDGET = 100
 
 def tpe_defaults(spec: StudySpec) -> dict[str, Any]:
     """What `sampler = "tpe"` means, pinned (Optuna 4 and 5 default differently), chosen by
-    `benchmarks.parallel_search` (README, "Search quality with trials in flight").
+    `benchmarks.parallel_search` (benchmarks/README.md, "Search quality with trials in flight").
 
     The constant liar always: trials in flight count as bad ones, so the next ask avoids
     them (with one in flight it changes nothing). Multivariate with one trial in flight,
@@ -132,6 +133,12 @@ def tpe_defaults(spec: StudySpec) -> dict[str, Any]:
 def make_sampler(spec: StudySpec) -> optuna.samplers.BaseSampler:
     """The spec's sampler, built with the spec's arguments (over `tpe_defaults` for TPE)."""
     name, args = spec.study.sampler, dict(spec.study.sampler_args)
+    if name == "cmaes" and importlib.util.find_spec("cmaes") is None:
+        # Optuna imports it at the first ask, after the study exists: refuse before.
+        raise SpecError(
+            f"{spec.path}: study.sampler: 'cmaes' needs the cmaes package: "
+            "pip install 'trialq[cmaes]'"
+        )
     if name == "tpe":
         args = tpe_defaults(spec)
     if name == "grid":

@@ -3,8 +3,7 @@
 The driver numbers and tells trials from its own copy of the study
 (`trialq.driver._storage.mirror`), so a second `submit-study` on the same study would number
 trials twice. It is refused with one line and exit 2 before it writes anything. The lock dies
-with the driver's process or with its connection, so a driver that crashed never blocks the
-next run:
+with the driver's process or with its connection, so a crashed driver never blocks the next run:
 - PostgreSQL: a session advisory lock, on a connection of its own that names the driver;
 - MySQL: `GET_LOCK`, likewise;
 - SQLite: an exclusive `flock` on a file beside the database, removed when the run ends;
@@ -27,6 +26,7 @@ import optuna
 import sqlalchemy
 from sqlalchemy.pool import NullPool
 
+from trialq.driver._storage.mirror import rdb_under
 from trialq.errors import StudyInUse
 
 _ADVISORY_CLASS = 0x74716C6B  # "tqlk": trialq's class of PostgreSQL advisory locks
@@ -166,8 +166,8 @@ class _LockFile:
 def holding_study(study: optuna.Study) -> Iterator[StudyLock | None]:
     """The study's lock for as long as the block runs; None for a storage other than an RDB
     one (an in-memory study has one process by nature)."""
-    rdb = getattr(study._storage, "_backend", study._storage)  # the mirror, or Optuna's cache
-    if not isinstance(rdb, optuna.storages.RDBStorage):
+    rdb = rdb_under(study._storage)
+    if rdb is None:
         yield None
         return
     lock = StudyLock(rdb, study._study_id, study.study_name)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from trialq.wire.channel import ReportChannel, TrialAddress
+from trialq.wire.messages import ArtifactMeta
 
 
 class TrialContext:
@@ -17,11 +19,22 @@ class TrialContext:
         address: TrialAddress,
         params: Mapping[str, Any],
         channel: ReportChannel | None,
+        checkpoint_dir: Path | None = None,
+        artifact_saver: Callable[[Path], ArtifactMeta] | None = None,
+        checkpoint_sync: Callable[[], None] | None = None,
     ) -> None:
         self._address = address
         self._params = dict(params)
         self._channel = channel
+        self._checkpoint_dir = checkpoint_dir
+        self._artifact_saver = artifact_saver
+        self._checkpoint_sync = checkpoint_sync
         self.last_step: int | None = None
+        self.stop_seen = False
+        """Whether `should_stop()` said yes to the trial: its return is then an attempt cut
+        short (`preempted`), not a final value."""
+        self.artifacts: list[ArtifactMeta] = []
+        """The meta of every file `save_artifact` stored, for the driver to link."""
 
     @property
     def number(self) -> int:
@@ -32,6 +45,15 @@ class TrialContext:
     def attempt(self) -> int:
         """1 on the first run, 2 after the first lost worker, and so on."""
         return self._address.attempt
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        """This trial's folder for checkpoints: the same on every attempt, empty on the
+        first; what an attempt wrote there is there for the next (docs/preemption.md)."""
+        if self._checkpoint_dir is None:
+            raise RuntimeError("this trial has no checkpoint_dir (not run by a trialq worker)")
+        self._checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        return self._checkpoint_dir
 
     @property
     def params(self) -> dict[str, Any]:
@@ -49,3 +71,27 @@ class TrialContext:
     def should_prune(self) -> bool:
         """Whether the driver's pruner asked this trial to stop; raise `TrialPruned` if so."""
         return self._channel is not None and self._channel.prune_requested(self._address)
+
+    def should_stop(self) -> bool:
+        """Whether this attempt was told to stop: its worker got SIGTERM (a spot node being
+        reclaimed) or someone asked it to end early. Save to `checkpoint_dir` and return:
+        the attempt ends `preempted` and the trial is re-sent, to resume from what it saved.
+        Under an object-store root, each yes first puts `checkpoint_dir` into the store.
+        """
+        if not self.stop_seen:
+            self.stop_seen = self._channel is not None and self._channel.stop_requested(
+                self._address
+            )
+        if self.stop_seen and self._checkpoint_sync is not None:
+            self._checkpoint_sync()
+        return self.stop_seen
+
+    def save_artifact(self, path: str | Path) -> str:
+        """Store a file in the study's Optuna artifact store and link it to this trial (the
+        driver writes the link, as `optuna.artifacts.upload_artifact` would); its artifact id.
+        """
+        if self._artifact_saver is None:
+            raise RuntimeError("this trial has no artifact store (not run by a trialq worker)")
+        meta = self._artifact_saver(Path(path))
+        self.artifacts.append(meta)
+        return meta.artifact_id

@@ -11,15 +11,19 @@ import logging
 import math
 import os
 import resource
+import shutil
 import socket
+import tempfile
 import time
-from collections.abc import Callable, Mapping
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
 from trialq import logs
 from trialq.errors import TrialPruned
+from trialq.trial import checkpoints
+from trialq.trial.artifacts import Saver, artifact_saver
 from trialq.trial.context import TrialContext
 from trialq.trial.device import Device
 from trialq.trial.memory_guard import MemoryGuard
@@ -40,17 +44,36 @@ def run_trial(
     allowed_modules: tuple[str, ...],
     timeout_errors: tuple[type[BaseException], ...] = (),
     baseline: DeviceBaseline | None = None,
+    checkpoint_root: Path | str | None = None,
+    artifact_root: Path | str | None = None,
 ) -> TrialResult:
     """Run the request's entrypoint once and describe how it ended, in the trial's logs too.
 
     With a `baseline`, a device still holding memory an earlier trial left behind is
     refused: the trial ends as `error` without running, rather than run out of memory on it.
+    With a `checkpoint_root`, the trial's `checkpoint_dir` is the request's folder under it,
+    removed here once the outcome is final (`trialq.trial.checkpoints`). Under a URL root,
+    it is a local folder synced with the store (`_synced_checkpoint_dir`).
     """
     with logs.trial_context(request):
         _log.info("trial started entrypoint=%s", request.entrypoint)
         refusal = baseline.refusal(device) if baseline is not None else None
         if refusal is None:
-            result = _attempt(request, channel, device, allowed_modules, timeout_errors)
+            saver = artifact_saver(artifact_root) if artifact_root is not None else None
+            if isinstance(checkpoint_root, str) and request.checkpoint_key is not None:
+                with _synced_checkpoint_dir(checkpoint_root, request.checkpoint_key) as remote:
+                    result = _attempt(
+                        request, channel, device, allowed_modules, timeout_errors,
+                        remote.local if remote else None, saver,
+                        _sync_quietly(remote) if remote else None,
+                    )  # fmt: skip
+                    result = _settle_remote_checkpoint(request, result, remote)
+            else:
+                ckpt = _checkpoint_dir(request, checkpoint_root)
+                result = _attempt(
+                    request, channel, device, allowed_modules, timeout_errors, ckpt, saver
+                )
+                result = _settle_checkpoint(request, result, checkpoint_root)
         else:
             result = _refused(request, refusal)
         _log_finished(result)
@@ -63,9 +86,14 @@ def _attempt(
     device: Device,
     allowed_modules: tuple[str, ...],
     timeout_errors: tuple[type[BaseException], ...],
+    checkpoint_dir: Path | None = None,
+    artifact_saver: Saver | None = None,
+    checkpoint_sync: Callable[[], None] | None = None,
 ) -> TrialResult:
     address = TrialAddress(request.study, request.number, request.attempt)
-    context = TrialContext(address, request.params, channel)
+    context = TrialContext(
+        address, request.params, channel, checkpoint_dir, artifact_saver, checkpoint_sync
+    )
     started = time.monotonic()
     with Sampler(device) as sampler, _memory_cap(request, address, channel):
         outcome, metrics, error = _outcome(
@@ -87,6 +115,7 @@ def _attempt(
         gpu_utilization_mean=gpu.utilization_mean,
         error=error,
         last_step=context.last_step,
+        artifacts=tuple(context.artifacts),
     )
 
 
@@ -99,13 +128,99 @@ def _outcome(
 ) -> tuple[Outcome, dict[str, float], str | None]:
     """Every way the entrypoint can end, as (outcome, metrics, error)."""
     try:
-        return Outcome.OK, _call_entrypoint(request, context, device, allowed_modules), None
+        metrics = _call_entrypoint(request, context, device, allowed_modules)
     except TrialPruned:
         return Outcome.PRUNED, {}, None
     except timeout_errors:
         return Outcome.TIMEOUT, {}, f"soft time limit of {request.timeout_s:g} s exceeded"
     except Exception as exc:
         return failures.classify(exc), {}, failures.describe(exc)
+    if context.stop_seen:
+        # It saw should_stop() say yes, then returned: cut short, not a final value.
+        return Outcome.PREEMPTED, metrics, "stopped early: should_stop() said yes"
+    return Outcome.OK, metrics, None
+
+
+def _checkpoint_dir(request: TrialRequest, root: Path | str | None) -> Path | None:
+    if not isinstance(root, Path) or request.checkpoint_key is None:
+        return None
+    return checkpoints.folder(root, request.checkpoint_key)
+
+
+def _settle_checkpoint(
+    request: TrialRequest, result: TrialResult, root: Path | str | None
+) -> TrialResult:
+    """Remove the trial's checkpoint folder when no attempt will come after this one.
+
+    `preempted` is re-sent; any other outcome the trial process reports is final (the driver
+    retries only a lost process or a refused device, and this one was neither).
+    """
+    if (
+        root is None
+        or request.checkpoint_key is None
+        or request.keep_checkpoints
+        or result.outcome is Outcome.PREEMPTED
+    ):
+        return result
+    try:
+        removed = checkpoints.remove(root, request.checkpoint_key)
+    except OSError as exc:
+        _log.warning("checkpoint folder not removed: %s", exc)
+        return result
+    return result.model_copy(update={"checkpoint_removed": removed})
+
+
+@contextmanager
+def _synced_checkpoint_dir(url: str, key: str) -> Iterator[checkpoints.RemoteFolder | None]:
+    """A fresh local folder filled from `<url>/<key>/`, removed when the attempt is over.
+
+    None when the store could not be read: the trial then runs without a `checkpoint_dir`
+    (it raises if used) rather than start from nothing and put that over what is stored.
+    """
+    local = Path(tempfile.mkdtemp(prefix="trialq-checkpoint-"))
+    try:
+        try:
+            remote = checkpoints.RemoteFolder(url, key, local)
+            count = remote.download()
+        except Exception as exc:  # any store's error: fsspec backends raise their own
+            _log.warning("checkpoint folder not downloaded, not synced: %s", exc)
+            yield None
+        else:
+            _log.info("checkpoint folder downloaded files=%d", count)
+            yield remote
+    finally:
+        shutil.rmtree(local, ignore_errors=True)
+
+
+def _sync_quietly(remote: checkpoints.RemoteFolder) -> Callable[[], None]:
+    """The upload `should_stop()` runs on a yes: a failure is logged, never the trial's."""
+
+    def sync() -> None:
+        try:
+            remote.upload()
+        except Exception as exc:
+            _log.warning("checkpoint folder not uploaded: %s", exc)
+
+    return sync
+
+
+def _settle_remote_checkpoint(
+    request: TrialRequest, result: TrialResult, remote: checkpoints.RemoteFolder | None
+) -> TrialResult:
+    """At the attempt's end: remove the stored folder when the outcome is final, as
+    `_settle_checkpoint` does; else (preempted, or kept) put the local folder into it."""
+    if remote is None:
+        return result
+    final = result.outcome is not Outcome.PREEMPTED and not request.keep_checkpoints
+    try:
+        if not final:
+            remote.upload()
+            return result
+        removed = remote.remove()
+    except Exception as exc:
+        _log.warning("checkpoint folder not %s: %s", "removed" if final else "uploaded", exc)
+        return result
+    return result.model_copy(update={"checkpoint_removed": removed})
 
 
 def _refused(request: TrialRequest, reason: str) -> TrialResult:

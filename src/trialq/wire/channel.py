@@ -13,6 +13,8 @@ from typing import Any
 
 import redis
 
+from trialq.wire.keys import MEMORY_EXCEEDED, ORPHANED_CHECKPOINTS, PRUNE, REPORTS, STOP, trial_key
+
 MAX_REPORTS_KEPT = 10_000
 """A trial that reports every step of a long run keeps only this many values in Redis."""
 
@@ -28,9 +30,9 @@ class TrialAddress:
     number: int
     attempt: int
 
-    def key(self, suffix: str) -> str:
-        """A Redis key that belongs to this attempt."""
-        return f"trialq:trial:{self.study}:{self.number}:{self.attempt}:{suffix}"
+    def key(self, part: str) -> str:
+        """A Redis key that belongs to this attempt (`trialq.wire.keys.trial_key`)."""
+        return trial_key(self.study, self.number, self.attempt, part)
 
 
 @dataclass(frozen=True)
@@ -53,7 +55,7 @@ class ReportChannel:
 
         Best effort: while Redis is away a value is dropped rather than failing the trial.
         """
-        key = address.key("reports")
+        key = address.key(REPORTS)
         pipe = self._client.pipeline(transaction=False)
         pipe.xadd(key, {"step": step, "value": repr(value)}, maxlen=MAX_REPORTS_KEPT)
         pipe.expire(key, KEY_TTL_S)
@@ -63,29 +65,53 @@ class ReportChannel:
     def prune_requested(self, address: TrialAddress) -> bool:
         """Whether the driver has asked this attempt to stop (no, while Redis is away)."""
         try:
-            return bool(self._client.exists(address.key("prune")))
+            return bool(self._client.exists(address.key(PRUNE)))
         except redis.RedisError:
             return False
 
     def mark_memory_exceeded(self, address: TrialAddress, rss_bytes: int) -> None:
         """Leave word, before the process kills itself, that it died of its memory limit."""
-        self._client.set(address.key("memory_exceeded"), rss_bytes, ex=KEY_TTL_S)
+        self._client.set(address.key(MEMORY_EXCEEDED), rss_bytes, ex=KEY_TTL_S)
 
     def memory_exceeded(self, address: TrialAddress) -> int | None:
         """The RSS at which a lost attempt killed itself for its memory limit, if it did."""
-        raw = self._client.get(address.key("memory_exceeded"))
+        raw = self._client.get(address.key(MEMORY_EXCEEDED))
         return None if raw is None else int(raw)
+
+    def request_stop(self, address: TrialAddress) -> None:
+        """Raise the flag that `trial.should_stop()` reads: save and return (called by the
+        worker that got SIGTERM, or by anyone who wants the attempt to end early)."""
+        self._client.set(address.key(STOP), 1, ex=KEY_TTL_S)
+
+    def stop_requested(self, address: TrialAddress) -> bool:
+        """Whether this attempt was told to stop (no, while Redis is away)."""
+        try:
+            return bool(self._client.exists(address.key(STOP)))
+        except redis.RedisError:
+            return False
+
+    def orphan_checkpoint(self, key: str) -> None:
+        """Ask a later trial process to remove a finished trial's checkpoint folder."""
+        self._client.rpush(ORPHANED_CHECKPOINTS, key)
+
+    def take_orphaned_checkpoints(self, count: int) -> list[str]:
+        """Take up to `count` keys off the orphans list (each goes to one taker only)."""
+        try:
+            taken: Any = self._client.lpop(ORPHANED_CHECKPOINTS, count)
+        except redis.RedisError:
+            return []
+        return [_text(key) for key in taken or []]
 
     def request_prune(self, address: TrialAddress) -> None:
         """Raise the flag that `trial.should_prune()` reads (called by the driver)."""
-        self._client.set(address.key("prune"), 1, ex=KEY_TTL_S)
+        self._client.set(address.key(PRUNE), 1, ex=KEY_TTL_S)
 
     def read_new(self, positions: dict[TrialAddress, str]) -> dict[TrialAddress, list[Report]]:
         """Reports after each address's last seen stream id ('0' for none), in one call."""
         if not positions:
             return {}
-        by_key = {address.key("reports"): address for address in positions}
-        streams = {address.key("reports"): last for address, last in positions.items()}
+        by_key = {address.key(REPORTS): address for address in positions}
+        streams = {address.key(REPORTS): last for address, last in positions.items()}
         found: dict[TrialAddress, list[Report]] = {}
         answer: Any = self._client.xread(streams)  # type: ignore[arg-type]
         for key, entries in answer or []:
@@ -96,7 +122,10 @@ class ReportChannel:
     def forget(self, address: TrialAddress) -> None:
         """Delete an attempt's keys once its trial is told."""
         self._client.delete(
-            address.key("reports"), address.key("prune"), address.key("memory_exceeded")
+            address.key(REPORTS),
+            address.key(PRUNE),
+            address.key(MEMORY_EXCEEDED),
+            address.key(STOP),
         )
 
 

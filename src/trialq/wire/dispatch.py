@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
 
+from trialq.wire.channel import Report, TrialAddress
 from trialq.wire.messages import Outcome, TrialRequest, TrialResult
 
 
@@ -34,8 +35,35 @@ class TaskStatus:
     worker: str | None = None
 
 
+class TrialReports(Protocol):
+    """The driver's end of what running trials report: intermediate values in, prune flags
+    out (`trialq.wire.channel.ReportChannel` over Redis)."""
+
+    def read_new(self, positions: dict[TrialAddress, str]) -> dict[TrialAddress, list[Report]]:
+        """Reports after each address's last seen id ('0' for none)."""
+
+    def request_prune(self, address: TrialAddress) -> None:
+        """Ask the attempt at `address` to stop (`trial.should_prune()` turns true)."""
+
+    def memory_exceeded(self, address: TrialAddress) -> int | None:
+        """The RSS at which a lost attempt killed itself for its memory limit, if it did."""
+
+    def stop_requested(self, address: TrialAddress) -> bool:
+        """Whether the attempt was told to stop (a preemption notice)."""
+
+    def orphan_checkpoint(self, key: str) -> None:
+        """Ask a later trial process to remove a finished trial's checkpoint folder."""
+
+    def forget(self, address: TrialAddress) -> None:
+        """Drop what an attempt reported, once its trial is told."""
+
+
 class Dispatcher(Protocol):
     """Sends trial requests to workers and tells what became of them."""
+
+    def reports(self) -> TrialReports | None:
+        """Where the trials sent through this dispatcher report; None where they cannot
+        (then nothing is pruned)."""
 
     def submit(
         self, request: TrialRequest, queue: str, hard_limit_s: float, task_id: str | None = None

@@ -20,8 +20,7 @@ from typing import Any
 
 import redis
 
-_PREFIX = "trialq:worker:"
-_RUNNING_PREFIX = "trialq:running:"
+from trialq.wire.keys import RUNNING_PREFIX, WORKER_PREFIX, running_key, worker_key
 
 
 @dataclass(frozen=True)
@@ -101,7 +100,7 @@ class Heartbeat(_RenewedKey):
         self._thread.start()
 
     def _key(self) -> str:
-        return _PREFIX + self._beat.name
+        return worker_key(self._beat.name)
 
     def _value(self) -> str:
         return json.dumps(asdict(self._beat) | {"beat_at": time.time()})
@@ -122,7 +121,7 @@ class RunningTrial:
     @property
     def key(self) -> str:
         """One key per trial process: a worker with concurrency N runs N at once."""
-        return f"{_RUNNING_PREFIX}{self.worker}:{self.pid}"
+        return running_key(self.worker, self.pid)
 
 
 class TrialBeacon(_RenewedKey):
@@ -156,14 +155,14 @@ class TrialBeacon(_RenewedKey):
 
 def running_trials(client: redis.Redis) -> list[RunningTrial]:
     """Every trial whose process still claims it, by worker name then pid."""
-    return [RunningTrial(**data) for data in _live_values(client, _RUNNING_PREFIX)]
+    return [RunningTrial(**data) for data in _live_values(client, RUNNING_PREFIX)]
 
 
 def live_workers(client: redis.Redis) -> list[WorkerBeat]:
     """Every worker whose heartbeat has not expired."""
     return [
         WorkerBeat(**{**data, "queues": tuple(data["queues"])})
-        for data in _live_values(client, _PREFIX)
+        for data in _live_values(client, WORKER_PREFIX)
     ]
 
 
@@ -177,7 +176,7 @@ def _live_values(client: redis.Redis, prefix: str) -> list[dict[str, Any]]:
 
 def is_alive(client: redis.Redis, worker_name: str) -> bool:
     """Whether the named worker (Celery's nodename) still beats."""
-    return bool(client.exists(_PREFIX + worker_name))
+    return bool(client.exists(worker_key(worker_name)))
 
 
 def local_worker_alive(client: redis.Redis, max_age_s: float | None = None) -> bool:

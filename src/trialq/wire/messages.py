@@ -6,6 +6,8 @@ objects. `version` lets an old worker and a new driver refuse each other clearly
 
 from __future__ import annotations
 
+import re
+import secrets
 from enum import StrEnum
 from typing import Any, Literal
 
@@ -13,13 +15,28 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from trialq.wire.entrypoint import EntrypointRef
 
+CHECKPOINT_KEY_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,199}/[0-9]{1,12}-[0-9a-f]{6,32}$"
+"""`<study>/<number>-<token>`: a path under a worker's checkpoint root, never outside it
+(one `/`, and no part that starts with a dot; see `trialq.trial.checkpoints`)."""
+
+
+def checkpoint_key(study: str, number: int) -> str:
+    """A new trial's checkpoint key: its study's name made path-safe, its number, and a
+    random token, so that a study deleted and made again never finds an old trial's files."""
+    slug = re.sub(r"[^A-Za-z0-9_.-]", "_", study)[:200]
+    if slug[0] in ".-":
+        slug = "_" + slug[1:]
+    return f"{slug}/{number}-{secrets.token_hex(6)}"
+
+
 MESSAGE_VERSION: Literal[1] = 1
 
 ParamValue = str | int | float | bool | None
 
 
 class Outcome(StrEnum):
-    """How a trial ended. Only `ok` completes a trial; only `worker_lost` is retried."""
+    """How a trial ended. Only `ok` completes a trial; `worker_lost` is retried (up to
+    `max_retries`) and `preempted` re-sent (up to `max_preemptions`)."""
 
     OK = "ok"
     PRUNED = "pruned"
@@ -30,6 +47,10 @@ class Outcome(StrEnum):
     STOPPED = "stopped"
     """Finished from outside while it ran (optuna-dashboard's Fail, the `optuna` CLI): the
     state told there stands, the process is killed, the trial is not retried."""
+    PREEMPTED = "preempted"
+    """The attempt was told to stop (its worker got SIGTERM: a spot node reclaimed) and saw
+    it, or was killed after such a notice: the trial is re-sent, and resumes from what it
+    saved in `trial.checkpoint_dir`. Final (FAIL) only past `max_preemptions`."""
 
     @property
     def is_retryable(self) -> bool:
@@ -45,6 +66,21 @@ class _Message(BaseModel):
     version: Literal[1] = MESSAGE_VERSION
 
 
+ARTIFACTS_ATTR_PREFIX = "artifacts:"
+"""The trial system attr key prefix `optuna.artifacts.upload_artifact` links a file with."""
+
+
+class ArtifactMeta(BaseModel):
+    """A file a trial stored in the artifact store: `optuna.artifacts.ArtifactMeta`'s fields."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    artifact_id: str = Field(pattern=r"^[0-9a-f-]{36}$")
+    filename: str = Field(min_length=1, max_length=255)
+    mimetype: str
+    encoding: str | None = None
+
+
 class TrialRequest(_Message):
     """What the driver asks a worker to run: one attempt of one trial."""
 
@@ -57,6 +93,13 @@ class TrialRequest(_Message):
     memory_limit_mb: int = Field(default=0, ge=0)
     search_paths: tuple[str, ...] = ()
     """Folders put on `sys.path` before importing the entrypoint (the spec's, in --local)."""
+    checkpoint_key: str | None = Field(default=None, pattern=CHECKPOINT_KEY_PATTERN)
+    """Where, under the worker's checkpoint root, this trial's `checkpoint_dir` is: the same
+    for every attempt of the trial, and for no other trial (a random token per trial)."""
+    keep_checkpoints: bool = False
+    """The spec's `[trial] keep_checkpoints`: the final attempt leaves its folder in place."""
+    preemptions: int = Field(default=0, ge=0)
+    """How many earlier attempts of this trial were preempted (the driver's count)."""
 
 
 class TrialResult(_Message):
@@ -81,8 +124,18 @@ class TrialResult(_Message):
     device_refused: bool = False
     """The trial did not run: its worker's device still held an earlier trial's memory.
     Not the params' fault, so the driver sends it elsewhere (within max_retries)."""
+    checkpoint_removed: bool = False
+    """The trial process removed the trial's checkpoint folder (its outcome was final); the
+    driver asks a later trial process to remove it when not (docs/preemption.md)."""
+    artifacts: tuple[ArtifactMeta, ...] = ()
+    """Files the trial stored with `trial.save_artifact`: the meta the driver links to the
+    trial as `optuna.artifacts.upload_artifact` does (workers never touch the storage)."""
 
     def user_attrs(self) -> dict[str, Any]:
-        """The fields recorded on the Optuna trial (docs/design.md, 'What every trial records')."""
-        internal = {"version", "study", "number", "attempt", "last_step", "device_refused"}
+        """The fields recorded on the Optuna trial (docs/design.md, "What every finished trial
+        records")."""
+        internal = {
+            "version", "study", "number", "attempt", "last_step", "device_refused",
+            "checkpoint_removed", "artifacts",
+        }  # fmt: skip
         return self.model_dump(mode="json", exclude=internal)

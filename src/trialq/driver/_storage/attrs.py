@@ -15,7 +15,7 @@ from typing import Any
 
 import optuna
 
-from trialq.driver._storage.mirror import MirroredStorage
+from trialq.driver._storage.mirror import MirroredStorage, rdb_under
 from trialq.driver._storage.sql import TrialWrites, commit
 
 
@@ -24,10 +24,10 @@ def set_user_attrs(trial: optuna.Trial, attrs: Mapping[str, Any]) -> None:
     if not attrs:
         return
     storage = trial.storage
-    rdb = getattr(storage, "_backend", storage)  # unwrap Optuna's cache layer
+    rdb = rdb_under(storage)
     if isinstance(storage, MirroredStorage):
         storage.set_trial_user_attrs(trial._trial_id, attrs)
-    elif isinstance(rdb, optuna.storages.RDBStorage):
+    elif rdb is not None:
         commit(rdb, trial._trial_id, TrialWrites(user_attrs=dict(attrs)))
     else:
         for key, value in attrs.items():

@@ -44,6 +44,7 @@ import optuna
 import sqlalchemy
 from optuna.distributions import BaseDistribution, check_distribution_compatibility
 from optuna.storages import BaseStorage
+from optuna.storages._cached_storage import _CachedStorage
 from optuna.study import StudyDirection
 from optuna.study._frozen import FrozenStudy
 from optuna.trial import FrozenTrial, TrialState
@@ -525,12 +526,24 @@ def _new_running_trial(trial_id: int, number: int, started: datetime) -> FrozenT
     )
 
 
+def rdb_under(storage: BaseStorage) -> optuna.storages.RDBStorage | None:
+    """The RDB storage under the mirror or under Optuna's cache layer; None for any other.
+
+    The cache layer's `_backend` is read without a default: if an Optuna upgrade renames it,
+    this fails loudly instead of running unmirrored and without the study lock
+    (docs/design.md, "Private hooks we lean on").
+    """
+    if isinstance(storage, MirroredStorage):
+        return storage.backend
+    if isinstance(storage, _CachedStorage):
+        storage = storage._backend
+    return storage if isinstance(storage, optuna.storages.RDBStorage) else None
+
+
 def mirrored(storage: BaseStorage) -> BaseStorage:
     """An RDB storage (bare or in Optuna's cache layer) mirrored; any other as it is."""
-    backend = getattr(storage, "_backend", storage)
-    if isinstance(backend, optuna.storages.RDBStorage):
-        return MirroredStorage(backend)
-    return storage
+    backend = rdb_under(storage)
+    return storage if backend is None else MirroredStorage(backend)
 
 
 def persist(trial: optuna.Trial) -> Future[None]:

@@ -1,0 +1,70 @@
+"""`trialq worker`: Celery's worker started in this process, its command line built here.
+
+The flags that carry the design (one trial per process, one message reserved at a time) are
+read from the app's own settings (`celery_config`), so the command line and the app never
+disagree. Celery is imported only once the preload has passed: a refused preload is one line
+and exit code 2, before any of Celery starts.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from trialq.settings import Settings
+from trialq.trial.prewarm import preload, preload_modules
+
+WORKER_APP = "trialq._celery.worker:app"
+"""The app Celery's command loads: its task and signal handlers register on import."""
+
+
+def default_worker_name() -> str:
+    """`trialq-PID-XXXX@HOST`, new at every start. The driver takes a trial whose worker stopped
+    beating for lost; a worker restarted in its container gets the same pid and host, and
+    under the same name it would look alive, so the trial its last life ran would wait forever."""
+    return f"trialq-{os.getpid()}-{secrets.token_hex(2)}@%h"
+
+
+@dataclass(frozen=True)
+class WorkerOptions:
+    """What `trialq worker` was asked for; `extra` (flags the user gave that trialq does not
+    know) goes to Celery last."""
+
+    queue: str
+    concurrency: int
+    hostname: str | None
+    loglevel: str
+    extra: Sequence[str] = ()
+
+
+def worker_argv(settings: Settings, options: WorkerOptions) -> list[str]:
+    """Celery's command line for a trialq worker."""
+    from trialq._celery.app import celery_config
+
+    config = celery_config(settings)
+    return [
+        "--app", WORKER_APP,
+        "worker",
+        "--queues", options.queue,
+        "--concurrency", str(options.concurrency),
+        "--max-tasks-per-child", str(config["worker_max_tasks_per_child"]),
+        "--prefetch-multiplier", str(config["worker_prefetch_multiplier"]),
+        "--hostname", options.hostname or default_worker_name(),
+        "--loglevel", options.loglevel,
+        *options.extra,
+    ]  # fmt: skip
+
+
+def run_worker(settings: Settings, options: WorkerOptions) -> int:
+    """Preload, then run Celery's worker in this process until it stops; its exit status."""
+    preload(preload_modules(settings.preload))  # refused here: one line, exit code 2
+    from celery.bin.celery import celery as celery_command
+
+    import trialq._celery.worker  # noqa: F401  (the app, its task and signal handlers)
+
+    argv = worker_argv(settings, options)
+    # `app.worker_main` drops the worker's exit status; Celery's own command returns it.
+    status = celery_command.main(args=argv, standalone_mode=False)
+    return status if isinstance(status, int) else 0

@@ -1,0 +1,39 @@
+"""The spec's define-by-run search space (`study.search_space`), loaded once by the driver.
+
+The driver runs this function by design (docs/design.md, rule (a)): it asks the study for a
+trial and lets the function sample its params. The reference is resolved from the spec's
+folder, like the trial entrypoint, and imported once, before the study is created: a space
+that cannot load is refused with one line, and a module's body never runs again per ask.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import optuna
+
+from trialq.driver.spec import StudySpec
+from trialq.errors import EntrypointError, SpecError
+from trialq.wire.entrypoint import importable_from
+
+DefineSpace = Callable[[optuna.Trial], object]
+"""Samples a trial's params with `trial.suggest_*`; what it returns is ignored."""
+
+
+def load_search_space(spec: StudySpec) -> DefineSpace | None:
+    """Import the spec's search space function (None for `[space.*]` tables); `SpecError`
+    naming the spec and the key when it cannot be loaded."""
+    ref = spec.study.search_space
+    if ref is None:
+        return None
+    where = f"{spec.path}: study.search_space"
+    try:
+        with importable_from(spec.directory):
+            return ref.resolved(spec.directory).load()
+    except EntrypointError as exc:
+        raise SpecError(f"{where}: {exc}") from None
+    except Exception as exc:  # the user's module body failed: one line, not a traceback
+        reason = (str(exc).strip().splitlines() or [""])[0]
+        raise SpecError(
+            f"{where}: importing {ref.target} failed: {type(exc).__name__}: {reason}"
+        ) from None

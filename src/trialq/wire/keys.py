@@ -1,0 +1,90 @@
+"""Every Redis key trialq names, in one place.
+
+The strings are part of the wire: workers, drivers and `trialq status` of different versions
+read each other's keys in one Redis, and deployments watch some of them (Kubernetes'
+autoscaler reads kombu's `unacked`), so none of them ever changes. Celery's and kombu's own
+keys are theirs (a result's meta is reached through Celery's result backend); the few of
+kombu's that trialq reads itself are named at the end, marked as kombu's.
+"""
+
+from __future__ import annotations
+
+# --- trialq's own keys --------------------------------------------------------------------
+
+WORKER_PREFIX = "trialq:worker:"
+"""+ a worker's Celery node name: its heartbeat (a JSON `WorkerBeat`), with a TTL."""
+
+RUNNING_PREFIX = "trialq:running:"
+"""+ `WORKER:PID`: the trial a trial process runs (a JSON `RunningTrial`), with a TTL. A
+prefix apart from the workers', so that a reader of those never meets another kind of value."""
+
+TRIAL_PREFIX = "trialq:trial:"
+"""+ `STUDY:NUMBER:ATTEMPT:PART`: the report channel of one attempt of one trial."""
+
+REPORTS = "reports"
+"""Channel part: the stream of intermediate values, written by the trial."""
+
+PRUNE = "prune"
+"""Channel part: the flag the driver raises when the pruner says stop."""
+
+MEMORY_EXCEEDED = "memory_exceeded"
+"""Channel part: the RSS at which the attempt killed itself for its memory limit."""
+
+STOP = "stop"
+"""Channel part: the stop notice (a preemption: the worker got SIGTERM), which
+`trial.should_stop()` reads and the driver counts as a preemption."""
+
+ORPHANED_CHECKPOINTS = "trialq:checkpoints:orphaned"
+"""A list of checkpoint keys whose trial ended without a process to remove its folder; a
+later trial process removes them."""
+
+WITHDRAWN_PREFIX = "trialq:withdrawn:"
+"""+ a task id: the driver withdrew the task, a worker must not run it (revokes are not
+durable)."""
+
+RESULT_PREFIX = "trialq:result:"
+"""+ a task id: the trial's own result, written once when it ended (Celery's meta can be
+overwritten by a redelivery, which writes STARTED again)."""
+
+
+def worker_key(worker: str) -> str:
+    """The heartbeat key of the worker named `worker` (Celery's node name)."""
+    return f"{WORKER_PREFIX}{worker}"
+
+
+def running_key(worker: str, pid: int) -> str:
+    """The key of the trial that process `pid` of `worker` runs: one per trial process."""
+    return f"{RUNNING_PREFIX}{worker}:{pid}"
+
+
+def trial_key(study: str, number: int, attempt: int, part: str) -> str:
+    """A key of one attempt's report channel; `part` is `REPORTS`, `PRUNE` or
+    `MEMORY_EXCEEDED`. The attempt is in it, so a retry's reports never mix with the last's."""
+    return f"{TRIAL_PREFIX}{study}:{number}:{attempt}:{part}"
+
+
+def withdrawn_key(task_id: str) -> str:
+    """The key that tells a worker not to run a task after all."""
+    return f"{WITHDRAWN_PREFIX}{task_id}"
+
+
+def result_key(task_id: str) -> str:
+    """Where a trial's own result is kept."""
+    return f"{RESULT_PREFIX}{task_id}"
+
+
+# --- kombu's keys that trialq reads (kombu's Redis transport owns them) -------------------
+
+DEFAULT_QUEUE = "gpu"
+"""The queue trials go to and workers consume unless told otherwise; kombu keeps a queue's
+waiting messages in a Redis list of the queue's name (see `kombu_queue_key`)."""
+
+KOMBU_UNACKED = "unacked"
+"""kombu's: the hash of every reserved, not yet acknowledged message (delivery tag to
+`[message, exchange, routing key]`), on all queues."""
+
+
+def kombu_queue_key(queue: str) -> str:
+    """kombu's: the list of a queue's waiting messages is named after the queue (trialq sends
+    no task priorities, so kombu's priority suffixes never appear)."""
+    return queue

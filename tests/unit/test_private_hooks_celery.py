@@ -1,0 +1,371 @@
+"""The private names of Celery, billiard and kombu that trialq's Celery edge leans on are still
+there, with the shape it uses (docs/design.md, "Private hooks we lean on").
+
+The pool's overrides are checked on the classes (signatures, and that the library still calls
+them) and on a real `TrialAsynPool` with one forked process; kombu's Redis layout is observed
+by sending a real trial to the test Redis and reading the keys the dispatcher reads.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import billiard.pool
+import kombu
+import pytest
+import redis
+from celery.concurrency import asynpool, base, prefork
+from celery.worker.consumer import consumer
+from private_hooks import Hook, parameters, refers_to
+
+from trialq._celery.app import create_app
+from trialq._celery.dispatcher import CeleryDispatcher
+from trialq._celery.pool import TrialAsynPool, TrialProcess
+from trialq.settings import Settings
+from trialq.wire.entrypoint import Entrypoint
+from trialq.wire.messages import TrialRequest
+
+POOL = "src/trialq/_celery/pool.py"
+DISPATCHER = "src/trialq/_celery/dispatcher.py"
+
+ENSURE_MESSAGES_CONSUMED = Hook(
+    "billiard.pool.Worker._ensure_messages_consumed(self, completed)",
+    f"{POOL} (TrialProcess)",
+    "a trial's process lingers up to 0.1 s after its result is read and never hands its slot "
+    "over early, so with a spare the next trial waits on it",
+)
+ON_READY_COUNTER = Hook(
+    "billiard.pool.Worker.on_ready_counter",
+    f"{POOL} (TrialProcess._ensure_messages_consumed)",
+    "TrialProcess cannot tell its result was read: it exits at once, maybe before",
+)
+WORKER_CLASS = Hook(
+    "billiard.pool.Pool.Worker (the class the pool builds its processes' workers from)",
+    f"{POOL} (TrialAsynPool.Worker = TrialProcess)",
+    "TrialProcess is never used: every trial's process lingers after its result",
+)
+EVENT_PROCESS_EXIT = Hook(
+    "celery.concurrency.asynpool.AsynPool._event_process_exit(self, hub, proc)",
+    f"{POOL} (TrialAsynPool)",
+    "an exited trial process is left for the pool's 5 s maintenance timer (a third of all "
+    "trials, measured) instead of being replaced at once",
+)
+PROCESS_FLUSH_QUEUES = Hook(
+    "celery.concurrency.asynpool.AsynPool.process_flush_queues(self, proc)",
+    f"{POOL} (TrialAsynPool)",
+    "Celery waits 10 ms on the pipe of every reaped trial process, on the event loop that "
+    "hands out trials",
+)
+OUTQ_READER = Hook(
+    "billiard process .outq._reader (a Connection with poll, recv, closed)",
+    f"{POOL} (TrialAsynPool.process_flush_queues)",
+    "a reaped trial process's last messages (its result) cannot be read",
+)
+RESULT_HANDLER = Hook(
+    "billiard.pool.Pool._result_handler.on_state_change",
+    f"{POOL} (TrialAsynPool.process_flush_queues)",
+    "a reaped trial process's last messages (its result) cannot be handed to Celery",
+)
+POOL_PROCESSES = Hook(
+    "billiard.pool.Pool._pool (the list of the pool's processes)",
+    f"{POOL} (TrialAsynPool._event_process_exit, _reap_again)",
+    "an exited trial process is not replaced promptly (the event loop's callback fails)",
+)
+POOL_STATE = Hook(
+    "billiard.pool.Pool._state and billiard.pool.RUN",
+    f"{POOL} (TrialAsynPool._reap_again)",
+    "an exited trial process is not replaced promptly (the event loop's callback fails)",
+)
+MAINTAIN_POOL = Hook(
+    "billiard.pool.Pool.maintain_pool(self)",
+    f"{POOL} (TrialAsynPool._reap_again)",
+    "an exited trial process is not replaced promptly",
+)
+TASK_POOL_LIMIT = Hook(
+    "celery.concurrency.prefork.TaskPool.on_start sizing its Pool from self.limit",
+    f"{POOL} (TrialPool.on_start)",
+    "no spare process: every trial waits for its process to be forked",
+)
+NUM_PROCESSES = Hook(
+    "celery.concurrency.base.BasePool.num_processes, read by the consumer for its prefetch",
+    f"{POOL} (TrialPool.num_processes)",
+    "the worker reserves a message for its spare processes too: more trials held than run",
+)
+QUEUE_LIST = Hook(
+    "kombu's Redis transport: a waiting message is JSON in the list named as its queue, "
+    "Celery's task id in headers.id",
+    f"{DISPATCHER} (pending_ids, withdraw) and k8s/base/autoscaling.yaml (trigger queued)",
+    "waiting trials look lost to the driver (it sends them again), withdrawn ones stay "
+    "queued, and the autoscaler counts no queued trial",
+)
+UNACKED_HASH = Hook(
+    "kombu's Redis transport: a reserved message is in the hash `unacked` as JSON "
+    "[message, exchange, routing_key]",
+    f"{DISPATCHER} (pending_ids) and k8s/base/autoscaling.yaml (trigger running)",
+    "a reserved or running trial looks lost to the driver (it sends it again while it runs), "
+    "and the autoscaler scales down workers that run trials",
+)
+PRIORITY_LISTS = Hook(
+    "kombu's Redis transport: a message sent with a priority goes to the list "
+    "queue + '\\x06\\x16' + step, not to the queue's list",
+    f"{DISPATCHER} (pending_ids, withdraw), which read only the queue's own list",
+    "a trial sent with a priority would look lost to the driver; trialq sends none",
+)
+
+
+# --- the pool's overrides, on the classes -----------------------------------------------------
+
+
+def test_billiard_worker_still_calls_ensure_messages_consumed() -> None:
+    hook = ENSURE_MESSAGES_CONSUMED
+    assert hasattr(billiard.pool.Worker, "_ensure_messages_consumed"), hook.gone("no such method")
+    signature = parameters(billiard.pool.Worker._ensure_messages_consumed)
+    assert signature == ["self", "completed"], hook.gone(f"its parameters are {signature}")
+    assert parameters(TrialProcess._ensure_messages_consumed) == signature
+    called = refers_to(billiard.pool.Worker, "_ensure_messages_consumed")
+    assert called, hook.gone("billiard's Worker no longer calls it")
+
+
+def test_the_asynpool_still_calls_event_process_exit() -> None:
+    hook = EVENT_PROCESS_EXIT
+    assert hasattr(asynpool.AsynPool, "_event_process_exit"), hook.gone("no such method")
+    signature = parameters(asynpool.AsynPool._event_process_exit)
+    assert signature == ["self", "hub", "proc"], hook.gone(f"its parameters are {signature}")
+    called = refers_to(asynpool.AsynPool, "_event_process_exit")
+    assert called, hook.gone("AsynPool no longer registers it for a process's exit")
+
+
+def test_the_asynpool_still_calls_process_flush_queues() -> None:
+    hook = PROCESS_FLUSH_QUEUES
+    assert hasattr(asynpool.AsynPool, "process_flush_queues"), hook.gone("no such method")
+    signature = parameters(asynpool.AsynPool.process_flush_queues)
+    assert signature == ["self", "proc"], hook.gone(f"its parameters are {signature}")
+    called = refers_to(asynpool.AsynPool, "process_flush_queues")
+    assert called, hook.gone("AsynPool no longer calls it for a reaped process")
+
+
+def test_the_task_pool_sizes_its_pool_from_limit() -> None:
+    hook = TASK_POOL_LIMIT
+    assert prefork.TaskPool.Pool is asynpool.AsynPool, hook.gone("TaskPool.Pool is not AsynPool")
+    on_start = prefork.TaskPool.on_start
+    assert refers_to(on_start, "limit") and refers_to(on_start, "Pool"), hook.gone(
+        "TaskPool.on_start no longer builds self.Pool from self.limit"
+    )
+
+
+def test_the_consumer_prefetches_for_num_processes() -> None:
+    hook = NUM_PROCESSES
+    assert isinstance(vars(base.BasePool).get("num_processes"), property), hook.gone(
+        "BasePool.num_processes is no property"
+    )
+    assert refers_to(consumer.Consumer, "num_processes"), hook.gone(
+        "Celery's consumer no longer reads it for its prefetch"
+    )
+
+
+# --- the pool's overrides, on a real pool ----------------------------------------------------
+
+
+_BUILT: list[TrialProcess] = []
+
+
+class _RecordingProcess(TrialProcess):
+    """TrialProcess noting each worker the pool builds (in the parent, before the fork)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        _BUILT.append(self)
+
+
+class _RecordingPool(TrialAsynPool):
+    Worker = _RecordingProcess
+
+
+@pytest.fixture(scope="module")
+def real_pool() -> Iterator[_RecordingPool]:
+    """A real pool of trialq's, with one forked process (idle: it gets no task)."""
+    pool = _RecordingPool(processes=1, threads=False)
+    try:
+        yield pool
+    finally:
+        pool.terminate()
+        pool.join()
+
+
+def test_the_pool_builds_its_workers_from_its_worker_class(real_pool: _RecordingPool) -> None:
+    hook = WORKER_CLASS
+    assert billiard.pool.Pool.Worker is billiard.pool.Worker, hook.gone("no Pool.Worker")
+    assert asynpool.AsynPool.Worker is asynpool.Worker, hook.gone("AsynPool.Worker is not its own")
+    assert _BUILT, hook.gone("the pool built no worker from Pool.Worker")
+
+
+def test_each_worker_has_an_on_ready_counter(real_pool: _RecordingPool) -> None:
+    hook = ON_READY_COUNTER
+    worker = _BUILT[0]
+    counter = getattr(worker, "on_ready_counter", None)
+    assert counter is not None, hook.gone("the pool's worker has none (or it is None)")
+    assert isinstance(counter.value, int), hook.gone(f"its value is {counter.value!r}")
+
+
+def test_a_pool_process_has_an_outq_reader(real_pool: _RecordingPool) -> None:
+    hook = OUTQ_READER
+    proc = real_pool._pool[0]
+    reader = getattr(getattr(proc, "outq", None), "_reader", None)
+    assert reader is not None, hook.gone("the process has no outq._reader")
+    for name in ("poll", "recv"):
+        assert callable(getattr(reader, name, None)), hook.gone(f"the reader has no {name}()")
+    assert reader.closed is False, hook.gone("the reader has no `closed`, or it is not False")
+    assert isinstance(reader.poll(0), bool), hook.gone("poll(0) does not answer at once")
+    assert proc.exitcode is None, hook.gone("a live process's exitcode is not None")
+
+
+def test_the_pool_has_a_result_handler_with_on_state_change(real_pool: _RecordingPool) -> None:
+    hook = RESULT_HANDLER
+    handler = getattr(real_pool, "_result_handler", None)
+    assert handler is not None, hook.gone("the pool has no _result_handler")
+    on_state_change = getattr(handler, "on_state_change", None)
+    assert callable(on_state_change), hook.gone("the result handler has no on_state_change")
+    assert parameters(on_state_change) == ["task"], hook.gone(
+        f"on_state_change takes {parameters(on_state_change)}, not one message"
+    )
+
+
+def test_the_pool_lists_its_processes_in_pool(real_pool: _RecordingPool) -> None:
+    hook = POOL_PROCESSES
+    processes = getattr(real_pool, "_pool", None)
+    assert isinstance(processes, list), hook.gone(f"_pool is {processes!r}, not a list")
+    assert len(processes) == 1 and hasattr(processes[0], "exitcode"), hook.gone(
+        f"_pool holds {processes!r}, not the pool's one process"
+    )
+
+
+def test_the_pool_says_it_runs_in_state(real_pool: _RecordingPool) -> None:
+    hook = POOL_STATE
+    assert hasattr(billiard.pool, "RUN"), hook.gone("billiard.pool has no RUN")
+    state = getattr(real_pool, "_state", None)
+    assert state == billiard.pool.RUN, hook.gone(f"a running pool's _state is {state!r}")
+
+
+def test_the_pool_can_be_maintained(real_pool: _RecordingPool) -> None:
+    hook = MAINTAIN_POOL
+    assert parameters(billiard.pool.Pool.maintain_pool) == ["self"], hook.gone(
+        f"its parameters are {parameters(billiard.pool.Pool.maintain_pool)}"
+    )
+    real_pool.maintain_pool()  # nothing exited: nothing to do, and no error
+    assert len(real_pool._pool) == 1, hook.gone("it changed a pool with nothing to replace")
+
+
+# --- kombu's Redis layout, observed on the test Redis -----------------------------------------
+
+
+def _dispatcher(redis_url: str) -> CeleryDispatcher:
+    return CeleryDispatcher(Settings(broker_url=redis_url))
+
+
+def _send(dispatcher: CeleryDispatcher) -> str:
+    request = TrialRequest(
+        study="hooks", number=0, attempt=1, params={"x": 1.0},
+        entrypoint=Entrypoint("trials", "quadratic"), timeout_s=60,
+    )  # fmt: skip
+    return dispatcher.submit(request, "gpu", 120)
+
+
+def test_a_waiting_trial_is_in_the_queues_list(redis_url: str) -> None:
+    hook = QUEUE_LIST
+    dispatcher = _dispatcher(redis_url)
+    task_id = _send(dispatcher)
+    client = redis.Redis.from_url(redis_url)
+    waiting = client.lrange("gpu", 0, -1)
+    assert len(waiting) == 1, hook.gone(f"the list 'gpu' holds {waiting!r}")
+    message = json.loads(waiting[0])
+    assert message.get("headers", {}).get("id") == task_id, hook.gone(
+        f"the message's headers.id is not the task id: {message.get('headers')!r}"
+    )
+    assert dispatcher.pending_ids("gpu") == {task_id}, hook.gone("pending_ids missed it")
+    dispatcher.withdraw([task_id], "gpu")
+    assert client.llen("gpu") == 0, hook.gone("withdraw did not remove it from the list")
+
+
+def test_a_reserved_trial_is_in_the_unacked_hash(redis_url: str) -> None:
+    hook = UNACKED_HASH
+    dispatcher = _dispatcher(redis_url)
+    task_id = _send(dispatcher)
+    client = redis.Redis.from_url(redis_url)
+    app = create_app(Settings(broker_url=redis_url))
+    with app.connection_for_read() as connection, connection.SimpleQueue("gpu") as queue:
+        reserved = queue.get(timeout=10)  # as a worker takes it: not acknowledged
+        assert client.llen("gpu") == 0, hook.gone("a reserved message stayed in the list")
+        held = client.hvals("unacked")
+        assert len(held) == 1, hook.gone(f"the hash 'unacked' holds {held!r}")
+        entry = json.loads(held[0])
+        assert isinstance(entry, list) and len(entry) == 3, hook.gone(
+            f"an entry is {entry!r}, not [message, exchange, routing_key]"
+        )
+        assert entry[0].get("headers", {}).get("id") == task_id, hook.gone(
+            f"the entry's message has headers {entry[0].get('headers')!r}"
+        )
+        assert dispatcher.pending_ids("gpu") == {task_id}, hook.gone("pending_ids missed it")
+        reserved.ack()
+
+
+def test_trialq_sends_no_priority_and_kombu_keeps_priorities_apart(redis_url: str) -> None:
+    """A message with a priority lives in another list, which the dispatcher does not read;
+    trialq's own messages carry none, so they are all in the queue's list."""
+    hook = PRIORITY_LISTS
+    dispatcher = _dispatcher(redis_url)
+    task_id = _send(dispatcher)
+    client = redis.Redis.from_url(redis_url)
+    sent = json.loads(client.lrange("gpu", 0, -1)[0])
+    assert sent["properties"].get("priority") in (None, 0), hook.gone(
+        f"trialq sent a trial with priority {sent['properties'].get('priority')!r}"
+    )
+
+    app = create_app(Settings(broker_url=redis_url))
+    with app.connection_for_write() as connection:
+        exchange = kombu.Exchange("gpu", type="direct")
+        producer = connection.Producer()
+        producer.publish(
+            {"x": 1}, exchange=exchange, routing_key="gpu", priority=9,
+            declare=[kombu.Queue("gpu", exchange, routing_key="gpu")],
+            headers={"id": "with-priority"},
+        )  # fmt: skip
+    priority_list = "gpu\x06\x169"
+    assert client.llen(priority_list) == 1, hook.gone(
+        f"kombu put a priority-9 message elsewhere: keys {sorted(client.keys('gpu*'))!r}"
+    )
+    assert client.llen("gpu") == 1, hook.gone("the priority message went to the queue's list")
+    assert dispatcher.pending_ids("gpu") == {task_id}
+
+
+ACTIVE_REQUESTS = Hook(
+    "celery.worker.state.active_requests (a set of celery.worker.request.Request, with "
+    "name, args and worker_pid)",
+    "src/trialq/_celery/worker.py (_running_requests)",
+    "a worker given SIGTERM cannot find its running trials: none is told to stop "
+    "(trial.should_stop() stays false) and none is killed after TRIALQ_STOP_GRACE_S",
+)
+
+
+def test_the_worker_state_lists_the_running_requests_with_their_process() -> None:
+    from celery.worker import request, state
+
+    running = state.active_requests  # a WeakSet in Celery 5
+    assert hasattr(running, "add") and hasattr(running, "__iter__"), ACTIVE_REQUESTS.gone(
+        "not a set"
+    )
+    for name in ("name", "args", "worker_pid"):
+        assert hasattr(request.Request, name), ACTIVE_REQUESTS.gone(f"Request.{name} is gone")
+
+    class Accepted:  # a fake request: what task_accepted and task_ready read of one
+        id = "hook-check"
+        name = "trialq.run_trial"
+
+    accepted = Accepted()
+    state.task_accepted(accepted)
+    try:
+        assert accepted in running, ACTIVE_REQUESTS.gone("task_accepted no longer adds to it")
+    finally:
+        state.task_ready(accepted)
+    assert accepted not in running, ACTIVE_REQUESTS.gone("task_ready no longer removes from it")
