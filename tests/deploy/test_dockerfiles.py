@@ -11,7 +11,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,7 +19,6 @@ from .deployfiles import DOCKER_DIR, DOCKERFILES, REPO_ROOT, dockerfile_instruct
 
 WORKER = DOCKER_DIR / "worker.Dockerfile"
 DRIVER = DOCKER_DIR / "driver.Dockerfile"
-REQUIREMENTS_SCRIPT = DOCKER_DIR / "requirements-from-pyproject.py"
 SETUP_SCRIPT = DOCKER_DIR / "setup-gpu-host.sh"
 
 
@@ -58,15 +56,20 @@ def test_hadolint_catches_a_bad_dockerfile(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda path: path.name)
-def test_installs_dependencies_before_copying_the_code(dockerfile: Path) -> None:
+def test_installs_the_locked_dependencies_before_copying_the_code(dockerfile: Path) -> None:
     steps = _instructions(dockerfile)
-    copy_pyproject = _index(steps, "COPY", "pyproject.toml")
-    install_deps = _index(steps, "RUN", "-r /tmp/trialq-build/requirements.txt")
+    copy_lock = _index(steps, "COPY", ".lock")
+    install_deps = _index(steps, "RUN", "--require-hashes -r /tmp/trialq-build/requirements.lock")
     copy_src = _index(steps, "COPY", "src/")
-    assert copy_pyproject < install_deps < copy_src
-    assert "src" not in steps[copy_pyproject][1], "the dependency layer must not see src/"
+    assert copy_lock < install_deps < copy_src
+    sources = steps[copy_lock][1].split()[:-1]
+    assert all(s.startswith("docker/") and s.endswith(".lock") for s in sources), (
+        "the dependency layer must see only the lock (not src/, not pyproject.toml)"
+    )
     install_package = _index(steps, "RUN", "--no-deps /tmp/trialq-build")
-    assert install_package > copy_src
+    assert install_package > copy_src > _index(steps, "COPY", "pyproject.toml") > install_deps
+    installs = [a for k, a in steps if k == "RUN" and "pip install" in a]
+    assert len(installs) == 2, "only the lock and trialq itself (--no-deps) are installed"
 
 
 @pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda path: path.name)
@@ -81,6 +84,10 @@ def test_worker_image_design() -> None:
     args = dict(a.split("=", 1) for k, a in steps if k == "ARG" and "=" in a)
     assert re.fullmatch(r"tensorflow/tensorflow:\d+\.\d+\.\d+-gpu", args["BASE_IMAGE"])
     assert args["TRIALQ_EXTRA"] == "tf"
+    copy_lock = next(a for k, a in steps if k == "COPY" and ".lock" in a)
+    assert copy_lock.split()[0] == "docker/worker-${TRIALQ_EXTRA}.lock"
+    for extra in ("tf", "cpu"):  # the default and what compose.cpu.yaml builds
+        assert (DOCKER_DIR / f"worker-{extra}.lock").is_file(), extra
     env = " ".join(a for k, a in steps if k == "ENV")
     assert "TF_FORCE_GPU_ALLOW_GROWTH=true" in env
     assert "TRIALQ_HEARTBEAT_FILE=/tmp/trialq-heartbeat" in env
@@ -94,44 +101,13 @@ def test_worker_image_design() -> None:
 
 
 def test_driver_image_has_no_tensorflow() -> None:
-    text = DRIVER.read_text(encoding="utf-8")
-    runs = " ".join(a for k, a in _instructions(DRIVER) if k == "RUN")
+    steps = _instructions(DRIVER)
+    runs = " ".join(a for k, a in steps if k == "RUN")
     assert "tensorflow" not in runs.lower()
-    assert "pyproject.toml postgres" in runs, "the driver needs the postgres extra"
-    for tool in ("OPTUNA_DASHBOARD_VERSION", "FLOWER_VERSION"):
-        assert re.search(rf"ARG {tool}=\d+\.\d+\.\d+", text), f"{tool} is not pinned"
-
-
-def _requirements(*extras: str) -> list[str]:
-    done = subprocess.run(
-        [sys.executable, str(REQUIREMENTS_SCRIPT), str(REPO_ROOT / "pyproject.toml"), *extras],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return done.stdout.split()
-
-
-def _names(requirements: list[str]) -> set[str]:
-    return {re.split(r"[\[<>=!~ ;]", r, maxsplit=1)[0].lower() for r in requirements}
-
-
-def test_requirements_follow_pyproject() -> None:
-    core = _names(_requirements())
-    assert {"celery", "optuna", "redis"} <= core and not {n for n in core if "tensorflow" in n}
-    assert "tensorflow" in _names(_requirements("tf"))
-    assert "tensorflow-cpu" in _names(_requirements("cpu"))
-    driver = _names(_requirements("postgres"))
-    assert "psycopg2-binary" in driver and not {n for n in driver if "tensorflow" in n}
-
-
-def test_requirements_refuse_an_unknown_extra() -> None:
-    done = subprocess.run(
-        [sys.executable, str(REQUIREMENTS_SCRIPT), str(REPO_ROOT / "pyproject.toml"), "gpu"],
-        capture_output=True,
-        text=True,
-    )
-    assert done.returncode != 0 and "gpu" in done.stderr
+    copy_lock = next(a for k, a in steps if k == "COPY" and ".lock" in a)
+    assert copy_lock.split()[0] == "docker/driver.lock"
+    # What the lock holds (the postgres extra, no TensorFlow, the pinned tools) is checked
+    # by test_locks.py.
 
 
 def _ignore_rule_matches(pattern: str, path: str) -> bool:

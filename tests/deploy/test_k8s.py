@@ -39,8 +39,13 @@ K8S = REPO / "k8s"
 SCHEMAS = Path(__file__).resolve().parent / "schemas"
 
 GPU_OVERLAYS = ("gke", "eks", "aks")
-OVERLAYS = (*GPU_OVERLAYS, "cpu")
+# Each cloud's overlay with its components/spot-<cloud> (GPU workers on spot capacity).
+SPOT_OVERLAYS = {f"{cloud}-spot": cloud for cloud in GPU_OVERLAYS}
+OVERLAYS = (*GPU_OVERLAYS, "cpu", *SPOT_OVERLAYS)
 TARGETS = ("base", *(f"overlays/{name}" for name in OVERLAYS))
+# Where the worker's grace period must outlast a whole trial (spot ones follow the notice).
+ON_DEMAND_TARGETS = tuple(t for t in TARGETS if t.removeprefix("overlays/") not in SPOT_OVERLAYS)
+GPU_TARGETS = (*GPU_OVERLAYS, *SPOT_OVERLAYS)
 
 # The oldest Kubernetes minor the manifests support and the newest kubernetes-validate ships.
 KUBERNETES_VERSIONS = ("1.30.0", kubernetes_validate.latest_version())
@@ -341,7 +346,7 @@ def test_kubernetes_validation_rejects_mistakes() -> None:
 # --- GPUs, node pools and taints -------------------------------------------------------------
 
 
-@pytest.mark.parametrize("target", ["base", *(f"overlays/{o}" for o in GPU_OVERLAYS)])
+@pytest.mark.parametrize("target", ["base", *(f"overlays/{o}" for o in GPU_TARGETS)])
 def test_gpu_workers_request_one_gpu_and_tolerate_gpu_taints(target: str) -> None:
     objs = render(target)
     resources = worker_container(objs)["resources"]
@@ -355,13 +360,14 @@ def test_gpu_workers_request_one_gpu_and_tolerate_gpu_taints(target: str) -> Non
     } in tolerations
 
 
-@pytest.mark.parametrize("overlay", GPU_OVERLAYS)
+@pytest.mark.parametrize("overlay", GPU_TARGETS)
 def test_gpu_overlays_select_their_gpu_node_pool(overlay: str) -> None:
     objs = render(f"overlays/{overlay}")
     pod_spec = find(objs, "Deployment", WORKER)["spec"]["template"]["spec"]
     selector = pod_spec.get("nodeSelector", {})
-    assert EXPECTED_NODE_SELECTORS[overlay] <= set(selector), selector
-    assert all(selector[key] for key in EXPECTED_NODE_SELECTORS[overlay])
+    expected = EXPECTED_NODE_SELECTORS[SPOT_OVERLAYS.get(overlay, overlay)]
+    assert expected <= set(selector), selector
+    assert all(selector[key] for key in expected)
 
 
 def test_base_leaves_node_selection_to_the_overlays() -> None:
@@ -369,8 +375,9 @@ def test_base_leaves_node_selection_to_the_overlays() -> None:
     assert "nodeSelector" not in pod_spec
 
 
-def test_aks_tolerates_the_gpu_pool_taint() -> None:
-    pod_spec = find(render("overlays/aks"), "Deployment", WORKER)["spec"]["template"]["spec"]
+@pytest.mark.parametrize("overlay", ["aks", "aks-spot"])
+def test_aks_tolerates_the_gpu_pool_taint(overlay: str) -> None:
+    pod_spec = find(render(f"overlays/{overlay}"), "Deployment", WORKER)["spec"]["template"]["spec"]
     sku_gpu = {"key": "sku", "operator": "Equal", "value": "gpu", "effect": "NoSchedule"}
     assert sku_gpu in pod_spec["tolerations"]
 
@@ -402,7 +409,7 @@ def test_workers_run_one_trial_per_process_on_the_spec_queue(target: str) -> Non
     assert worker_queue(objs) == study_spec(objs)["trial"].get("queue", "gpu")
 
 
-@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("target", ON_DEMAND_TARGETS)
 def test_grace_period_outlasts_the_trial_hard_limit(target: str) -> None:
     objs = render(target)
     grace = find(objs, "Deployment", WORKER)["spec"]["template"]["spec"][
@@ -445,6 +452,36 @@ def test_worker_writes_only_to_empty_dirs(target: str) -> None:
     home = env_values(worker, objs)["HOME"]
     for path in ("/tmp", home):
         assert mounted.get(path) in empty_dirs, f"{path} is not an emptyDir mount"
+
+
+def claim_mounts(pod_spec: Obj, container: Obj) -> dict[str, tuple[str, bool]]:
+    """{mount path: (claim name, read-only)} for the container's PersistentVolumeClaim mounts."""
+    claims = {
+        v["name"]: v["persistentVolumeClaim"]["claimName"]
+        for v in pod_spec["volumes"]
+        if "persistentVolumeClaim" in v
+    }
+    return {
+        m["mountPath"]: (claims[m["name"]], bool(m.get("readOnly")))
+        for m in container["volumeMounts"]
+        if m["name"] in claims
+    }
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_dashboard_serves_the_workers_artifacts_read_only(target: str) -> None:
+    """optuna-dashboard reads the artifact folder the workers write, on the same claim."""
+    objs = render(target)
+    worker_spec = find(objs, "Deployment", WORKER)["spec"]["template"]["spec"]
+    dashboard_spec = find(objs, "Deployment", "optuna-dashboard")["spec"]["template"]["spec"]
+    dashboard = dashboard_spec["containers"][0]
+    root = env_values(worker_container(objs), objs)["TRIALQ_ARTIFACT_ROOT"]
+    assert env_values(dashboard, objs)["TRIALQ_ARTIFACT_ROOT"] == root
+    worker_mounts = claim_mounts(worker_spec, worker_container(objs))
+    dashboard_mounts = claim_mounts(dashboard_spec, dashboard)
+    (path,) = (p for p in worker_mounts if root.startswith(p.rstrip("/") + "/"))
+    assert dashboard_mounts.get(path) == (worker_mounts[path][0], True)
+    assert "artifact_store=FileSystemArtifactStore(" in " ".join(command_line(dashboard))
 
 
 def test_study_spec_leaves_storage_to_the_environment() -> None:
@@ -897,3 +934,144 @@ def test_external_postgres_component_reads_the_storage_url_from_the_secret(
         assert mounted[password_file["value"]] == "postgres-password", name
     check_secrets(objs)
     assert sum(validate_all(objs).values()) == len(objs)
+
+
+# --- spot / preemptible GPU pools (components/spot-<cloud>, overlays/<cloud>-spot) ----------
+
+# What each cloud's spot nodes carry: the label to select, and the taint (if any) to tolerate.
+SPOT_NODE_LABELS = {
+    "gke": {"cloud.google.com/gke-spot": "true"},
+    "eks": {"karpenter.sh/capacity-type": "spot"},
+    "aks": {"kubernetes.azure.com/scalesetpriority": "spot"},
+}
+SPOT_NODE_TAINTS: dict[str, list[Obj]] = {
+    # Not added by GKE Standard itself; the recommended --node-taints, and what node
+    # auto-provisioning adds.
+    "gke": [{"key": "cloud.google.com/gke-spot", "value": "true", "effect": "NoSchedule"}],
+    "eks": [],  # Karpenter taints nothing for spot
+    "aks": [
+        {"key": "kubernetes.azure.com/scalesetpriority", "value": "spot", "effect": "NoSchedule"}
+    ],
+}
+# Seconds from the reclaim notice to the node's end, and how much of it pods may have: GKE's
+# kubelet gives non-system pods the first 15 s of 30 (the rest is for critical pods).
+SPOT_NOTICE_S = {"gke": 30, "eks": 120, "aks": 30}
+SPOT_POD_WINDOW_S = {"gke": 15, "eks": 120, "aks": 30}
+STOP_MARGIN_S = 3  # worker kills, records `preempted`, exits, before the platform's kill
+
+
+def tolerates(toleration: Obj, taint: Obj) -> bool:
+    """Kubernetes toleration semantics for one taint."""
+    if toleration.get("effect") not in (None, "", taint["effect"]):
+        return False
+    if not toleration.get("key"):
+        return toleration.get("operator") == "Exists"
+    if toleration["key"] != taint["key"]:
+        return False
+    if toleration.get("operator", "Equal") == "Exists":
+        return True
+    return bool(toleration.get("value", "") == taint.get("value", ""))
+
+
+def worker_pod_spec(objs: list[Obj]) -> Obj:
+    pod_spec: Obj = find(objs, "Deployment", WORKER)["spec"]["template"]["spec"]
+    return pod_spec
+
+
+def stop_grace_s(objs: list[Obj]) -> float:
+    return float(env_values(worker_container(objs), objs)["TRIALQ_STOP_GRACE_S"])
+
+
+def test_tolerates_follows_kubernetes_semantics() -> None:
+    taint = {"key": "k", "value": "v", "effect": "NoSchedule"}
+    assert tolerates({"key": "k", "operator": "Exists", "effect": "NoSchedule"}, taint)
+    assert tolerates({"key": "k", "operator": "Equal", "value": "v"}, taint)
+    assert tolerates({"operator": "Exists"}, taint)
+    assert not tolerates({"key": "k", "operator": "Equal", "value": "w"}, taint)
+    assert not tolerates({"key": "k", "operator": "Exists", "effect": "NoExecute"}, taint)
+    assert not tolerates({"key": "other", "operator": "Exists"}, taint)
+
+
+@pytest.mark.parametrize("overlay", SPOT_OVERLAYS)
+def test_spot_workers_select_and_tolerate_spot_nodes(overlay: str) -> None:
+    cloud = SPOT_OVERLAYS[overlay]
+    pod_spec = worker_pod_spec(render(f"overlays/{overlay}"))
+    selector = pod_spec["nodeSelector"]
+    assert SPOT_NODE_LABELS[cloud].items() <= selector.items(), selector
+    for taint in SPOT_NODE_TAINTS[cloud]:
+        assert any(tolerates(t, taint) for t in pod_spec["tolerations"]), taint
+    # The cloud's on-demand overlay stays off spot capacity.
+    on_demand = worker_pod_spec(render(f"overlays/{cloud}"))["nodeSelector"]
+    assert not SPOT_NODE_LABELS[cloud].keys() & on_demand.keys()
+
+
+@pytest.mark.parametrize("overlay", SPOT_OVERLAYS)
+def test_spot_grace_period_fits_the_preemption_notice(overlay: str) -> None:
+    """Not the longest trial: the platform kills the pod when the node goes, whatever it asks."""
+    cloud = SPOT_OVERLAYS[overlay]
+    objs = render(f"overlays/{overlay}")
+    grace = worker_pod_spec(objs)["terminationGracePeriodSeconds"]
+    assert 0 < grace < SPOT_NOTICE_S[cloud], grace
+    assert grace <= SPOT_POD_WINDOW_S[cloud], grace
+    assert grace < trial_hard_limit_s(objs)
+
+
+@pytest.mark.parametrize("overlay", SPOT_OVERLAYS)
+def test_spot_worker_kills_what_did_not_stop_before_the_platform_does(
+    overlay: str, tmp_path: Path
+) -> None:
+    objs = render(f"overlays/{overlay}")
+    pod_spec = worker_pod_spec(objs)
+    grace = pod_spec["terminationGracePeriodSeconds"]
+    stop = stop_grace_s(objs)
+    assert 0 < stop < grace, (stop, grace)
+    assert grace - stop >= STOP_MARGIN_S, (stop, grace)
+    # As trialq reads it from the rendered environment.
+    settings = _settings_in(pod_spec["containers"][0], pod_spec, objs, tmp_path)
+    assert settings.stop_grace_s == stop
+
+
+@pytest.mark.parametrize("overlay", SPOT_OVERLAYS)
+def test_spot_workers_keep_the_shared_checkpoint_volume(overlay: str) -> None:
+    """A preempted trial resumes on another node from the ReadWriteMany claim."""
+    cloud = SPOT_OVERLAYS[overlay]
+    objs = render(f"overlays/{overlay}")
+    root = env_values(worker_container(objs), objs)["TRIALQ_CHECKPOINT_ROOT"]
+    mounts = claim_mounts(worker_pod_spec(objs), worker_container(objs))
+    (path,) = (p for p in mounts if root.startswith(p.rstrip("/") + "/"))
+    claim_name, read_only = mounts[path]
+    assert not read_only
+    claim = find(objs, "PersistentVolumeClaim", claim_name)
+    assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
+    on_demand_claim = find(render(f"overlays/{cloud}"), "PersistentVolumeClaim", claim_name)
+    assert claim["spec"]["storageClassName"] == on_demand_claim["spec"]["storageClassName"]
+
+
+@pytest.mark.parametrize("overlay", SPOT_OVERLAYS)
+def test_spot_component_changes_only_the_worker_placement_and_grace(overlay: str) -> None:
+    """Everything else is the cloud's overlay, object for object."""
+    cloud = SPOT_OVERLAYS[overlay]
+    spot = {(o["kind"], o["metadata"]["name"]): o for o in render(f"overlays/{overlay}")}
+    on_demand = {(o["kind"], o["metadata"]["name"]): o for o in render(f"overlays/{cloud}")}
+    assert spot.keys() == on_demand.keys()
+    for key, obj in spot.items():
+        if key != ("Deployment", WORKER):
+            assert obj == on_demand[key], key
+    worker = spot[("Deployment", WORKER)]
+    expected = on_demand[("Deployment", WORKER)]
+    pod_spec = worker["spec"]["template"]["spec"]
+    expected_spec = expected["spec"]["template"]["spec"]
+    # Undo what spot is allowed to change, then the rest must be the same.
+    spot_tolerations = [
+        t for t in pod_spec["tolerations"] if any(tolerates(t, x) for x in SPOT_NODE_TAINTS[cloud])
+    ]
+    assert len(spot_tolerations) == len(SPOT_NODE_TAINTS[cloud])
+    pod_spec["tolerations"] = [t for t in pod_spec["tolerations"] if t not in spot_tolerations]
+    for label in SPOT_NODE_LABELS[cloud]:
+        del pod_spec["nodeSelector"][label]
+    assert pod_spec["nodeSelector"].keys() == expected_spec["nodeSelector"].keys()
+    pod_spec["nodeSelector"] = expected_spec["nodeSelector"]  # aks-spot names its own pool
+    pod_spec["terminationGracePeriodSeconds"] = expected_spec["terminationGracePeriodSeconds"]
+    env = pod_spec["containers"][0]["env"]
+    env[:] = [e for e in env if e["name"] != "TRIALQ_STOP_GRACE_S"]
+    assert worker == expected

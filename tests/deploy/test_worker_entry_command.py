@@ -22,7 +22,7 @@ import pytest
 
 from .deployfiles import COMPOSE_FILE, compose_model, find_tool, shell_words
 
-pytest.importorskip("trialq.worker", reason="the worker module is not written yet")
+pytest.importorskip("trialq._celery.worker", reason="the worker module is not written yet")
 celery = pytest.importorskip("celery")
 redis = pytest.importorskip("redis")
 messages = pytest.importorskip("trialq.wire.messages")
