@@ -1,0 +1,171 @@
+"""The docs hold together: every relative link in them resolves, to a file and, where it names
+one, to a heading; the code map in docs/design.md lists every module under src/trialq/; and
+the README stays something a newcomer reads in five minutes."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = sorted(
+    [
+        ROOT / "README.md",
+        ROOT / "benchmarks" / "README.md",
+        ROOT / "docker" / "README.md",
+        ROOT / "k8s" / "README.md",
+        *(ROOT / "docs").glob("*.md"),
+    ]
+)
+README_MAX_LINES = 200
+
+FENCE = re.compile(r"^\s*(```|~~~)")
+CODE_SPAN = re.compile(r"(`+)(?:(?!\1)(?:[^\n]|\n(?!\n)))+?\1")  # within a paragraph
+LINK = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+HEADING = re.compile(r"^ {0,3}(#{1,6})\s+(.*?)\s*#*\s*$")
+
+
+def prose_lines(text: str) -> list[str]:
+    """The lines outside fenced code blocks (a `#` in a code block is no heading, and a
+    `[x](y)` there no link)."""
+    lines, in_fence = [], False
+    for line in text.splitlines():
+        if FENCE.match(line):
+            in_fence = not in_fence
+            continue
+        if not in_fence:
+            lines.append(line)
+    return lines
+
+
+def slug(heading: str) -> str:
+    """The anchor GitHub gives a heading: markup and punctuation dropped, lower case, spaces
+    to hyphens (letters, digits, `_` and `-` kept)."""
+    text = re.sub(r"!?\[([^\]]*)\]\([^)]*\)", r"\1", heading)  # a link: its text
+    text = re.sub(r"<[^>]+>", "", text).lower()
+    text = re.sub(r"[^\w\- ]", "", text)
+    return text.replace(" ", "-")
+
+
+def anchors(path: Path) -> set[str]:
+    """Every heading anchor of a markdown file, duplicates numbered as GitHub numbers them."""
+    seen: dict[str, int] = {}
+    found = set()
+    for line in prose_lines(path.read_text(encoding="utf-8")):
+        match = HEADING.match(line)
+        if not match:
+            continue
+        base = slug(match.group(2))
+        count = seen.get(base, 0)
+        seen[base] = count + 1
+        found.add(base if count == 0 else f"{base}-{count}")
+    return found
+
+
+def links(path: Path) -> list[str]:
+    """The targets of the inline links and images in a markdown file's prose."""
+    prose = "\n".join(prose_lines(path.read_text(encoding="utf-8")))
+    return LINK.findall(CODE_SPAN.sub("", prose))  # a link's text may span lines
+
+
+def broken_links(path: Path) -> list[str]:
+    """Each relative link of `path` that names a missing file or a missing heading."""
+    broken = []
+    for target in links(path):
+        if re.match(r"^[a-z][a-z0-9+.-]*:", target):  # https:, mailto: ...
+            continue
+        file_part, _, anchor = target.partition("#")
+        resolved = (path.parent / file_part).resolve() if file_part else path
+        if not resolved.exists():
+            broken.append(f"{target}: no such file")
+        elif anchor and resolved.suffix == ".md" and anchor not in anchors(resolved):
+            broken.append(f"{target}: no heading with anchor #{anchor} in {resolved.name}")
+    return broken
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_relative_link_resolves(doc: Path) -> None:
+    assert doc.exists()
+    assert broken_links(doc) == []
+
+
+def test_the_check_catches_a_missing_file_and_a_missing_anchor(tmp_path: Path) -> None:
+    (tmp_path / "other.md").write_text("# Other page\n\n## A section (`with_code`)\n")
+    doc = tmp_path / "doc.md"
+    doc.write_text(
+        "# Doc\n\n"
+        "[fine](other.md#a-section-with_code), [also fine](#doc), [web](https://example.org)\n"
+        "[gone](missing.md), [no anchor](other.md#no-such-section), [a link over\ntwo lines](#nowhere)\n"
+        "`[in code](ignored.md)`\n\n"
+        "```\n[in a block](ignored-too.md)\n# not a heading\n```\n"
+    )
+    assert broken_links(doc) == [
+        "missing.md: no such file",
+        "other.md#no-such-section: no heading with anchor #no-such-section in other.md",
+        "#nowhere: no heading with anchor #nowhere in doc.md",
+    ]
+
+
+def test_slugs_follow_github() -> None:
+    assert slug("The driver's time per trial") == "the-drivers-time-per-trial"
+    assert slug("OOM-aware search (`oom_as_constraint`)") == "oom-aware-search-oom_as_constraint"
+    assert slug("One GPU host: Docker Compose") == "one-gpu-host-docker-compose"
+
+
+def code_map_entries() -> list[str]:
+    """The paths the code map in docs/design.md lists (`- `path`: ...` items)."""
+    text = (ROOT / "docs" / "design.md").read_text(encoding="utf-8")
+    match = re.search(r"^## Code map\n(.*?)(?=^## |\Z)", text, flags=re.M | re.S)
+    assert match, "docs/design.md has no '## Code map' section"
+    return re.findall(r"^- `([^`]+)`:", match.group(1), flags=re.M)
+
+
+def test_the_code_map_lists_every_module_under_src_trialq() -> None:
+    package = ROOT / "src" / "trialq"
+    modules = {
+        path.relative_to(package).as_posix()
+        for path in package.rglob("*")
+        if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc"
+    }
+    listed = code_map_entries()
+    assert sorted(modules - set(listed)) == [], "add these to the code map in docs/design.md"
+    assert sorted(set(listed) - modules) == [], "these are gone: drop them from the code map"
+    assert len(listed) == len(set(listed)), "a module listed twice"
+
+
+def test_the_readme_stays_short() -> None:
+    lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= README_MAX_LINES, "move the detail to a page under docs/"
+
+
+def test_the_readme_fresh_machine_commands_name_what_exists() -> None:
+    """The two commands for a fresh machine install extras that exist and run a spec that
+    exists (CI runs the test command itself: .ci/run)."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    commands = re.findall(r"^python3 -m venv \.venv && .*$", readme, flags=re.M)
+    assert len(commands) == 2
+    for command in commands:
+        for extra in re.search(r"pip install -e '\.\[([^\]]+)\]'", command).group(1).split(","):
+            assert extra in extras
+    run, test = commands
+    spec = re.search(r"submit-study (\S+) --local", run)
+    assert spec and (ROOT / spec.group(1)).is_file()
+    assert test.endswith(".venv/bin/python -m pytest")
+    assert ".venv/bin/python -m pytest" in (ROOT / ".ci" / "run").read_text()
+
+
+@pytest.mark.parametrize("doc", ["README.md", "docs/spec.md"])
+def test_the_spec_examples_in_the_docs_load(doc: str, tmp_path: Path) -> None:
+    from trialq.driver.spec import load_spec
+
+    example = re.search(r"```toml\n(.*?)```", (ROOT / doc).read_text(), flags=re.S)
+    assert example, f"{doc} has no TOML spec example"
+    path = tmp_path / "study.toml"
+    path.write_text(example.group(1))
+    assert load_spec(path).study.name == "digits-cnn"
