@@ -396,7 +396,7 @@ def run_study(args: argparse.Namespace, variant: str) -> dict[str, Any]:
             dispatcher = CeleryDispatcher(Settings(broker_url=cluster.broker_url))
             timed_dispatcher(dispatcher, timings)
             options = DriverOptions(max_in_flight=args.workers)
-            driver = StudyDriver(spec, study, dispatcher, None, NoProgress(), options)
+            driver = StudyDriver(spec, study, dispatcher, NoProgress(), options)
             with instrumented(study, timings, attrs_one_by_one=plain):
                 started, cpu = time.perf_counter(), time.process_time()
                 driver.run(args.trials)

@@ -48,7 +48,6 @@ from optuna.trial import TrialState
 from benchmarks.search_objectives import OBJECTIVES, Objective, hypervolume_2d
 from benchmarks.virtual_cluster import (
     MEDIAN_TRIAL_S,
-    VirtualChannel,
     VirtualClock,
     VirtualCluster,
     trial_rng,
@@ -176,7 +175,7 @@ def simulate(case: Case) -> StudyRun:
     clock = VirtualClock()
     cluster = VirtualCluster(objective, case.seed, clock)
     options = DriverOptions(max_in_flight=case.k, poll_interval_s=0.0, clock=clock)
-    driver = StudyDriver(spec, study, cluster, VirtualChannel(cluster), NoProgress(), options)
+    driver = StudyDriver(spec, study, cluster, NoProgress(), options)
     ask_s = time_asks(driver)
     started = time.perf_counter()
     drive(driver, cluster, clock, case.n_trials)
@@ -428,7 +427,7 @@ def ask_time(label: str, history: int, asks: int = 8, objective: str = "hartmann
     clock = VirtualClock()
     cluster = VirtualCluster(OBJECTIVES[objective], 0, clock)
     options = DriverOptions(max_in_flight=16, poll_interval_s=0.0, clock=clock)
-    driver = StudyDriver(spec, study, cluster, None, NoProgress(), options)
+    driver = StudyDriver(spec, study, cluster, NoProgress(), options)
     for _ in range(history):
         trial = driver._ask()
         simulated = cluster.objective.evaluate(trial.params, trial_rng(0, trial.number))

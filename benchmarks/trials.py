@@ -50,3 +50,25 @@ def keras_fit(params: dict[str, Any], trial: object = None) -> dict[str, float]:
 
 
 WORKLOADS: dict[str, Trial] = {"noop": noop, "tf": tf_op, "keras": keras_fit}
+
+
+def stepper(params: dict[str, Any], trial: Any = None) -> float:
+    """`steps` steps of `step_s` seconds, each logged (one line a step, in `log`); with
+    `checkpoint`, the step reached is saved in `trial.checkpoint_dir` and resumed from. On
+    `should_stop()` it saves and returns: the attempt is preempted (benchmarks/preemption.py).
+    """
+    import time
+    from pathlib import Path
+
+    saved = trial.checkpoint_dir / "step"
+    start = int(saved.read_text()) if params["checkpoint"] and saved.exists() else 0
+    with Path(params["log"]).open("a") as log:
+        for step in range(start, int(params["steps"])):
+            time.sleep(float(params["step_s"]))
+            log.write(f"{trial.number} {trial.attempt} {step}\n")
+            log.flush()
+            if params["checkpoint"]:
+                saved.write_text(str(step + 1))
+            if trial.should_stop():
+                return 0.0
+    return 1.0

@@ -131,6 +131,9 @@ class VirtualCluster:
         if self.clock.now < run.finishes:
             run.stopped_at, run.killed = self.clock.now, True
 
+    def reports(self) -> VirtualChannel:
+        return VirtualChannel(self)
+
     def live_worker_count(self, queue: str) -> int:
         return 1
 
@@ -184,6 +187,12 @@ class VirtualChannel(ReportChannel):
 
     def memory_exceeded(self, address: TrialAddress) -> int | None:
         return None
+
+    def stop_requested(self, address: TrialAddress) -> bool:
+        return False  # the simulated cluster is never preempted
+
+    def orphan_checkpoint(self, key: str) -> None:
+        pass
 
     def forget(self, address: TrialAddress) -> None:
         pass
