@@ -50,13 +50,16 @@ class StandInReports:
 class StandInDispatcher:
     """Answers each submitted attempt with the next scripted result, at once. A scripted
     result with `reports` (intermediate values) runs for one poll first, and ends PRUNED if
-    the driver raised its prune flag by then."""
+    the driver raised its prune flag by then; its `late_reports` are written as it finishes,
+    after the driver's last look at the channel (a curve's last steps and its result can
+    arrive in the same pass)."""
 
     def __init__(self, script: list[dict[str, object]]) -> None:
         self.script = script
         self.sent: dict[str, TrialRequest] = {}
         self.channel = StandInReports()
         self._polled: set[str] = set()
+        self._finished: set[str] = set()
 
     def submit(
         self, request: TrialRequest, queue: str, hard_limit_s: float, task_id: str | None = None
@@ -72,13 +75,18 @@ class StandInDispatcher:
         found = {}
         for task_id in task_ids:
             request = self.sent[task_id]
-            fields = {k: v for k, v in self._fields(task_id).items() if k != "reports"}
+            scripted = self._fields(task_id)
+            fields = {k: v for k, v in scripted.items() if k not in ("reports", "late_reports")}
             if "reports" in self._fields(task_id) and task_id not in self._polled:
                 self._polled.add(task_id)
                 found[task_id] = TaskStatus(TaskPhase.RUNNING)
                 continue
             if _address(request) in self.channel.prune_requested:
                 fields = {"outcome": Outcome.PRUNED}
+            late = scripted.get("late_reports")
+            if isinstance(late, list) and task_id not in self._finished:
+                self._finished.add(task_id)
+                self.channel.values.setdefault(_address(request), []).extend(map(float, late))
             result = TrialResult(
                 study=request.study, number=request.number, attempt=request.attempt, **fields
             )

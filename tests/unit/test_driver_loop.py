@@ -257,3 +257,49 @@ def test_the_prune_relay_runs_under_the_stand_in(tmp_path: Path) -> None:
     assert third.intermediate_values == {0: 10.0, 1: 10.0}
     assert [t.state.name for t in (first, second, third)] == ["COMPLETE", "COMPLETE", "PRUNED"]
     assert len(dispatcher.channel.prune_requested) == 1
+
+
+def test_a_curve_whose_last_steps_come_with_its_result_is_told_whole(tmp_path: Path) -> None:
+    """A trial's last reports and its result can land in one pass, after the pass's relay.
+    They are on the trial before it is told: a finished curve missing its last steps made the
+    median pruner compare later trials at those steps with the better trials alone, and prune
+    good ones (seen in CI: 0.99 pruned behind 1.0 and 0.9)."""
+    path = tmp_path / "study.toml"
+    path.write_text(
+        textwrap.dedent(
+            """
+            [study]
+            name = "late"
+            n_trials = 3
+            direction = "maximize"
+            pruner = "median"
+            pruner_args = { n_startup_trials = 2, n_warmup_steps = 0 }
+            [trial]
+            entrypoint = "trials:quadratic"
+            [space.x]
+            type = "float"
+            low = 0
+            high = 1
+            """
+        )
+    )
+    spec = load_spec(path)
+    study = open_study(spec, "sqlite:///" + str(tmp_path / "late.db"))
+
+    def curve(x: float) -> dict[str, object]:
+        steps = [x * (step + 1) for step in range(4)]
+        return {"outcome": Outcome.OK, "metrics": {"value": steps[-1]},
+                "reports": steps[:2], "late_reports": steps[2:]}  # fmt: skip
+
+    dispatcher = StandInDispatcher([curve(1.0), curve(0.9), curve(0.99)])
+    driver = StudyDriver(
+        spec, study, dispatcher, NoProgress(), DriverOptions(max_in_flight=1, poll_interval_s=0)
+    )
+
+    driver.run(3)
+
+    trials = driver.study.trials
+    assert [sorted(t.intermediate_values) for t in trials] == [[0, 1, 2, 3]] * 3
+    assert trials[1].intermediate_values[3] == pytest.approx(3.6)
+    assert [t.state.name for t in trials] == ["COMPLETE"] * 3
+    assert dispatcher.channel.prune_requested == set()

@@ -475,6 +475,7 @@ class StudyDriver:
 
     def _finish(self, entry: InFlight, result: TrialResult) -> None:
         """Work out the objective, then tell; a spec that cannot pick one stops the run."""
+        self._drain_reports(entry)
         del self.in_flight[entry.task_id]
         try:
             result, values = self._objective(result)
@@ -552,21 +553,43 @@ class StudyDriver:
 
     def _relay_reports(self) -> None:
         """Hand new intermediate values to Optuna and raise the prune flag when it says so."""
-        if self.channel is None or len(self.spec.study.objective_directions) > 1:
+        if not self._reporting:
             return
+        assert self.channel is not None
         by_address = {entry.address: entry for entry in self.in_flight.values()}
         positions = {address: entry.reports_seen for address, entry in by_address.items()}
         for address, reports in self.channel.read_new(positions).items():
             self._relay(by_address[address], reports)
 
+    def _drain_reports(self, entry: InFlight) -> None:
+        """Before a trial is told: the values it reported since the last relay. Its process
+        wrote them before its result, so the curve Optuna keeps is whole; the pruner judges
+        later trials against it. Called while the trial is still in flight, so a broker
+        outage here leaves it to be collected again."""
+        if not self._reporting:
+            return
+        assert self.channel is not None
+        found = self.channel.read_new({entry.address: entry.reports_seen})
+        self._record_reports(entry, found.get(entry.address, []))
+
+    @property
+    def _reporting(self) -> bool:
+        """Whether trials report intermediate values (Optuna takes none for several
+        objectives)."""
+        return self.channel is not None and len(self.spec.study.objective_directions) == 1
+
     def _relay(self, entry: InFlight, reports: list[Report]) -> None:
-        for report in reports:
-            _record_intermediate(entry.trial, report.step, report.value)
-            entry.reports_seen = report.stream_id
+        self._record_reports(entry, reports)
         if entry.prune_requested_at is None and entry.trial.should_prune():
             assert self.channel is not None
             self.channel.request_prune(entry.address)
             entry.prune_requested_at = self.options.clock()
+
+    @staticmethod
+    def _record_reports(entry: InFlight, reports: list[Report]) -> None:
+        for report in reports:
+            _record_intermediate(entry.trial, report.step, report.value)
+            entry.reports_seen = report.stream_id
 
     def _prune_overdue(self, entry: InFlight) -> bool:
         asked = entry.prune_requested_at
