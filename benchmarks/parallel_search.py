@@ -52,6 +52,7 @@ from benchmarks.virtual_cluster import (
     VirtualCluster,
     trial_rng,
 )
+from trialq.driver.distinct import DistinctFromRunning
 from trialq.driver.loop import DriverOptions, StudyDriver
 from trialq.driver.outage import Outages
 from trialq.driver.progress import NoProgress
@@ -147,7 +148,10 @@ def spec_for(case: Case) -> StudySpec:
 def build_sampler(case: Case, spec: StudySpec) -> optuna.samplers.BaseSampler:
     if VARIANTS[case.variant].sampler == "gp":
         return optuna.samplers.GPSampler(seed=case.seed)
-    return make_sampler(spec)
+    sampler = make_sampler(spec)
+    if case.variant != DEFAULT and isinstance(sampler, DistinctFromRunning):
+        return sampler.sampler  # the named variants are the samplers as Optuna builds them
+    return sampler
 
 
 @dataclass
@@ -581,8 +585,11 @@ def describe_default() -> dict[str, str]:
         for n in BUDGETS:
             spec = spec_for(Case("hartmann6", DEFAULT, k, seed=0, n_trials=n))
             sampler: Any = make_sampler(spec)
+            distinct = isinstance(sampler, DistinctFromRunning)
+            tpe = sampler.sampler if distinct else sampler
             found[f"k={k} n_trials={n}"] = (
-                f"multivariate={sampler._multivariate} constant_liar={sampler._constant_liar}"
+                f"multivariate={tpe._multivariate} constant_liar={tpe._constant_liar} "
+                f"distinct_from_running={distinct}"
             )
     return found
 

@@ -15,6 +15,7 @@ from typing import Any
 import optuna
 
 from trialq.driver._storage.mirror import mirrored
+from trialq.driver.distinct import DistinctFromRunning
 from trialq.driver.spec import CategoricalParam, FloatParam, IntParam, StudySpec, load_spec
 from trialq.errors import SpecError, StorageUnreachable, UsageError
 
@@ -131,7 +132,9 @@ def tpe_defaults(spec: StudySpec) -> dict[str, Any]:
 
 
 def make_sampler(spec: StudySpec) -> optuna.samplers.BaseSampler:
-    """The spec's sampler, built with the spec's arguments (over `tpe_defaults` for TPE)."""
+    """The spec's sampler, built with the spec's arguments (over `tpe_defaults` for TPE).
+    TPE with trials in flight never proposes a running trial's parameters again
+    (`DistinctFromRunning`)."""
     name, args = spec.study.sampler, dict(spec.study.sampler_args)
     if name == "cmaes" and importlib.util.find_spec("cmaes") is None:
         # Optuna imports it at the first ask, after the study exists: refuse before.
@@ -150,7 +153,12 @@ def make_sampler(spec: StudySpec) -> optuna.samplers.BaseSampler:
         "nsga2": optuna.samplers.NSGAIISampler,
         "grid": DriverGridSampler,
     }
-    return _construct(classes[name], args, "study.sampler_args", spec.path)  # type: ignore[no-any-return]
+    sampler: optuna.samplers.BaseSampler = _construct(
+        classes[name], args, "study.sampler_args", spec.path
+    )
+    if name == "tpe" and spec.study.max_in_flight != 1 and spec.study.search_space is None:
+        return DistinctFromRunning(sampler, distributions(spec), seed=args.get("seed"))
+    return sampler
 
 
 class DriverGridSampler(optuna.samplers.GridSampler):
