@@ -109,3 +109,25 @@ def test_settings_keep_a_url_as_text_and_a_folder_as_a_path(value: str, expected
     settings = Settings(checkpoint_root=value)  # type: ignore[arg-type]
     assert settings.checkpoint_root == expected
     assert type(settings.checkpoint_root) is type(expected)
+
+
+@pytest.mark.parametrize("kind", ["mounted", "url"])
+def test_what_an_attempt_saved_is_in_the_next_attempts_folder_until_removed(
+    kind: str, tmp_path: Path
+) -> None:
+    """One folder type for the runner, whatever the root is."""
+    root: Path | str = tmp_path / "mount"
+    if kind == "url":
+        root = f"memory://trialq-test-{uuid.uuid4().hex}/checkpoints"
+    key = checkpoint_key("s", 5)
+    first = checkpoints.for_trial(root, key)
+    with first.attach() as folder:
+        assert folder is not None
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "step").write_text("7")
+        first.save()
+    with checkpoints.for_trial(root, key).attach() as folder:
+        assert folder is not None and (folder / "step").read_text() == "7"
+    assert checkpoints.for_trial(root, key).remove()
+    with checkpoints.for_trial(root, key).attach() as folder:
+        assert folder is not None and not (folder / "step").exists()

@@ -22,7 +22,10 @@ import logging
 import re
 import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
+from typing import Protocol
 
 from trialq.wire.channel import ReportChannel
 from trialq.wire.messages import CHECKPOINT_KEY_PATTERN
@@ -45,16 +48,32 @@ def folder(root: Path, key: str) -> Path:
     return root / key
 
 
+class CheckpointFolder(Protocol):
+    """A trial's checkpoint folder as one attempt sees it, wherever the root is."""
+
+    def attach(self) -> AbstractContextManager[Path | None]:
+        """The folder the attempt writes in (`trial.checkpoint_dir`), for the attempt's
+        length; None when it cannot be had (the trial then runs without one, rather than
+        start from nothing and put that over what is kept)."""
+        ...
+
+    def save(self) -> None:
+        """Keep what the attempt wrote for the next attempt (on a mount it already is)."""
+        ...
+
+    def remove(self) -> bool:
+        """Remove the folder; True if none is left."""
+        ...
+
+
+def for_trial(root: Path | str, key: str) -> CheckpointFolder:
+    """The trial's folder under a mounted root (a `Path`) or an fsspec URL (a `str`)."""
+    return RemoteFolder(root, key) if isinstance(root, str) else MountedFolder(root, key)
+
+
 def remove(root: Path | str, key: str) -> bool:
-    """Remove a trial's folder (and its study's folder, once empty); True if none is left.
-    Under a URL root, the folder's prefix in the store."""
-    if isinstance(root, str):
-        return RemoteFolder(root, key).remove()
-    path = folder(root, key)
-    shutil.rmtree(path, ignore_errors=True)
-    with contextlib.suppress(OSError):
-        path.parent.rmdir()  # only when no other trial of the study has a folder
-    return not path.exists()
+    """Remove a trial's folder; True if none is left."""
+    return for_trial(root, key).remove()
 
 
 def remove_orphans(channel: ReportChannel, root: Path | str, limit: int = ORPHANS_PER_TRIAL) -> int:
@@ -68,15 +87,31 @@ def remove_orphans(channel: ReportChannel, root: Path | str, limit: int = ORPHAN
     return len(keys)
 
 
-def is_url(root: Path | str) -> bool:
-    """Whether a checkpoint root is an fsspec URL (`s3://`, `gs://`, `memory://`, `file://`)
-    rather than a mounted folder; settings keep a URL as a `str` and a folder as a `Path`."""
-    return isinstance(root, str)
+class MountedFolder:
+    """`<root>/<key>` on a volume every worker mounts: attempts write where the next reads."""
+
+    def __init__(self, root: Path, key: str) -> None:
+        self.path = folder(root, key)
+
+    @contextlib.contextmanager
+    def attach(self) -> Iterator[Path | None]:
+        yield self.path
+
+    def save(self) -> None:
+        pass
+
+    def remove(self) -> bool:
+        shutil.rmtree(self.path, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            self.path.parent.rmdir()  # the study's folder, once no other trial has one there
+        return not self.path.exists()
 
 
 class RemoteFolder:
     """A trial's checkpoint folder in an fsspec store, `<url>/<key>/`, mirrored to and from a
     local folder (the trial's `checkpoint_dir`; docs/preemption.md, "Object storage").
+
+    `attach` fills a fresh local folder from the store and removes it after the attempt.
 
     fsspec is imported only here, when a root is a URL: a mounted root never needs it.
     """
@@ -97,6 +132,25 @@ class RemoteFolder:
         prefix = self.remote + "/"
         found = (str(self.fs._strip_protocol(p)) for p in self.fs.find(self.remote))
         return sorted(p[len(prefix) :] for p in found if p.startswith(prefix))
+
+    @contextlib.contextmanager
+    def attach(self) -> Iterator[Path | None]:
+        self.local = Path(tempfile.mkdtemp(prefix="trialq-checkpoint-"))
+        try:
+            try:
+                count = self.download()
+            except Exception as exc:  # any store's error: fsspec backends raise their own
+                _log.warning("checkpoint folder not downloaded, not synced: %s", exc)
+                yield None
+            else:
+                _log.info("checkpoint folder downloaded files=%d", count)
+                yield self.local
+        finally:
+            shutil.rmtree(self.local, ignore_errors=True)
+            self.local = None
+
+    def save(self) -> None:
+        self.upload()
 
     def _local(self) -> Path:
         if self.local is None:

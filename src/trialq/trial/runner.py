@@ -11,12 +11,10 @@ import logging
 import math
 import os
 import resource
-import shutil
 import socket
-import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -51,29 +49,24 @@ def run_trial(
 
     With a `baseline`, a device still holding memory an earlier trial left behind is
     refused: the trial ends as `error` without running, rather than run out of memory on it.
-    With a `checkpoint_root`, the trial's `checkpoint_dir` is the request's folder under it,
-    removed here once the outcome is final (`trialq.trial.checkpoints`). Under a URL root,
-    it is a local folder synced with the store (`_synced_checkpoint_dir`).
+    With a `checkpoint_root`, the trial's `checkpoint_dir` is the request's folder under it
+    (`trialq.trial.checkpoints`): a mounted folder, or a local one synced with a store. It is
+    kept for the next attempt, or removed once the outcome is final (`_settle_checkpoint`).
     """
     with logs.trial_context(request):
         _log.info("trial started entrypoint=%s", request.entrypoint)
         refusal = baseline.refusal(device) if baseline is not None else None
         if refusal is None:
             saver = artifact_saver(artifact_root) if artifact_root is not None else None
-            if isinstance(checkpoint_root, str) and request.checkpoint_key is not None:
-                with _synced_checkpoint_dir(checkpoint_root, request.checkpoint_key) as remote:
-                    result = _attempt(
-                        request, channel, device, allowed_modules, timeout_errors,
-                        remote.local if remote else None, saver,
-                        _sync_quietly(remote) if remote else None,
-                    )  # fmt: skip
-                    result = _settle_remote_checkpoint(request, result, remote)
-            else:
-                ckpt = _checkpoint_dir(request, checkpoint_root)
+            folder = _checkpoint_folder(request, checkpoint_root)
+            with folder.attach() if folder is not None else nullcontext(None) as ckpt:
+                used = folder if ckpt is not None else None  # None: the trial runs without
+                save = _save_quietly(used) if used is not None else None
                 result = _attempt(
-                    request, channel, device, allowed_modules, timeout_errors, ckpt, saver
+                    request, channel, device, allowed_modules, timeout_errors, ckpt, saver, save
                 )
-                result = _settle_checkpoint(request, result, checkpoint_root)
+                if used is not None:
+                    result = _settle_checkpoint(request, result, used)
         else:
             result = _refused(request, refusal)
         _log_finished(result)
@@ -141,84 +134,43 @@ def _outcome(
     return Outcome.OK, metrics, None
 
 
-def _checkpoint_dir(request: TrialRequest, root: Path | str | None) -> Path | None:
-    if not isinstance(root, Path) or request.checkpoint_key is None:
+def _checkpoint_folder(
+    request: TrialRequest, root: Path | str | None
+) -> checkpoints.CheckpointFolder | None:
+    if root is None or request.checkpoint_key is None:
         return None
-    return checkpoints.folder(root, request.checkpoint_key)
+    return checkpoints.for_trial(root, request.checkpoint_key)
+
+
+def _save_quietly(folder: checkpoints.CheckpointFolder) -> Callable[[], None]:
+    """The save `should_stop()` runs on a yes: a failure is logged, never the trial's."""
+
+    def save() -> None:
+        try:
+            folder.save()
+        except Exception as exc:  # any store's error: fsspec backends raise their own
+            _log.warning("checkpoint folder not uploaded: %s", exc)
+
+    return save
 
 
 def _settle_checkpoint(
-    request: TrialRequest, result: TrialResult, root: Path | str | None
+    request: TrialRequest, result: TrialResult, folder: checkpoints.CheckpointFolder
 ) -> TrialResult:
-    """Remove the trial's checkpoint folder when no attempt will come after this one.
+    """At the attempt's end: remove the trial's folder when no attempt will come after this
+    one; else (preempted, or kept) save it for the next.
 
     `preempted` is re-sent; any other outcome the trial process reports is final (the driver
     retries only a lost process or a refused device, and this one was neither).
     """
-    if (
-        root is None
-        or request.checkpoint_key is None
-        or request.keep_checkpoints
-        or result.outcome is Outcome.PREEMPTED
-    ):
-        return result
-    try:
-        removed = checkpoints.remove(root, request.checkpoint_key)
-    except OSError as exc:
-        _log.warning("checkpoint folder not removed: %s", exc)
-        return result
-    return result.model_copy(update={"checkpoint_removed": removed})
-
-
-@contextmanager
-def _synced_checkpoint_dir(url: str, key: str) -> Iterator[checkpoints.RemoteFolder | None]:
-    """A fresh local folder filled from `<url>/<key>/`, removed when the attempt is over.
-
-    None when the store could not be read: the trial then runs without a `checkpoint_dir`
-    (it raises if used) rather than start from nothing and put that over what is stored.
-    """
-    local = Path(tempfile.mkdtemp(prefix="trialq-checkpoint-"))
-    try:
-        try:
-            remote = checkpoints.RemoteFolder(url, key, local)
-            count = remote.download()
-        except Exception as exc:  # any store's error: fsspec backends raise their own
-            _log.warning("checkpoint folder not downloaded, not synced: %s", exc)
-            yield None
-        else:
-            _log.info("checkpoint folder downloaded files=%d", count)
-            yield remote
-    finally:
-        shutil.rmtree(local, ignore_errors=True)
-
-
-def _sync_quietly(remote: checkpoints.RemoteFolder) -> Callable[[], None]:
-    """The upload `should_stop()` runs on a yes: a failure is logged, never the trial's."""
-
-    def sync() -> None:
-        try:
-            remote.upload()
-        except Exception as exc:
-            _log.warning("checkpoint folder not uploaded: %s", exc)
-
-    return sync
-
-
-def _settle_remote_checkpoint(
-    request: TrialRequest, result: TrialResult, remote: checkpoints.RemoteFolder | None
-) -> TrialResult:
-    """At the attempt's end: remove the stored folder when the outcome is final, as
-    `_settle_checkpoint` does; else (preempted, or kept) put the local folder into it."""
-    if remote is None:
-        return result
     final = result.outcome is not Outcome.PREEMPTED and not request.keep_checkpoints
     try:
         if not final:
-            remote.upload()
+            folder.save()
             return result
-        removed = remote.remove()
-    except Exception as exc:
-        _log.warning("checkpoint folder not %s: %s", "removed" if final else "uploaded", exc)
+        removed = folder.remove()
+    except Exception as exc:  # an OSError on a mount, any store's error on a URL
+        _log.warning("checkpoint folder not %s: %s", "removed" if final else "saved", exc)
         return result
     return result.model_copy(update={"checkpoint_removed": removed})
 
