@@ -22,7 +22,7 @@ from stand_in import StandInDispatcher
 from trialq.driver._storage.mirror import flush
 from trialq.driver.loop import DriverOptions, StudyDriver
 from trialq.driver.progress import NoProgress
-from trialq.driver.spec import load_spec
+from trialq.driver.spec import StudySpec, load_spec
 from trialq.driver.study import open_study
 from trialq.wire.messages import Outcome
 
@@ -215,19 +215,18 @@ def test_a_failed_commit_sends_nothing_and_the_next_one_writes_it_once(
     assert stored.params == recording.request.params
 
 
-def test_the_prune_relay_runs_under_the_stand_in(tmp_path: Path) -> None:
-    """The report channel is the dispatcher's (`Dispatcher.reports`): intermediate values
-    reach Optuna and a trial worse than the median at every step gets its prune flag."""
+def _median_study(tmp_path: Path, name: str, direction: str) -> tuple[StudySpec, optuna.Study]:
+    """A study of 3 trials with the median pruner from the second finished trial on."""
     path = tmp_path / "study.toml"
     path.write_text(
         textwrap.dedent(
-            """
+            f"""
             [study]
-            name = "relay"
+            name = "{name}"
             n_trials = 3
-            direction = "minimize"
+            direction = "{direction}"
             pruner = "median"
-            pruner_args = { n_startup_trials = 2, n_warmup_steps = 0 }
+            pruner_args = {{ n_startup_trials = 2, n_warmup_steps = 0 }}
             [trial]
             entrypoint = "trials:quadratic"
             [space.x]
@@ -238,7 +237,13 @@ def test_the_prune_relay_runs_under_the_stand_in(tmp_path: Path) -> None:
         )
     )
     spec = load_spec(path)
-    study = open_study(spec, "sqlite:///" + str(tmp_path / "relay.db"))
+    return spec, open_study(spec, "sqlite:///" + str(tmp_path / f"{name}.db"))
+
+
+def test_the_prune_relay_runs_under_the_stand_in(tmp_path: Path) -> None:
+    """The report channel is the dispatcher's (`Dispatcher.reports`): intermediate values
+    reach Optuna and a trial worse than the median at every step gets its prune flag."""
+    spec, study = _median_study(tmp_path, "relay", "minimize")
     good: dict[str, object] = {
         "outcome": Outcome.OK,
         "metrics": {"value": 1.0},
@@ -264,27 +269,7 @@ def test_a_curve_whose_last_steps_come_with_its_result_is_told_whole(tmp_path: P
     They are on the trial before it is told: a finished curve missing its last steps made the
     median pruner compare later trials at those steps with the better trials alone, and prune
     good ones (seen in CI: 0.99 pruned behind 1.0 and 0.9)."""
-    path = tmp_path / "study.toml"
-    path.write_text(
-        textwrap.dedent(
-            """
-            [study]
-            name = "late"
-            n_trials = 3
-            direction = "maximize"
-            pruner = "median"
-            pruner_args = { n_startup_trials = 2, n_warmup_steps = 0 }
-            [trial]
-            entrypoint = "trials:quadratic"
-            [space.x]
-            type = "float"
-            low = 0
-            high = 1
-            """
-        )
-    )
-    spec = load_spec(path)
-    study = open_study(spec, "sqlite:///" + str(tmp_path / "late.db"))
+    spec, study = _median_study(tmp_path, "late", "maximize")
 
     def curve(x: float) -> dict[str, object]:
         steps = [x * (step + 1) for step in range(4)]
