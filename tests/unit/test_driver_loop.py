@@ -22,7 +22,7 @@ from stand_in import StandInDispatcher
 from trialq.driver._storage.mirror import flush
 from trialq.driver.loop import DriverOptions, StudyDriver
 from trialq.driver.progress import NoProgress
-from trialq.driver.spec import StudySpec, load_spec
+from trialq.driver.spec import load_spec
 from trialq.driver.study import open_study
 from trialq.wire.messages import Outcome
 
@@ -33,16 +33,19 @@ def _driver(
     dispatcher: StandInDispatcher | None = None,
     storage: str | None = None,
     name: str = "loop",
+    n_trials: int = 1,
+    study_keys: str = "",
 ) -> tuple[StudyDriver, StandInDispatcher]:
-    """A driver of a one-trial study, in SQLite in `tmp_path` unless `storage` says where;
-    with `dispatcher`, on the same broker."""
+    """A driver of a one-trial study (or `n_trials`, with more `study_keys`), in SQLite in
+    `tmp_path` unless `storage` says where; with `dispatcher`, on the same broker."""
     path = tmp_path / "study.toml"
     path.write_text(
         textwrap.dedent(
             f"""
             [study]
             name = "{name}"
-            n_trials = 1
+            n_trials = {n_trials}
+            {study_keys}
             [trial]
             entrypoint = "trials:quadratic"
             max_retries = 1
@@ -215,44 +218,23 @@ def test_a_failed_commit_sends_nothing_and_the_next_one_writes_it_once(
     assert stored.params == recording.request.params
 
 
-def _median_study(tmp_path: Path, name: str, direction: str) -> tuple[StudySpec, optuna.Study]:
-    """A study of 3 trials with the median pruner from the second finished trial on."""
-    path = tmp_path / "study.toml"
-    path.write_text(
-        textwrap.dedent(
-            f"""
-            [study]
-            name = "{name}"
-            n_trials = 3
-            direction = "{direction}"
-            pruner = "median"
-            pruner_args = {{ n_startup_trials = 2, n_warmup_steps = 0 }}
-            [trial]
-            entrypoint = "trials:quadratic"
-            [space.x]
-            type = "float"
-            low = 0
-            high = 1
-            """
-        )
-    )
-    spec = load_spec(path)
-    return spec, open_study(spec, "sqlite:///" + str(tmp_path / f"{name}.db"))
+MEDIAN_FROM_THE_THIRD = (
+    "pruner = 'median'\npruner_args = { n_startup_trials = 2, n_warmup_steps = 0 }"
+)
 
 
 def test_the_prune_relay_runs_under_the_stand_in(tmp_path: Path) -> None:
     """The report channel is the dispatcher's (`Dispatcher.reports`): intermediate values
     reach Optuna and a trial worse than the median at every step gets its prune flag."""
-    spec, study = _median_study(tmp_path, "relay", "minimize")
     good: dict[str, object] = {
         "outcome": Outcome.OK,
         "metrics": {"value": 1.0},
         "reports": [1.0, 1.0, 1.0],
     }
     bad: dict[str, object] = {**good, "metrics": {"value": 10.0}, "reports": [10.0, 10.0]}
-    dispatcher = StandInDispatcher([good, dict(good), bad])
-    driver = StudyDriver(
-        spec, study, dispatcher, NoProgress(), DriverOptions(max_in_flight=1, poll_interval_s=0)
+    keys = f"direction = 'minimize'\n{MEDIAN_FROM_THE_THIRD}"
+    driver, dispatcher = _driver(
+        tmp_path, [good, dict(good), bad], name="relay", n_trials=3, study_keys=keys
     )
 
     driver.run(3)
@@ -269,17 +251,15 @@ def test_a_curve_whose_last_steps_come_with_its_result_is_told_whole(tmp_path: P
     They are on the trial before it is told: a finished curve missing its last steps made the
     median pruner compare later trials at those steps with the better trials alone, and prune
     good ones (seen in CI: 0.99 pruned behind 1.0 and 0.9)."""
-    spec, study = _median_study(tmp_path, "late", "maximize")
 
     def curve(x: float) -> dict[str, object]:
         steps = [x * (step + 1) for step in range(4)]
         return {"outcome": Outcome.OK, "metrics": {"value": steps[-1]},
                 "reports": steps[:2], "late_reports": steps[2:]}  # fmt: skip
 
-    dispatcher = StandInDispatcher([curve(1.0), curve(0.9), curve(0.99)])
-    driver = StudyDriver(
-        spec, study, dispatcher, NoProgress(), DriverOptions(max_in_flight=1, poll_interval_s=0)
-    )
+    keys = f"direction = 'maximize'\n{MEDIAN_FROM_THE_THIRD}"
+    script = [curve(1.0), curve(0.9), curve(0.99)]
+    driver, dispatcher = _driver(tmp_path, script, name="late", n_trials=3, study_keys=keys)
 
     driver.run(3)
 
