@@ -52,11 +52,6 @@ class Outcome(StrEnum):
     it, or was killed after such a notice: the trial is re-sent, and resumes from what it
     saved in `trial.checkpoint_dir`. Final (FAIL) only past `max_preemptions`."""
 
-    @property
-    def is_retryable(self) -> bool:
-        """Whether the same params deserve another run (the failure was not theirs)."""
-        return self is Outcome.WORKER_LOST
-
 
 class _Message(BaseModel):
     # Fields added in a compatible change are ignored by an older reader; an incompatible
