@@ -183,7 +183,8 @@ def commit_batches(rdb: optuna.storages.RDBStorage, batches: Sequence[Batch]) ->
             refused = [
                 trial_id
                 for trial_id, writes in batch.writes.items()
-                if writes.state is not None and _finished_already(rdb, connection, trial_id, writes)
+                if writes.state is not None
+                and not _change_state_unless_finished(rdb, connection, trial_id, writes)
             ]
             if refused:
                 raise FinishedElsewhere(refused)
@@ -214,23 +215,26 @@ def finished_in_database(rdb: optuna.storages.RDBStorage, trial_ids: Sequence[in
         return [int(trial_id) for trial_id in connection.execute(query).scalars()]
 
 
-def _finished_already(
+def _change_state_unless_finished(
     rdb: optuna.storages.RDBStorage,
     connection: sqlalchemy.Connection,
     trial_id: int,
     writes: TrialWrites,
 ) -> bool:
-    """Change the trial's state; True where the database holds it as finished already."""
+    """Set the trial's new state (`writes.state`, given) in the transaction: True where it
+    was set; False, and the trial left as it is, where the database holds it as finished
+    already (another process told it). Any other refusal, a trial set RUNNING that was not
+    WAITING, raises `UpdateFinishedTrialError`: the caller's copy was wrong about it."""
     try:
         changed = _change_state(rdb, connection, trial_id, writes)
     except optuna.exceptions.UpdateFinishedTrialError:
-        return True
+        return False
     if not changed:
         assert writes.state is not None
         raise optuna.exceptions.UpdateFinishedTrialError(
             f"trial {trial_id} cannot be set {writes.state.name}: the database refused"
         )
-    return False
+    return True
 
 
 def _write_rows(connection: sqlalchemy.Connection, batch: Mapping[int, TrialWrites]) -> None:
