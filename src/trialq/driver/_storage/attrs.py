@@ -16,7 +16,7 @@ from typing import Any
 import optuna
 
 from trialq.driver._storage.mirror import MirroredStorage, rdb_under
-from trialq.driver._storage.sql import TrialWrites, commit
+from trialq.driver._storage.sql import TrialWrites, commit_checked
 
 
 def set_user_attrs(trial: optuna.Trial, attrs: Mapping[str, Any]) -> None:
@@ -28,7 +28,7 @@ def set_user_attrs(trial: optuna.Trial, attrs: Mapping[str, Any]) -> None:
     if isinstance(storage, MirroredStorage):
         storage.set_trial_user_attrs(trial._trial_id, attrs)
     elif rdb is not None:
-        commit(rdb, trial._trial_id, TrialWrites(user_attrs=dict(attrs)))
+        commit_checked(rdb, trial._trial_id, TrialWrites(user_attrs=dict(attrs)))
     else:
         for key, value in attrs.items():
             trial.set_user_attr(key, value)

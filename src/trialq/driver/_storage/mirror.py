@@ -54,8 +54,8 @@ from trialq.driver._storage.sql import (
     FinishedElsewhere,
     NewTrial,
     TrialWrites,
-    commit,
-    commit_batches,
+    commit_checked,
+    commit_trusted,
     finished_in_database,
     insert_trial,
     reserve_trial_ids,
@@ -270,7 +270,7 @@ class MirroredStorage(BaseStorage):
         with self._lock:
             trial = self._mirrored(trial_id)
             if trial is None:
-                commit(self._backend, trial_id, TrialWrites(user_attrs=dict(attrs)))
+                commit_checked(self._backend, trial_id, TrialWrites(user_attrs=dict(attrs)))
                 return
             self.check_trial_is_updatable(trial_id, trial.state)
             # A value the trial holds already is not written again (a rewrite would move the
@@ -320,7 +320,7 @@ class MirroredStorage(BaseStorage):
             trial = self._mirrored(trial_id)
             if trial is None:
                 writes = TrialWrites(intermediate_values={step: intermediate_value})
-                commit(self._backend, trial_id, writes)
+                commit_checked(self._backend, trial_id, writes)
                 return
             self.check_trial_is_updatable(trial_id, trial.state)
             self._pending(trial_id).intermediate_values[step] = intermediate_value
@@ -339,7 +339,7 @@ class MirroredStorage(BaseStorage):
             trial = self._mirrored(trial_id)
             if trial is None:
                 writes = TrialWrites(state=state, values=kept, changed_at=changed_at)
-                return commit(self._backend, trial_id, writes)
+                return commit_checked(self._backend, trial_id, writes)
             self.check_trial_is_updatable(trial_id, trial.state)
             if state is TrialState.RUNNING and trial.state is not TrialState.WAITING:
                 return False
@@ -444,7 +444,7 @@ class MirroredStorage(BaseStorage):
                     self._refused.update(exc.trial_ids)
 
     def _commit(self, batches: list[Batch]) -> None:
-        commit_batches(self._backend, batches)
+        commit_trusted(self._backend, batches)
 
     def _take_stored_state(self, trial_id: int) -> FrozenTrial:
         """The database's state, values and end time for a trial of the copy."""

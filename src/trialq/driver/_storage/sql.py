@@ -2,15 +2,16 @@
 
 Optuna's RDB storage commits every write on its own, after reading the trial back through
 the ORM: one `ask` over three params is five transactions, a finished trial's dozen user
-attrs twelve. `commit` writes a batch of params, attrs, intermediate values and a state
-change in one transaction; `commit_batches` does the same for several trials, new ones
-included, which is how the driver's `MirroredStorage` writes one step of the driver in one
-transaction. A trial is created as Optuna creates it (the study row locked, the number
-counted), at once by `insert_trial`, or within the batch for an id `reserve_trial_ids` took
-from PostgreSQL's sequence. All of it goes through SQLAlchemy Core on Optuna's own tables: the
-ORM's unit of work cost more CPU than PostgreSQL took to run the statements
-(benchmarks/driver.py). The tests run them against SQLite and PostgreSQL and compare with
-what Optuna itself reads back.
+attrs twelve. `commit_checked` writes a batch of params, attrs, intermediate values and a
+state change in one transaction, checked against the database as Optuna checks each write;
+`commit_trusted` does the same for several trials, new ones included, trusting the caller's
+copy for all but state changes, which is how the driver's `MirroredStorage` writes one step
+of the driver in one transaction. A trial is created as Optuna creates it (the study row
+locked, the number counted), at once by `insert_trial`, or within the batch for an id
+`reserve_trial_ids` took from PostgreSQL's sequence. All of it goes through SQLAlchemy Core
+on Optuna's own tables: the ORM's unit of work cost more CPU than PostgreSQL took to run the
+statements (benchmarks/driver.py). The tests run them against SQLite and PostgreSQL and
+compare with what Optuna itself reads back.
 """
 
 from __future__ import annotations
@@ -137,10 +138,12 @@ def _trial_row(study_id: int, number: int, started: datetime) -> dict[str, Any]:
     }
 
 
-def commit(rdb: optuna.storages.RDBStorage, trial_id: int, writes: TrialWrites) -> bool:
-    """Write everything in one transaction. False, and nothing written, where Optuna's own
-    `set_trial_state_values` would refuse: a trial set RUNNING that was not WAITING. The
-    trial is checked first (it may be finished): the caller has no copy that knows."""
+def commit_checked(rdb: optuna.storages.RDBStorage, trial_id: int, writes: TrialWrites) -> bool:
+    """Write everything in one transaction, for a caller with no copy of the trial: the
+    database's trial is checked first, as Optuna checks it. A finished trial raises
+    `UpdateFinishedTrialError` for any write, attrs alone included; False, and nothing
+    written, where Optuna's own `set_trial_state_values` would return False: a trial set
+    RUNNING that was not WAITING."""
     with _transaction(rdb) as connection:
         if not _change_state(rdb, connection, trial_id, writes):
             return False
@@ -159,14 +162,16 @@ class Batch:
         return bool(self.writes or self.new_trials)
 
 
-def commit_batches(rdb: optuna.storages.RDBStorage, batches: Sequence[Batch]) -> None:
-    """Write the batches, in order, in one transaction, for a caller that knows each write
-    may be made (the driver's copy of its study).
+def commit_trusted(rdb: optuna.storages.RDBStorage, batches: Sequence[Batch]) -> None:
+    """Write the batches, in order, in one transaction, trusting the caller that each write
+    may be made (the driver's copy of its study): params, attrs and intermediate values are
+    written unchecked; only new trials' numbers and state changes are checked.
 
     New trials of one study must come in number order; the database must have exactly as many
     trials before them, or `ForeignWriter` is raised and nothing is written. A state change the
     database refuses (the trial was finished by someone else) raises `FinishedElsewhere`, naming
-    every such trial of the first batch that has one, and nothing is written either."""
+    every such trial of the first batch that has one, and nothing is written either: the caller
+    drops those state changes and commits again (`MirroredStorage`)."""
     from optuna.storages._rdb import models
 
     with _transaction(rdb) as connection:
