@@ -90,6 +90,11 @@ def test_the_tree_keeps_every_contract() -> None:
             "import trialq._celery.dispatcher",
             "The views never import the Celery edge or the trial side",
         ),
+        (  # indirect: the views' summary imports what counts an out-of-memory trial
+            "oom_stand_ins.py",
+            "import trialq.driver.progress",
+            "The views never import the driver side",
+        ),
     ],
 )
 def test_a_broken_rule_fails_the_check(tmp_path: Path, module: str, line: str, broken: str) -> None:

@@ -8,7 +8,8 @@ there the trial needs objective values. Those values are stand-ins (the worst th
 each direction): constrained domination ranks every infeasible trial below every feasible
 one whatever its values, and Optuna's `best_trial` and `best_trials` skip infeasible trials.
 trialq's own summary, status and report count such a trial as failed (its `outcome` attr
-says `oom`) and never show its stand-in values.
+says `oom`) and never show its stand-in values: they read it through `trialq.oom_stand_ins`,
+which the views may import as well as the driver.
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import TrialState
 
-from trialq.wire.messages import Outcome
+# Re-exported until trialq.driver.loop imports it from trialq.oom_stand_ins (issue 25).
+from trialq.oom_stand_ins import counted_state as counted_state
 
 OOM_CONSTRAINT = "oom"
 """The constraint's name; 1.0 on a trial that ran out of memory (feasible trials have none)."""
@@ -41,23 +43,3 @@ def oom_telling(sampler: str, directions: Sequence[str]) -> OomTelling | None:
         worst = [math.inf if d == "minimize" else -math.inf for d in directions]
         return OomTelling(TrialState.COMPLETE, worst)
     return None
-
-
-def has_stand_in_values(trial: FrozenTrial) -> bool:
-    """A COMPLETE trial whose values only stand in for an out-of-memory end."""
-    return trial.state is TrialState.COMPLETE and _ran_out_of_memory(trial)
-
-
-def counted_state(trial: FrozenTrial) -> TrialState:
-    """The state a trial counts as in trialq's summaries: an OOM trial is a failure, whatever
-    state the sampler was told."""
-    return TrialState.FAIL if _ran_out_of_memory(trial) else trial.state
-
-
-def real_values(trial: FrozenTrial) -> list[float] | None:
-    """The trial's objective values, or None where they are stand-ins."""
-    return None if has_stand_in_values(trial) else trial.values
-
-
-def _ran_out_of_memory(trial: FrozenTrial) -> bool:
-    return trial.user_attrs.get("outcome") == Outcome.OOM.value

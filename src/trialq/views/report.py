@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any
 import optuna
 from optuna.trial import TrialState
 
-from trialq.driver.oom_constraint import has_stand_in_values
 from trialq.errors import UsageError
+from trialq.oom_stand_ins import has_stand_in_values
 from trialq.views.rows import (
     TrialRow,
     best_line,
@@ -72,7 +72,7 @@ def write_report(study: optuna.Study, out_dir: Path) -> Path:
 
 def _without_stand_ins(study: optuna.Study) -> optuna.Study:
     """The study as Optuna's plots should see it: an OOM trial told COMPLETE with stand-in
-    values (for NSGA-II, see trialq.driver.oom_constraint) is shown as the failure it was."""
+    values (for NSGA-II, see trialq.oom_stand_ins) is shown as the failure it was."""
     trials = study.get_trials(deepcopy=False)
     if not any(has_stand_in_values(t) for t in trials):
         return study

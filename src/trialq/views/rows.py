@@ -14,7 +14,7 @@ from typing import Any
 
 import optuna
 
-from trialq.driver.oom_constraint import real_values
+from trialq.oom_stand_ins import real_values
 from trialq.wire.failures import headline
 from trialq.wire.heartbeat import RunningTrial
 

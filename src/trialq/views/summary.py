@@ -7,7 +7,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from trialq.driver.oom_constraint import counted_state, real_values
+from trialq.oom_stand_ins import counted_state, real_values
 from trialq.wire.failures import failure_line
 
 
