@@ -5,7 +5,7 @@
 Runs N no-op trials (default 1,000) through `--local`-style workers (default 8, nothing
 preloaded: the trials import nothing) with the real `StudyDriver` and TPE over a three-param
 space, on PostgreSQL by default. Times, with `time.perf_counter` around the calls (here, not in
-trialq), every `study.ask`, `study.tell`, user-attr write and `persist` the driver makes, the
+trialq), every `study.ask`, `study.tell`, user-attr write and `flush_behind` the driver makes, the
 storage reads its progress line makes, and inside `ask` the sampler's own work (its
 `infer_relative_search_space`, `sample_relative` and `sample_independent`), wall clock and
 the driver thread's CPU. Prints the per-trial cost, how it grows with the
@@ -40,6 +40,7 @@ from unittest import mock
 import optuna
 
 import trialq.driver._storage.mirror
+import trialq.driver._storage.store
 import trialq.driver.loop
 from benchmarks.overhead import RESULTS, ROOT, environment
 from trialq._celery.dispatcher import CeleryDispatcher
@@ -92,9 +93,8 @@ def instrumented(study: optuna.Study, timings: Timings, attrs_one_by_one: bool) 
     ask, tell = study.ask, study.tell
     set_user_attr = optuna.Trial.set_user_attr
     best_value = optuna.Study.best_value
-    batched = getattr(trialq.driver.loop, "set_user_attrs", None)
-    persist = getattr(trialq.driver.loop, "persist", None)
-    flush_behind = trialq.driver.loop.flush_behind
+    store = trialq.driver._storage.store.MirroredTrialStore
+    batched, flush_behind = store.set_attrs, store.flush_behind
     commit = trialq.driver._storage.mirror.MirroredStorage._commit
 
     def timed_ask(*args: Any, **kwargs: Any) -> optuna.Trial:
@@ -107,28 +107,23 @@ def instrumented(study: optuna.Study, timings: Timings, attrs_one_by_one: bool) 
         with timings.measure("tell", trial.number):
             return tell(trial, *args, **kwargs)
 
-    def timed_set_user_attrs(trial: optuna.Trial, attrs: dict[str, Any]) -> None:
+    def timed_set_user_attrs(self: Any, trial: optuna.Trial, attrs: dict[str, Any]) -> None:
         with timings.measure("user_attrs", trial.number):
-            if batched is None or attrs_one_by_one:
+            if attrs_one_by_one:
                 for key, value in attrs.items():
                     set_user_attr(trial, key, value)
             else:
-                batched(trial, attrs)
+                batched(self, trial, attrs)
 
-    def timed_persist(trial: optuna.Trial) -> Any:
-        with timings.measure("persist", trial.number):
-            return persist(trial) if persist is not None else None
-
-    def timed_flush(study: optuna.Study) -> Any:
-        with timings.measure("flush"):  # a step's leftover writes: tells with no send after them
-            return flush_behind(study)
+    def timed_flush(self: Any) -> Any:
+        # A trial's record before it is sent, and a step's leftover writes (tells with no send
+        # after them); the commit itself runs in the writer thread (background_commit).
+        with timings.measure("flush"):
+            return flush_behind(self)
 
     def timed_commit(storage: Any, batches: Any) -> None:
         with timings.measure("background_commit"):  # in the writer thread: its own CPU
             commit(storage, batches)
-
-    def timed_set_user_attr(self: optuna.Trial, key: str, value: Any) -> None:
-        timed_set_user_attrs(self, {key: value})  # a driver from before the batching
 
     def timed_best_value(self: optuna.Study) -> float:
         with timings.measure("progress_best_value"):
@@ -159,13 +154,8 @@ def instrumented(study: optuna.Study, timings: Timings, attrs_one_by_one: bool) 
         swap(study, "ask", timed_ask)
         swap(study, "tell", timed_tell)
         swap(optuna.Study, "best_value", property(timed_best_value))
-        if batched is None:
-            swap(optuna.Trial, "set_user_attr", timed_set_user_attr)
-        else:
-            swap(trialq.driver.loop, "set_user_attrs", timed_set_user_attrs)
-        if persist is not None:
-            swap(trialq.driver.loop, "persist", timed_persist)
-        swap(trialq.driver.loop, "flush_behind", timed_flush)
+        swap(store, "set_attrs", timed_set_user_attrs)
+        swap(store, "flush_behind", timed_flush)
         swap(trialq.driver._storage.mirror.MirroredStorage, "_commit", timed_commit)
         yield
 
@@ -221,8 +211,8 @@ def summarise(
     timings: Timings, n_trials: int, wall_s: float, process_cpu_s: float
 ) -> dict[str, Any]:
     """Per-trial driver cost (mean, p50, p95), its growth by bucket of trials, and the ceiling."""
-    kinds = ("ask", "tell", "user_attrs", "persist")
-    unnumbered = ("flush",)  # the driver's writes that belong to no one trial
+    kinds = ("ask", "tell", "user_attrs")
+    unnumbered = ("flush",)  # handing writes to the writer thread: no one trial's alone
     per_trial = {
         number: sum(timings.by_trial[kind].get(number, 0.0) for kind in kinds)
         for number in range(n_trials)
@@ -328,12 +318,12 @@ def print_summary(summary: dict[str, Any]) -> None:
     print("calls per trial:", summary["calls_per_trial"])
     print(
         f"{'trials':>10} {'ask ms':>8} {'sampler':>8} {'tell ms':>8} {'attrs ms':>9} "
-        f"{'persist ms':>11} {'total ms':>9}"
+        f"{'total ms':>9}"
     )
     for row in summary["growth_by_bucket"]:
         print(
             f"{row['trials']:>10} {row['ask_ms']:>8} {row['sampler_ms']:>8} {row['tell_ms']:>8} "
-            f"{row['user_attrs_ms']:>9} {row['persist_ms']:>11} {row['total_ms']:>9}"
+            f"{row['user_attrs_ms']:>9} {row['total_ms']:>9}"
         )
     print(
         f"driver busy {100 * summary['driver_busy_fraction']:.0f}% of the run; at the last "

@@ -63,9 +63,9 @@ def created(tmp_path: Path) -> Path:
     trial.suggest_float("x", 0, 1)
     trial.suggest_categorical("act", ["relu", "tanh"])
     study.tell(trial, 0.5)
-    from trialq.driver._storage.mirror import flush
+    from trialq.driver._storage.store import store_for
 
-    flush(study)
+    store_for(study).flush()
     return tmp_path
 
 

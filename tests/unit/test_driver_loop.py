@@ -19,7 +19,6 @@ import pytest
 import sqlalchemy
 from stand_in import StandInDispatcher
 
-from trialq.driver._storage.mirror import flush
 from trialq.driver.loop import DriverOptions, StudyDriver
 from trialq.driver.progress import NoProgress
 from trialq.driver.spec import load_spec
@@ -211,7 +210,7 @@ def test_a_failed_commit_sends_nothing_and_the_next_one_writes_it_once(
     assert dispatcher.sent == {}
     assert _stored(postgres_url, pg_study) == []
 
-    flush(driver.study)  # the next commit writes what failed, first
+    driver._store.flush()  # the next commit writes what failed, first
     (stored,) = _stored(postgres_url, pg_study)
     (recording,) = driver.recording
     assert stored.number == 0 and stored.user_attrs["task_id"] == recording.task_id

@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import Future
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -18,8 +19,8 @@ from optuna.trial import TrialState
 from studies import trial_fields
 
 from trialq.driver._storage import sql as trial_writes
-from trialq.driver._storage.attrs import set_user_attrs
-from trialq.driver._storage.mirror import MirroredStorage, flush, mirrored, persist
+from trialq.driver._storage.mirror import MirroredStorage, mirrored
+from trialq.driver._storage.store import store_for
 from trialq.errors import ForeignWriter
 
 SPACE = {
@@ -27,6 +28,20 @@ SPACE = {
     "units": optuna.distributions.IntDistribution(8, 256),
     "act": optuna.distributions.CategoricalDistribution(["relu", "tanh"]),
 }
+
+
+
+def set_user_attrs(trial: optuna.Trial, attrs: dict[str, Any]) -> None:
+    store_for(trial.study).set_attrs(trial, attrs)
+
+
+def persist(trial: optuna.Trial) -> Future[None]:
+    """What the driver does before it sends a trial: its record on the way to the database."""
+    return store_for(trial.study).flush_behind()
+
+
+def flush(study: optuna.Study) -> None:
+    store_for(study).flush()
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

@@ -22,7 +22,7 @@ from trialq.driver._storage.sql import reserve_trial_ids
 
 SQL = "src/trialq/driver/_storage/sql.py"
 MIRROR = "src/trialq/driver/_storage/mirror.py"
-ATTRS = "src/trialq/driver/_storage/attrs.py"
+STORE = "src/trialq/driver/_storage/store.py"
 LOOP = "src/trialq/driver/loop.py"
 LOCK = "src/trialq/driver/study_lock.py"
 
@@ -75,7 +75,7 @@ FROZEN_STUDY = Hook(
 )
 CACHED_BACKEND = Hook(
     "optuna.storages._cached_storage._CachedStorage._backend",
-    f"{MIRROR} (rdb_under, used by mirrored, set_user_attrs and holding_study)",
+    f"{MIRROR} (rdb_under, used by mirrored and holding_study)",
     "submit-study stops at its start (AttributeError, exit 4): it is read without a default, "
     "since running unmirrored would also skip the study lock and let a second submit-study in",
 )
@@ -86,7 +86,7 @@ CREATE_NEW_TRIAL = Hook(
 )
 STUDY_STORAGE = Hook(
     "optuna.Study._storage",
-    f"{MIRROR} (flush, persist, ping, finished_elsewhere) and {LOCK}",
+    f"{STORE} (store_for) and {LOCK}",
     "the driver cannot reach its copy of the study: nothing is flushed or locked",
 )
 STUDY_ID = Hook(
@@ -96,7 +96,7 @@ STUDY_ID = Hook(
 )
 TRIAL_ID = Hook(
     "optuna.Trial._trial_id and optuna.Trial(study, trial_id)",
-    f"{LOOP}, {ATTRS} and {MIRROR}",
+    f"{LOOP}, {STORE} and {MIRROR}",
     "the driver cannot re-attach trials or write a trial's attrs and reports",
 )
 FROZEN_TRIAL_ID = Hook(
@@ -106,7 +106,7 @@ FROZEN_TRIAL_ID = Hook(
 )
 CACHED_FROZEN_TRIAL = Hook(
     "optuna.Trial._cached_frozen_trial",
-    f"{ATTRS} (set_user_attrs) and {LOOP} (_record_intermediate)",
+    f"{STORE} (set_attrs, record_intermediate)",
     "a trial's attrs written in one transaction are not seen through trial.user_attrs, and a "
     "retried attempt's report is dropped instead of replacing the earlier one",
 )

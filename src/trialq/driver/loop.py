@@ -25,15 +25,9 @@ import redis
 from optuna.trial import FrozenTrial, TrialState
 
 from trialq import logs
-from trialq.driver._storage.attrs import set_user_attrs
-from trialq.driver._storage.mirror import (
-    annotate,
-    finished_elsewhere,
-    flush,
-    flush_behind,
-    persist,
-    ping,
-)
+from trialq.driver import fate
+from trialq.driver._storage.store import TrialStore, store_for
+from trialq.driver.fate import Known, Resend, Resends, Tell, Terminate, Wait
 from trialq.driver.oom_constraint import OOM_CONSTRAINT, OomTelling, counted_state, oom_telling
 from trialq.driver.outage import Outages
 from trialq.driver.progress import Counts, ProgressSink
@@ -45,7 +39,7 @@ from trialq.errors import BrokerUnreachable, Interrupted, SpecError
 from trialq.wire.channel import Report, TrialAddress
 from trialq.wire.dispatch import Dispatcher, TaskPhase, TaskStatus, TrialReports
 from trialq.wire.failures import failure_line
-from trialq.wire.messages import ARTIFACTS_ATTR_PREFIX, Outcome, TrialRequest, TrialResult
+from trialq.wire.messages import Outcome, TrialRequest, TrialResult
 from trialq.wire.messages import checkpoint_key as new_checkpoint_key
 
 FINISHED_STATES = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
@@ -60,10 +54,11 @@ class InFlight:
     trial: optuna.Trial
     request: TrialRequest
     task_id: str
+    resends: Resends = field(default_factory=Resends)
     reports_seen: str = "0"
     prune_requested_at: float | None = None
     terminated: bool = False
-    unknown_checks: int = 0
+    unseen_checks: int = 0
 
     @property
     def address(self) -> TrialAddress:
@@ -78,6 +73,7 @@ class Recording:
     trial: optuna.Trial
     request: TrialRequest
     task_id: str
+    resends: Resends
     recorded: Future[None]
 
 
@@ -94,6 +90,7 @@ class DriverOptions:
     """How long a lost broker or storage is waited for before the run gives up (exit 3)."""
     search_paths: tuple[str, ...] = ()
     clock: Callable[[], float] = time.monotonic
+    """The loop's one clock: pacing, deadlines and prune grace all read it."""
 
 
 @dataclass
@@ -110,10 +107,13 @@ class StudyDriver:
     define_space: DefineSpace | None = None
     """The spec's `study.search_space`, loaded once (by `submit-study` before the study
     exists, else here)."""
+    store: TrialStore | None = None
+    """Every write to the study's trials goes through it (`trialq.driver._storage.store`);
+    by default the one for the study's storage."""
     in_flight: dict[str, InFlight] = field(default_factory=dict)
     recording: list[Recording] = field(default_factory=list)
     """Trials whose record is on its way to the database, in the order they were asked."""
-    unsent: list[tuple[optuna.Trial, TrialRequest]] = field(default_factory=list)
+    unsent: list[Recording] = field(default_factory=list)
     """Asked trials whose sending failed (broker away); sent before any new one."""
     counts: Counts = field(default_factory=Counts)
     _last_lost_check: float = -math.inf
@@ -125,6 +125,13 @@ class StudyDriver:
 
     def __post_init__(self) -> None:
         self.channel = self.dispatcher.reports()
+        if self.store is None:
+            self.store = store_for(self.study)
+        self.limits = fate.Limits(
+            self.spec.trial.max_retries,
+            self.spec.trial.max_preemptions,
+            self.spec.trial.memory_limit_mb,
+        )
         if self.define_space is None:
             self.define_space = load_search_space(self.spec)
 
@@ -132,7 +139,7 @@ class StudyDriver:
         """Ask, send, collect and tell until `n_trials` trials have finished."""
         self._count_finished()
         self._reattach()
-        self._written = flush_behind(self.study)
+        self._written = self._store.flush_behind()
         outages = Outages(self.options.outage_limit_s, self.options.clock)
         try:
             while self._step(n_trials, outages):
@@ -164,7 +171,7 @@ class StudyDriver:
             self._send_recorded()
             more = self._fill(n_trials)
             self._relay_reports()
-        self._written = flush_behind(self.study)
+        self._written = self._store.flush_behind()
         for recording in self.recording:  # a record whose commit failed waits for this one
             if _failed(recording.recorded):
                 recording.recorded = self._written
@@ -173,19 +180,20 @@ class StudyDriver:
 
     def _pause(self, seconds: float, outages: Outages) -> None:
         """Wait for the next pass, sending each trial the moment its record is written."""
-        deadline = time.monotonic() + seconds
-        while self.recording and time.monotonic() < deadline:
+        clock = self.options.clock
+        deadline = clock() + seconds
+        while self.recording and clock() < deadline:
             with outages.tolerated():
                 if not self._send_recorded(deadline):
                     break
-        time.sleep(max(0.0, deadline - time.monotonic()))
+        time.sleep(max(0.0, deadline - clock()))
 
     def _write_all(self, outages: Outages) -> None:
         """The run is done once every tell is in the database, outage or not."""
         written = False
         while not written:
             with outages.tolerated():
-                flush(self.study)
+                self._store.flush()
                 written = True
 
     def _check_storage(self, outages: Outages) -> None:
@@ -194,8 +202,13 @@ class StudyDriver:
         if self._written is not None and self._written.done():
             self._written.result()
         if outages.away("storage"):
-            ping(self.study)
+            self._store.ping()
             outages.recovered("storage")
+
+    @property
+    def _store(self) -> TrialStore:
+        assert self.store is not None, "set in __post_init__"
+        return self.store
 
     @property
     def _outstanding(self) -> int:
@@ -207,13 +220,14 @@ class StudyDriver:
     def _fill(self, n_trials: int) -> bool:
         """Send new trials while there is room; True while more remain to be sent."""
         while self.unsent:
-            trial, unsent = self.unsent.pop(0)
-            self._send(trial, unsent.attempt, unsent.checkpoint_key, unsent.preemptions)
+            unsent = self.unsent.pop(0)
+            self._send(unsent.trial, unsent.request.attempt, unsent.request.checkpoint_key,
+                       unsent.resends)  # fmt: skip
         while (
             self._outstanding < self.options.max_in_flight
             and self.counts.finished + self._outstanding < n_trials
         ):
-            self._send(self._ask(), attempt=1)
+            self._send(self._ask(), 1, None, Resends())
         return self.counts.finished + self._outstanding < n_trials
 
     def _ask(self) -> optuna.Trial:
@@ -242,37 +256,27 @@ class StudyDriver:
         )
 
     def _send(
-        self,
-        trial: optuna.Trial,
-        attempt: int,
-        checkpoint_key: str | None = None,
-        preemptions: int = 0,
+        self, trial: optuna.Trial, attempt: int, checkpoint_key: str | None, resends: Resends
     ) -> None:
         """Record the attempt in the storage, and send it once the record is written: a trial
         in a queue always has its params, task id and checkpoint key in the database, so a
         restarted driver finds it and its next attempt finds the same checkpoint folder."""
         key = checkpoint_key or new_checkpoint_key(self.study.study_name, trial.number)
-        request = self._request(trial, attempt, key, preemptions)
+        request = self._request(trial, attempt, key, resends.preemptions)
         task_id = str(uuid.uuid4())
-        set_user_attrs(
-            trial,
-            {
-                "task_id": task_id,
-                "attempts": attempt,
-                "checkpoint_key": key,
-                "preemptions": preemptions,
-            },
-        )
-        self.recording.append(Recording(trial, request, task_id, persist(trial)))
+        attrs = {"task_id": task_id, "attempts": attempt, "checkpoint_key": key}
+        self._store.set_attrs(trial, {**attrs, **_resend_attrs(resends)})
+        written = self._store.flush_behind()
+        self.recording.append(Recording(trial, request, task_id, resends, written))
         self._send_recorded()
 
     def _send_recorded(self, deadline: float | None = None) -> bool:
         """Send the trials whose record is written, in the order they were asked; with a
-        `deadline` (`time.monotonic`), wait for each until then. False where the head's commit
+        `deadline` (on the loop's clock), wait for each until then. False where the head's commit
         failed: it waits for the next step's commit, whose outcome the step checks."""
         while self.recording:
             head = self.recording[0]
-            wait_s = 0.0 if deadline is None else max(0.0, deadline - time.monotonic())
+            wait_s = 0.0 if deadline is None else max(0.0, deadline - self.options.clock())
             try:
                 head.recorded.result(timeout=wait_s)
             except TimeoutError:
@@ -284,15 +288,15 @@ class StudyDriver:
         return True
 
     def _submit(self, recorded: Recording) -> None:
-        trial, request, task_id = recorded.trial, recorded.request, recorded.task_id
+        request, task_id = recorded.request, recorded.task_id
         try:
             self.dispatcher.submit(
                 request, self.spec.trial.queue, self.spec.trial.hard_limit_s, task_id
             )
         except BaseException:
-            self.unsent.append((trial, request))
+            self.unsent.append(recorded)
             raise
-        self.in_flight[task_id] = InFlight(trial, request, task_id)
+        self.in_flight[task_id] = InFlight(recorded.trial, request, task_id, recorded.resends)
         _log.info("sent task_id=%s params=%s", task_id, request.params, extra=logs.fields(request))
 
     def _reattach(self) -> None:
@@ -307,42 +311,68 @@ class StudyDriver:
             task_id = frozen.user_attrs.get("task_id")
             attempt = int(frozen.user_attrs.get("attempts", 1))
             key = frozen.user_attrs.get("checkpoint_key")
-            preemptions = int(frozen.user_attrs.get("preemptions", 0))
+            resends = _recorded_resends(frozen)
             if task_id is None and not frozen.params:
                 note = "never sent: the previous driver stopped between asking and sending it"
-                set_user_attrs(trial, {"outcome": Outcome.ERROR.value, "error": note})
-                self.study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
+                self._store.set_attrs(trial, {"outcome": Outcome.ERROR.value, "error": note})
+                self._store.tell(trial, TrialState.FAIL, None)
                 self.counts.record(TrialState.FAIL)
             elif task_id is None:  # an older driver recorded ids after sending
-                self._send(trial, attempt, key, preemptions)
+                self._send(trial, attempt, key, resends)
             else:
-                request = self._request(trial, attempt, key, preemptions)
-                self.in_flight[task_id] = InFlight(trial, request, task_id)
+                request = self._request(trial, attempt, key, resends.preemptions)
+                self.in_flight[task_id] = InFlight(trial, request, task_id, resends)
 
     # --- collecting ----------------------------------------------------------------------
 
     def _collect(self) -> None:
+        """Learn what became of each trial in flight, and act on it."""
         statuses = self.dispatcher.statuses(self.in_flight)
-        check_lost = self._lost_check_due()
-        pending: set[str] | None = None
+        queued = self._queued_ids() if self._lost_check_due() else None
         for task_id, status in statuses.items():
             entry = self.in_flight[task_id]
-            if status.phase is TaskPhase.FINISHED:
-                assert status.result is not None
-                if status.result.device_refused:  # not run: the worker's device was not clean
-                    self._lost(entry, status.result.error or "the worker's device was not clean")
-                elif status.result.outcome is Outcome.PREEMPTED:
-                    self._preempted(entry, status.result)
-                else:
-                    self._finish(entry, status.result)
-            elif status.phase is TaskPhase.FAILED:
-                self._fail_from_outside(entry, status)
-            elif status.phase is TaskPhase.RUNNING:
-                self._check_running(entry, status)
-            elif check_lost:
-                if pending is None:
-                    pending = self.dispatcher.pending_ids(self.spec.trial.queue)
-                self._check_waiting(entry, pending)
+            self._apply(entry, fate.decide(self._known(entry, status, queued), self.limits))
+
+    def _queued_ids(self) -> set[str]:
+        return self.dispatcher.pending_ids(self.spec.trial.queue)
+
+    def _known(self, entry: InFlight, status: TaskStatus, queued: set[str] | None) -> Known:
+        """What the queue and the report channel say of one attempt in this pass."""
+        alive = self._worker_alive(status)
+        lost = fate.may_be_lost(status, alive)
+        return Known(
+            request=entry.request,
+            status=status,
+            resends=entry.resends,
+            worker_alive=alive,
+            queued=None if queued is None else entry.task_id in queued,
+            unseen_checks=entry.unseen_checks,
+            prune_overdue=self._prune_overdue(entry),
+            terminated=entry.terminated,
+            oom_rss=self.channel.memory_exceeded(entry.address) if lost and self.channel else None,
+            stop_requested=bool(
+                lost and self.channel and self.channel.stop_requested(entry.address)
+            ),
+        )
+
+    def _worker_alive(self, status: TaskStatus) -> bool:
+        """For a running attempt, whether its worker still beats (asked only then)."""
+        if status.phase is not TaskPhase.RUNNING or not status.worker:
+            return True
+        return self.dispatcher.worker_alive(status.worker)
+
+    def _apply(self, entry: InFlight, action: fate.Action) -> None:
+        """Carry out the fate rule's action for one attempt: the one place that does."""
+        match action:
+            case Tell(result=result):
+                self._finish(entry, result)
+            case Resend():
+                self._resend(entry, action)
+            case Terminate():
+                self.dispatcher.terminate(entry.task_id)
+                entry.terminated = True
+            case Wait(unseen_checks=unseen):
+                entry.unseen_checks = unseen
 
     def _lost_check_due(self) -> bool:
         now = self.options.clock()
@@ -363,7 +393,7 @@ class StudyDriver:
         if self.study_lock is not None:
             self.study_lock.ensure_held()
         by_trial = {entry.trial._trial_id: entry for entry in self.in_flight.values()}
-        for frozen in finished_elsewhere(self.study, by_trial):
+        for frozen in self._store.finished_elsewhere(by_trial):
             entry = by_trial.get(frozen._trial_id)
             if entry is None:  # its result came in as it was finished there: theirs stands
                 _log.warning("trial #%d was finished from outside as %s; that state stands",
@@ -378,7 +408,7 @@ class StudyDriver:
         self._forget_reports(entry)
         self._orphan_checkpoint(entry)
         note = f"finished from outside as {frozen.state.name} while it ran; its process was killed"
-        annotate(
+        self._store.annotate(
             entry.trial,
             {
                 "outcome": Outcome.STOPPED.value,
@@ -390,86 +420,16 @@ class StudyDriver:
         self.counts.record(counted_state(frozen))
         _log.warning("trial #%d %s", frozen.number, note, extra=logs.fields(entry.request))
 
-    def _check_running(self, entry: InFlight, status: TaskStatus) -> None:
-        entry.unknown_checks = 0
-        if self._prune_overdue(entry):
-            self.dispatcher.terminate(entry.task_id)
-            entry.terminated = True
-        elif status.worker and not self.dispatcher.worker_alive(status.worker):
-            self._lost(entry, f"worker {status.worker} stopped beating")
-
-    def _check_waiting(self, entry: InFlight, pending: set[str]) -> None:
-        """A task neither queued, reserved nor started on two checks in a row was lost."""
-        if entry.task_id in pending:
-            entry.unknown_checks = 0
-            return
-        entry.unknown_checks += 1
-        if entry.unknown_checks >= 2:
-            self._resend(entry, attempt=entry.request.attempt)
-
-    def _fail_from_outside(self, entry: InFlight, status: TaskStatus) -> None:
-        """The process ended without a result: killed, out of time, or stopped by us."""
-        if entry.terminated:
-            note = "stopped from outside: the trial did not honour should_prune() in time"
-            self._finish(entry, self._synthetic(entry, Outcome.PRUNED, note))
-        elif status.failure is Outcome.WORKER_LOST:
-            self._lost(entry, status.detail)
-        else:
-            outcome = status.failure or Outcome.ERROR
-            self._finish(entry, self._synthetic(entry, outcome, status.detail))
-
-    def _lost(self, entry: InFlight, detail: str) -> None:
-        """Resend the same trial (same number and params) or give up after max_retries.
-
-        A process that killed itself over `memory_limit_mb` is not lost but out of memory; one
-        lost after its worker's stop notice (SIGTERM, then killed) was preempted.
-        """
-        rss = self.channel.memory_exceeded(entry.address) if self.channel else None
-        retries = entry.request.attempt - 1 - entry.request.preemptions
-        if rss is not None:
-            limit = f"memory_limit_mb = {self.spec.trial.memory_limit_mb}"
-            result = self._synthetic(entry, Outcome.OOM, f"killed at {rss} bytes RSS, over {limit}")
-            self._finish(entry, result.model_copy(update={"peak_rss_bytes": rss}))
-        elif self.channel is not None and self.channel.stop_requested(entry.address):
-            note = f"killed after its stop notice ({detail})"
-            self._preempted(entry, self._synthetic(entry, Outcome.PREEMPTED, note))
-        elif retries < self.spec.trial.max_retries:
-            self._forget_reports(entry)
-            _log.info("retried after: %s", detail, extra=logs.fields(entry.request))
-            self._resend(entry, attempt=entry.request.attempt + 1)
-        else:
-            self._finish(entry, self._synthetic(entry, Outcome.WORKER_LOST, detail))
-
-    def _preempted(self, entry: InFlight, result: TrialResult) -> None:
-        """Re-send a preempted trial (same number, params and checkpoint folder) as its next
-        attempt, or tell it FAIL past `max_preemptions`."""
-        if entry.request.preemptions < self.spec.trial.max_preemptions:
-            _link_artifacts(entry.trial, result)  # what the cut-short attempt saved stays
-            self._forget_reports(entry)
-            _log.info("re-sent after preemption: %s", result.error or "",
-                      extra=logs.fields(entry.request))  # fmt: skip
-            self._resend(entry, entry.request.attempt + 1, entry.request.preemptions + 1)
-        else:
-            given_up = f"gave up after {entry.request.preemptions} preemptions"
-            error = f"{result.error or 'preempted'}; {given_up}"
-            self._finish(entry, result.model_copy(update={"error": error}))
-
-    def _resend(self, entry: InFlight, attempt: int, preemptions: int | None = None) -> None:
+    def _resend(self, entry: InFlight, resend: Resend) -> None:
         """Withdraw the old task for good, then send the same trial again."""
+        if resend.keep_artifacts is not None:  # what the cut-short attempt saved stays
+            self._store.link_artifacts(entry.trial, resend.keep_artifacts.artifacts)
+        self._forget_reports(entry)
+        _log.info("%s", resend.reason, extra=logs.fields(entry.request))
         self.dispatcher.withdraw([entry.task_id], self.spec.trial.queue)
         del self.in_flight[entry.task_id]
-        if preemptions is None:
-            preemptions = entry.request.preemptions
-        self._send(entry.trial, attempt, entry.request.checkpoint_key, preemptions)
-
-    def _synthetic(self, entry: InFlight, outcome: Outcome, detail: str) -> TrialResult:
-        return TrialResult(
-            study=entry.request.study,
-            number=entry.request.number,
-            attempt=entry.request.attempt,
-            outcome=outcome,
-            error=detail,
-        )
+        attempt = entry.request.attempt + (1 if resend.new_attempt else 0)
+        self._send(entry.trial, attempt, entry.request.checkpoint_key, resend.resends)
 
     # --- telling -------------------------------------------------------------------------
 
@@ -491,10 +451,10 @@ class StudyDriver:
             **result.user_attrs(),
             "attempts": entry.request.attempt,
             "task_id": entry.task_id,
-            "preemptions": entry.request.preemptions,
+            **_resend_attrs(entry.resends),
         }
-        set_user_attrs(entry.trial, attrs)
-        _link_artifacts(entry.trial, result)
+        self._store.set_attrs(entry.trial, attrs)
+        self._store.link_artifacts(entry.trial, result.artifacts)
         if not result.checkpoint_removed:
             self._orphan_checkpoint(entry)
         state = _STATE_OF.get(result.outcome, TrialState.FAIL)
@@ -504,12 +464,7 @@ class StudyDriver:
             # A FAIL trial teaches no sampler anything; see trialq.driver.oom_constraint.
             entry.trial.set_constraint(OOM_CONSTRAINT, 1.0)
             state, values = told.state, told.values
-        self.study.tell(
-            entry.trial,
-            values=values if state is TrialState.COMPLETE else None,
-            state=state,
-            skip_if_finished=True,
-        )
+        self._store.tell(entry.trial, state, values if state is TrialState.COMPLETE else None)
         self._forget_reports(entry)
         _log.info("told state=%s outcome=%s", state.name, result.outcome, extra=logs.fields(result))
         if result.outcome not in _STATE_OF:  # failed, or out of memory however it was told
@@ -585,10 +540,9 @@ class StudyDriver:
             self.channel.request_prune(entry.address)
             entry.prune_requested_at = self.options.clock()
 
-    @staticmethod
-    def _record_reports(entry: InFlight, reports: list[Report]) -> None:
+    def _record_reports(self, entry: InFlight, reports: list[Report]) -> None:
         for report in reports:
-            _record_intermediate(entry.trial, report.step, report.value)
+            self._store.record_intermediate(entry.trial, report.step, report.value)
             entry.reports_seen = report.stream_id
 
     def _prune_overdue(self, entry: InFlight) -> bool:
@@ -618,7 +572,7 @@ class StudyDriver:
         If the storage is away, they stay RUNNING there with their task ids, and the next run
         tells them again."""
         try:
-            flush(self.study)
+            self._store.flush()
         except Exception as exc:  # the error that stops the run is already on its way
             _log.warning("told trials not written (the next run tells them again): %s", exc)
 
@@ -633,23 +587,18 @@ class StudyDriver:
             self.dispatcher.withdraw(waiting, self.spec.trial.queue)
 
 
-def _record_intermediate(trial: optuna.Trial, step: int, value: float) -> None:
-    """`trial.report`, except that a retried attempt's value replaces an earlier attempt's
-    at the same step (Optuna would keep the first and ignore the new one)."""
-    cached = trial._cached_frozen_trial.intermediate_values
-    if step in cached:
-        trial.storage.set_trial_intermediate_value(trial._trial_id, step, value)
-        cached[step] = value
-    else:
-        trial.report(value, step)
+def _resend_attrs(resends: Resends) -> dict[str, int]:
+    """How often the trial was re-sent, each kind on its own (docs/design.md)."""
+    return {"retries": resends.retries, "preemptions": resends.preemptions}
 
 
-def _link_artifacts(trial: optuna.Trial, result: TrialResult) -> None:
-    """Link the files the attempt stored to the trial, with the system attr that
-    `optuna.artifacts.upload_artifact` writes (the worker wrote the files themselves)."""
-    for meta in result.artifacts:
-        key = ARTIFACTS_ATTR_PREFIX + meta.artifact_id
-        trial.storage.set_trial_system_attr(trial._trial_id, key, meta.model_dump_json())
+def _recorded_resends(frozen: FrozenTrial) -> Resends:
+    """The re-send counts a previous driver recorded; a record from before `retries` was kept
+    counts every attempt that was not a preemption as a retry."""
+    attrs = frozen.user_attrs
+    preemptions = int(attrs.get("preemptions", 0))
+    retries = attrs.get("retries", int(attrs.get("attempts", 1)) - 1 - preemptions)
+    return Resends(retries=int(retries), preemptions=preemptions)
 
 
 def _failed(future: Future[None]) -> bool:

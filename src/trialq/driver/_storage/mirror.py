@@ -32,7 +32,6 @@ driver's state change for it and writes the rest. That state stands.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import threading
 from collections.abc import Container, Iterable, Mapping, Sequence
@@ -544,51 +543,3 @@ def mirrored(storage: BaseStorage) -> BaseStorage:
     """An RDB storage (bare or in Optuna's cache layer) mirrored; any other as it is."""
     backend = rdb_under(storage)
     return storage if backend is None else MirroredStorage(backend)
-
-
-def persist(trial: optuna.Trial) -> Future[None]:
-    """Everything written to the trial (and all else pending, in one transaction) on its way
-    to the database: the future is done once it is durable."""
-    return flush_behind(trial.study)
-
-
-def flush_behind(study: optuna.Study) -> Future[None]:
-    """Everything written to the study's trials on its way to the database: the future is done
-    once it is durable. Storages other than `MirroredStorage` already wrote it."""
-    if isinstance(study._storage, MirroredStorage):
-        return study._storage.flush_behind()
-    done: Future[None] = Future()
-    done.set_result(None)
-    return done
-
-
-def finished_elsewhere(study: optuna.Study, trial_ids: Iterable[int]) -> list[FrozenTrial]:
-    """Of the study's trials `trial_ids`, those another process finished (see
-    `MirroredStorage.finished_elsewhere`); on another storage, read trial by trial."""
-    if isinstance(study._storage, MirroredStorage):
-        return study._storage.finished_elsewhere(trial_ids)
-    trials = [study._storage.get_trial(trial_id) for trial_id in trial_ids]
-    return [trial for trial in trials if trial.state.is_finished()]
-
-
-def annotate(trial: optuna.Trial, attrs: Mapping[str, Any]) -> None:
-    """User attrs on a trial however it ended (see `MirroredStorage.annotate`)."""
-    if isinstance(trial.storage, MirroredStorage):
-        trial.storage.annotate(trial._trial_id, attrs)
-        return
-    for key, value in attrs.items():  # another storage: written where it still may be
-        with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):
-            trial.storage.set_trial_user_attr(trial._trial_id, key, value)
-
-
-def ping(study: optuna.Study) -> None:
-    """Raise while the study's database is away (other storages: nothing to ask)."""
-    if isinstance(study._storage, MirroredStorage):
-        study._storage.ping()
-
-
-def flush(study: optuna.Study) -> None:
-    """Make everything written to the study's trials durable now (storages other than
-    `MirroredStorage` already wrote it)."""
-    if isinstance(study._storage, MirroredStorage):
-        study._storage.flush()

@@ -1,0 +1,154 @@
+"""The driver's one way into its study's storage: every write it makes, and when it is durable.
+
+The driver is the single writer of its study's trials (docs/design.md). `TrialStore` is the
+seam it writes through, handed to it as the dispatcher is: user attrs, intermediate values,
+artifacts' links, tells, and the points at which all of that must be in the database. Its
+two backends:
+
+- `MirroredTrialStore`: trialq's `MirroredStorage` (`trialq.driver._storage.mirror`), what
+  `submit-study` always opens. Writes wait in the copy and go in one transaction a step.
+- `InMemoryTrialStore`: Optuna's in-memory storage, for the benchmarks that drive the loop on
+  a virtual clock and need no database. Every write is durable at once.
+
+`store_for` picks one from the study's storage; no caller asks which it has.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import Future
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from trialq.driver._storage.mirror import MirroredStorage
+from trialq.wire.messages import ARTIFACTS_ATTR_PREFIX, ArtifactMeta
+
+
+class TrialStore(ABC):
+    """Every write the driver makes to the trials of `study`.
+
+    Ownership: only the driver writes; a person may finish a RUNNING trial from outside, and
+    `finished_elsewhere` is how the driver learns of it. A write is durable once the future of
+    a later `flush_behind` is done, or once `flush` returns.
+    """
+
+    def __init__(self, study: optuna.Study) -> None:
+        self.study = study
+
+    @abstractmethod
+    def set_attrs(self, trial: optuna.Trial, attrs: Mapping[str, Any]) -> None:
+        """User attrs on a trial not yet told, written together."""
+
+    @abstractmethod
+    def annotate(self, trial: optuna.Trial, attrs: Mapping[str, Any]) -> None:
+        """User attrs on a trial however it ended (one finished from outside, too)."""
+
+    @abstractmethod
+    def finished_elsewhere(self, trial_ids: Iterable[int]) -> list[FrozenTrial]:
+        """Of `trial_ids`, the trials another process finished."""
+
+    @abstractmethod
+    def flush_behind(self) -> Future[None]:
+        """Everything written so far on its way to the database; done once durable."""
+
+    @abstractmethod
+    def flush(self) -> None:
+        """Everything written so far durable now."""
+
+    @abstractmethod
+    def ping(self) -> None:
+        """Raise while the database is away."""
+
+    def record_intermediate(self, trial: optuna.Trial, step: int, value: float) -> None:
+        """`trial.report`, except that a retried attempt's value replaces an earlier attempt's
+        at the same step (Optuna would keep the first and ignore the new one)."""
+        cached = trial._cached_frozen_trial.intermediate_values
+        if step in cached:
+            trial.storage.set_trial_intermediate_value(trial._trial_id, step, value)
+            cached[step] = value
+        else:
+            trial.report(value, step)
+
+    def link_artifacts(self, trial: optuna.Trial, artifacts: Iterable[ArtifactMeta]) -> None:
+        """Link files an attempt stored to the trial, with the system attr that
+        `optuna.artifacts.upload_artifact` writes (the worker wrote the files themselves)."""
+        for meta in artifacts:
+            key = ARTIFACTS_ATTR_PREFIX + meta.artifact_id
+            trial.storage.set_trial_system_attr(trial._trial_id, key, meta.model_dump_json())
+
+    def tell(self, trial: optuna.Trial, state: TrialState, values: Sequence[float] | None) -> None:
+        """Tell Optuna the trial's end, once: a trial already finished stays as it is."""
+        self.study.tell(trial, values=values, state=state, skip_if_finished=True)
+
+
+class MirroredTrialStore(TrialStore):
+    """Writes through trialq's `MirroredStorage`: batched, one transaction a step."""
+
+    def __init__(self, study: optuna.Study, storage: MirroredStorage) -> None:
+        super().__init__(study)
+        self.storage = storage
+
+    def set_attrs(self, trial: optuna.Trial, attrs: Mapping[str, Any]) -> None:
+        if attrs:
+            self.storage.set_trial_user_attrs(trial._trial_id, attrs)
+            trial._cached_frozen_trial.user_attrs.update(attrs)
+
+    def annotate(self, trial: optuna.Trial, attrs: Mapping[str, Any]) -> None:
+        self.storage.annotate(trial._trial_id, attrs)
+
+    def finished_elsewhere(self, trial_ids: Iterable[int]) -> list[FrozenTrial]:
+        return self.storage.finished_elsewhere(trial_ids)
+
+    def flush_behind(self) -> Future[None]:
+        return self.storage.flush_behind()
+
+    def flush(self) -> None:
+        self.storage.flush()
+
+    def ping(self) -> None:
+        self.storage.ping()
+
+
+class InMemoryTrialStore(TrialStore):
+    """Writes through Optuna's in-memory storage, where every write is durable at once."""
+
+    def set_attrs(self, trial: optuna.Trial, attrs: Mapping[str, Any]) -> None:
+        for key, value in attrs.items():
+            trial.set_user_attr(key, value)
+
+    def annotate(self, trial: optuna.Trial, attrs: Mapping[str, Any]) -> None:
+        for key, value in attrs.items():  # a trial finished elsewhere takes no more writes
+            with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):
+                trial.storage.set_trial_user_attr(trial._trial_id, key, value)
+
+    def finished_elsewhere(self, trial_ids: Iterable[int]) -> list[FrozenTrial]:
+        trials = [self.study._storage.get_trial(trial_id) for trial_id in trial_ids]
+        return [trial for trial in trials if trial.state.is_finished()]
+
+    def flush_behind(self) -> Future[None]:
+        done: Future[None] = Future()
+        done.set_result(None)
+        return done
+
+    def flush(self) -> None:
+        """Nothing waits: every write went in as it was made."""
+
+    def ping(self) -> None:
+        """Memory is never away."""
+
+
+def store_for(study: optuna.Study) -> TrialStore:
+    """The store for the study's storage: trialq's mirror, or Optuna's in-memory storage."""
+    storage = study._storage
+    if isinstance(storage, MirroredStorage):
+        return MirroredTrialStore(study, storage)
+    if isinstance(storage, optuna.storages.InMemoryStorage):
+        return InMemoryTrialStore(study)
+    raise TypeError(
+        f"the driver writes through trialq's mirrored RDB storage or Optuna's in-memory one, "
+        f"not {type(storage).__name__} (open the study with trialq.driver.study.open_study)"
+    )

@@ -1,0 +1,196 @@
+"""What becomes of an attempt: one pure rule from what is known of it to one action.
+
+The loop (`trialq.driver.loop`) gathers what the queue, the report channel and the storage
+say of an attempt in flight into `Known`, asks `decide` for an `Action`, and applies that
+action in one place. Nothing here touches Redis, the database or a clock, so the whole rule
+is tested as a table (tests/unit/test_fate.py). Retries and preemptions are counted apart:
+a lost worker uses a retry, a preemption uses a preemption, and a re-send that was not the
+trial's doing (never started, withdrawn by the driver) uses neither.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import assert_never
+
+from trialq.wire.dispatch import TaskPhase, TaskStatus
+from trialq.wire.messages import Outcome, TrialRequest, TrialResult
+
+UNSEEN_CHECKS_TO_LOSE = 2
+"""Checks in a row that find a task neither queued, reserved nor started before it counts
+as lost in the broker (one check can race a worker's reservation)."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The spec's bounds on re-sending one trial."""
+
+    max_retries: int
+    max_preemptions: int
+    memory_limit_mb: int = 0
+
+
+@dataclass(frozen=True)
+class Resends:
+    """How often a trial was re-sent so far, each kind on its own."""
+
+    retries: int = 0
+    preemptions: int = 0
+
+
+@dataclass(frozen=True)
+class Known:
+    """Everything the loop learnt of one attempt in flight in this pass."""
+
+    request: TrialRequest
+    status: TaskStatus
+    resends: Resends = field(default_factory=Resends)
+    worker_alive: bool = True
+    """For a RUNNING attempt: whether its worker still beats."""
+    queued: bool | None = None
+    """For a WAITING attempt: whether the broker holds it; None when not checked this pass."""
+    unseen_checks: int = 0
+    """Checks in a row so far that found the task nowhere."""
+    prune_overdue: bool = False
+    """The pruner asked it to stop longer ago than `prune_grace_s`, and it runs on."""
+    terminated: bool = False
+    """The driver killed its process for not honouring a prune request."""
+    oom_rss: int | None = None
+    """The RSS at which the attempt killed itself for its memory limit, if it did."""
+    stop_requested: bool = False
+    """The attempt was told to stop (its worker's preemption notice)."""
+
+
+@dataclass(frozen=True)
+class Tell:
+    """The trial is over: tell Optuna this result, once."""
+
+    result: TrialResult
+
+
+@dataclass(frozen=True)
+class Resend:
+    """Send the same trial (number, params, checkpoint folder) again as a new attempt."""
+
+    resends: Resends
+    reason: str
+    new_attempt: bool = True
+    """False for an attempt that never started: it is sent again under its own number."""
+    keep_artifacts: TrialResult | None = None
+    """A cut-short attempt whose saved files stay linked to the trial."""
+
+
+@dataclass(frozen=True)
+class Terminate:
+    """Kill the attempt's process: it ignored the pruner past its grace."""
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Nothing to do yet; remember how many checks in a row found the task nowhere."""
+
+    unseen_checks: int = 0
+
+
+Action = Tell | Resend | Terminate | Wait
+
+
+def decide(known: Known, limits: Limits) -> Action:
+    """The one action for an attempt, from what is known of it."""
+    phase = known.status.phase
+    if phase is TaskPhase.FINISHED:
+        return _finished(known, limits)
+    if phase is TaskPhase.FAILED:
+        return _failed(known, limits)
+    if phase is TaskPhase.RUNNING:
+        return _running(known, limits)
+    if phase is TaskPhase.WAITING:
+        return _waiting(known)
+    assert_never(phase)
+
+
+def _finished(known: Known, limits: Limits) -> Action:
+    result = known.status.result
+    assert result is not None, "a FINISHED status carries its result"
+    if result.device_refused:  # it never ran: the worker's device was not clean
+        return _lost(known, limits, result.error or "the worker's device was not clean")
+    if result.outcome is Outcome.PREEMPTED:
+        return _preempted(known, limits, result)
+    return Tell(result)
+
+
+def _failed(known: Known, limits: Limits) -> Action:
+    """The process ended without a result: killed, out of time, or stopped by the driver."""
+    status = known.status
+    if known.terminated:
+        note = "stopped from outside: the trial did not honour should_prune() in time"
+        return Tell(synthetic(known.request, Outcome.PRUNED, note))
+    if status.failure is Outcome.WORKER_LOST:
+        return _lost(known, limits, status.detail)
+    return Tell(synthetic(known.request, status.failure or Outcome.ERROR, status.detail))
+
+
+def _running(known: Known, limits: Limits) -> Action:
+    if known.prune_overdue and not known.terminated:
+        return Terminate()
+    if not known.worker_alive:
+        return _lost(known, limits, f"worker {known.status.worker} stopped beating")
+    return Wait()
+
+
+def _waiting(known: Known) -> Action:
+    if known.queued is None or known.queued:
+        return Wait(0 if known.queued else known.unseen_checks)
+    unseen = known.unseen_checks + 1
+    if unseen < UNSEEN_CHECKS_TO_LOSE:
+        return Wait(unseen)
+    return Resend(known.resends, "lost in the broker before it started", new_attempt=False)
+
+
+def _lost(known: Known, limits: Limits, detail: str) -> Action:
+    """The attempt's process is gone without a result of its own. A process that killed
+    itself over `memory_limit_mb` ran out of memory; one lost after its stop notice was
+    preempted; anything else was its worker's loss, retried up to `max_retries`."""
+    if known.oom_rss is not None:
+        limit = f"memory_limit_mb = {limits.memory_limit_mb}"
+        over = f"killed at {known.oom_rss} bytes RSS, over {limit}"
+        result = synthetic(known.request, Outcome.OOM, over)
+        return Tell(result.model_copy(update={"peak_rss_bytes": known.oom_rss}))
+    if known.stop_requested:
+        note = f"killed after its stop notice ({detail})"
+        return _preempted(known, limits, synthetic(known.request, Outcome.PREEMPTED, note))
+    if known.resends.retries < limits.max_retries:
+        resends = replace(known.resends, retries=known.resends.retries + 1)
+        return Resend(resends, f"retried after: {detail}")
+    return Tell(synthetic(known.request, Outcome.WORKER_LOST, detail))
+
+
+def _preempted(known: Known, limits: Limits, result: TrialResult) -> Action:
+    """Re-send a preempted trial, or fail it past `max_preemptions`."""
+    if known.resends.preemptions < limits.max_preemptions:
+        resends = replace(known.resends, preemptions=known.resends.preemptions + 1)
+        reason = f"re-sent after preemption: {result.error or ''}"
+        return Resend(resends, reason, keep_artifacts=result)
+    given_up = f"gave up after {known.resends.preemptions} preemptions"
+    return Tell(result.model_copy(update={"error": f"{result.error or 'preempted'}; {given_up}"}))
+
+
+def synthetic(request: TrialRequest, outcome: Outcome, detail: str) -> TrialResult:
+    """The result of an attempt whose process returned none of its own."""
+    return TrialResult(
+        study=request.study,
+        number=request.number,
+        attempt=request.attempt,
+        outcome=outcome,
+        error=detail,
+    )
+
+
+def may_be_lost(status: TaskStatus, worker_alive: bool) -> bool:
+    """Whether the attempt's process may be gone without a result of its own: only then does
+    the report channel's word on it (a memory kill, a stop notice) change the rule's answer."""
+    if status.phase is TaskPhase.FINISHED:
+        return status.result is not None and status.result.device_refused
+    if status.phase is TaskPhase.FAILED:
+        return status.failure is Outcome.WORKER_LOST
+    return status.phase is TaskPhase.RUNNING and not worker_alive

@@ -1,0 +1,156 @@
+"""The fate rule as a table: what is known of an attempt -> the one action the driver takes.
+
+No database, no Redis: `trialq.driver.fate.decide` is pure, so every row is a value in and a
+value out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from trialq.driver.fate import (
+    Known,
+    Limits,
+    Resend,
+    Resends,
+    Tell,
+    Terminate,
+    Wait,
+    decide,
+    may_be_lost,
+)
+from trialq.wire.dispatch import TaskPhase, TaskStatus
+from trialq.wire.entrypoint import Entrypoint
+from trialq.wire.messages import Outcome, TrialRequest, TrialResult
+
+LIMITS = Limits(max_retries=2, max_preemptions=3, memory_limit_mb=512)
+REQUEST = TrialRequest(
+    study="s",
+    number=7,
+    attempt=1,
+    params={"x": 0.5},
+    entrypoint=Entrypoint.parse("trials:quadratic"),
+    timeout_s=60,
+)
+
+
+def _result(outcome: Outcome, **fields: Any) -> TrialResult:
+    return TrialResult(study="s", number=7, attempt=1, outcome=outcome, **fields)
+
+
+def _known(phase: TaskPhase, **fields: Any) -> Known:
+    status = TaskStatus(
+        phase,
+        result=fields.pop("result", None),
+        failure=fields.pop("failure", None),
+        detail=fields.pop("detail", ""),
+        worker=fields.pop("worker", None),
+    )
+    return Known(request=REQUEST, status=status, **fields)
+
+
+FINISHED = TaskPhase.FINISHED
+FAILED = TaskPhase.FAILED
+RUNNING = TaskPhase.RUNNING
+WAITING = TaskPhase.WAITING
+LOST = Outcome.WORKER_LOST
+USED_UP = Resends(retries=2)
+PREEMPTED_OUT = Resends(preemptions=3)
+
+# (case, known, expected action type, expected outcome told or resends after)
+TABLE: list[tuple[str, Known, type, Any]] = [
+    ("ok result is told", _known(FINISHED, result=_result(Outcome.OK)), Tell, Outcome.OK),
+    ("error result is told", _known(FINISHED, result=_result(Outcome.ERROR)), Tell, Outcome.ERROR),
+    ("oom result is told", _known(FINISHED, result=_result(Outcome.OOM)), Tell, Outcome.OOM),
+    ("pruned result is told", _known(FINISHED, result=_result(Outcome.PRUNED)), Tell, Outcome.PRUNED),
+    ("device refused: a retry", _known(FINISHED, result=_result(Outcome.ERROR, device_refused=True)), Resend, Resends(retries=1)),
+    ("device refused, retries used up: worker_lost", _known(FINISHED, result=_result(Outcome.ERROR, device_refused=True), resends=USED_UP), Tell, LOST),
+    ("preempted: a preemption, not a retry", _known(FINISHED, result=_result(Outcome.PREEMPTED)), Resend, Resends(preemptions=1)),
+    ("preempted past max_preemptions: told", _known(FINISHED, result=_result(Outcome.PREEMPTED), resends=PREEMPTED_OUT), Tell, Outcome.PREEMPTED),
+    ("preempted with retries used up: still re-sent", _known(FINISHED, result=_result(Outcome.PREEMPTED), resends=USED_UP), Resend, Resends(retries=2, preemptions=1)),
+    ("worker lost: a retry", _known(FAILED, failure=LOST, detail="SIGKILL"), Resend, Resends(retries=1)),
+    ("worker lost, retries used up: told worker_lost", _known(FAILED, failure=LOST, resends=USED_UP), Tell, LOST),
+    ("lost over its memory limit: oom, no retry", _known(FAILED, failure=LOST, oom_rss=600 << 20), Tell, Outcome.OOM),
+    ("lost after its stop notice: preempted", _known(FAILED, failure=LOST, stop_requested=True), Resend, Resends(preemptions=1)),
+    ("lost after stop notice, preemptions used up", _known(FAILED, failure=LOST, stop_requested=True, resends=PREEMPTED_OUT), Tell, Outcome.PREEMPTED),
+    ("timed out: told timeout", _known(FAILED, failure=Outcome.TIMEOUT), Tell, Outcome.TIMEOUT),
+    ("failed with no word: told error", _known(FAILED), Tell, Outcome.ERROR),
+    ("killed for ignoring the pruner: pruned", _known(FAILED, failure=LOST, terminated=True), Tell, Outcome.PRUNED),
+    ("running, worker beats: wait", _known(RUNNING, worker="w1"), Wait, 0),
+    ("running, worker silent: a retry", _known(RUNNING, worker="w1", worker_alive=False), Resend, Resends(retries=1)),
+    ("running, worker silent, over memory: oom", _known(RUNNING, worker="w1", worker_alive=False, oom_rss=1), Tell, Outcome.OOM),
+    ("running past the prune grace: terminate", _known(RUNNING, prune_overdue=True), Terminate, None),
+    ("already terminated: wait for its end", _known(RUNNING, prune_overdue=True, terminated=True), Wait, 0),
+    ("waiting, not checked: keep the count", _known(WAITING, unseen_checks=1), Wait, 1),
+    ("waiting, queued: count reset", _known(WAITING, queued=True, unseen_checks=1), Wait, 0),
+    ("waiting, unseen once: count it", _known(WAITING, queued=False), Wait, 1),
+    ("waiting, unseen twice: re-sent, no retry used", _known(WAITING, queued=False, unseen_checks=1), Resend, Resends()),
+]
+
+
+@pytest.mark.parametrize(("known", "kind", "expected"), [row[1:] for row in TABLE], ids=[row[0] for row in TABLE])
+def test_the_fate_rule(known: Known, kind: type, expected: Any) -> None:
+    action = decide(known, LIMITS)
+
+    assert type(action) is kind
+    if isinstance(action, Tell):
+        assert action.result.outcome is expected
+        assert (action.result.number, action.result.attempt) == (7, 1)
+    elif isinstance(action, Resend):
+        assert action.resends == expected
+    elif isinstance(action, Wait):
+        assert action.unseen_checks == expected
+
+
+def test_a_never_started_attempt_is_sent_under_its_own_number_others_under_the_next() -> None:
+    unseen = decide(_known(WAITING, queued=False, unseen_checks=1), LIMITS)
+    lost = decide(_known(FAILED, failure=LOST), LIMITS)
+
+    assert isinstance(unseen, Resend) and not unseen.new_attempt
+    assert isinstance(lost, Resend) and lost.new_attempt
+
+
+def test_a_preempted_attempts_files_stay_linked_and_the_give_up_says_why() -> None:
+    result = _result(Outcome.PREEMPTED, error="SIGTERM")
+    resent = decide(_known(FINISHED, result=result), LIMITS)
+    told = decide(_known(FINISHED, result=result, resends=PREEMPTED_OUT), LIMITS)
+
+    assert isinstance(resent, Resend) and resent.keep_artifacts == result
+    assert isinstance(told, Tell) and told.result.error == "SIGTERM; gave up after 3 preemptions"
+
+
+def test_an_oom_kill_records_the_rss_it_died_at() -> None:
+    told = decide(_known(FAILED, failure=LOST, oom_rss=600 << 20), LIMITS)
+
+    assert isinstance(told, Tell)
+    assert told.result.peak_rss_bytes == 600 << 20
+    assert "memory_limit_mb = 512" in (told.result.error or "")
+
+
+def test_retries_and_preemptions_count_apart() -> None:
+    once_each = replace(_known(FAILED, failure=LOST), resends=Resends(retries=1, preemptions=3))
+
+    action = decide(once_each, LIMITS)
+
+    assert isinstance(action, Resend) and action.resends == Resends(retries=2, preemptions=3)
+
+
+@pytest.mark.parametrize(
+    ("status", "alive", "expected"),
+    [
+        (TaskStatus(FINISHED, result=_result(Outcome.OK)), True, False),
+        (TaskStatus(FINISHED, result=_result(Outcome.ERROR, device_refused=True)), True, True),
+        (TaskStatus(FAILED, failure=LOST), True, True),
+        (TaskStatus(FAILED, failure=Outcome.TIMEOUT), True, False),
+        (TaskStatus(RUNNING, worker="w"), True, False),
+        (TaskStatus(RUNNING, worker="w"), False, True),
+        (TaskStatus(WAITING), True, False),
+    ],
+)
+def test_the_channel_is_asked_only_when_an_attempt_may_be_lost(
+    status: TaskStatus, alive: bool, expected: bool
+) -> None:
+    assert may_be_lost(status, alive) is expected
