@@ -172,8 +172,9 @@ def run_trialq(workload: str, params: list[dict[str, Any]], variant: str) -> Run
                 params=trial_params,
                 entrypoint=Entrypoint("benchmarks.trials", _FUNCTIONS[workload]),
                 timeout_s=TRIAL_TIMEOUT_S,
+                hard_limit_s=TRIAL_TIMEOUT_S + 60,
             )
-            return dispatcher.submit(request, queue, TRIAL_TIMEOUT_S + 60)
+            return dispatcher.submit(request, queue)
 
         _wait_results(client, [send("noop", params[0])], lambda _: None)
         startup_s = time.monotonic() - started

@@ -31,11 +31,16 @@ WAIT_S = 90.0
 
 
 def _request(
-    function: str, number: int = 0, timeout_s: float = 60, **params: object
+    function: str,
+    number: int = 0,
+    timeout_s: float = 60,
+    hard_limit_s: float = 120,
+    **params: object,
 ) -> TrialRequest:
     return TrialRequest(
         study="pool", number=number, attempt=1, params=params,  # type: ignore[arg-type]
         entrypoint=Entrypoint("trials", function), timeout_s=timeout_s,
+        hard_limit_s=hard_limit_s,
     )  # fmt: skip
 
 
@@ -68,7 +73,7 @@ def _run_lingering_trials(
     log = str(tmp_path / "pids")
     ids = [
         dispatcher.submit(
-            _request("records_its_process", n, log=log, linger_s=0.3, **params), "gpu", 120
+            _request("records_its_process", n, log=log, linger_s=0.3, **params), "gpu"
         )
         for n in range(count)
     ]
@@ -113,9 +118,9 @@ def test_a_killed_trial_process_is_a_lost_worker_and_the_next_trial_runs(
 ) -> None:
     start_workers(1, extra_env={"TRIALQ_PRELOAD": "none"})
     dispatcher = CeleryDispatcher(Settings(broker_url=redis_url))
-    killed = dispatcher.submit(_request("kills_its_process"), "gpu", 120)
+    killed = dispatcher.submit(_request("kills_its_process"), "gpu")
     log = str(tmp_path / "pids")
-    after = dispatcher.submit(_request("records_its_process", 1, log=log), "gpu", 120)
+    after = dispatcher.submit(_request("records_its_process", 1, log=log), "gpu")
     statuses = _wait(dispatcher, [killed, after], FINAL)
 
     assert statuses[killed].phase is TaskPhase.FAILED
@@ -129,10 +134,12 @@ def test_soft_and_hard_time_limits_still_end_trials_as_timeouts(
 ) -> None:
     start_workers(1, extra_env={"TRIALQ_PRELOAD": "none"})
     dispatcher = CeleryDispatcher(Settings(broker_url=redis_url))
-    soft = _request("sleeps_then_echoes", timeout_s=1, sleep_s=30.0)
-    hard = _request("ignores_the_soft_limit_for", number=1, timeout_s=1, sleep_s=30.0)
-    soft_id = dispatcher.submit(soft, "gpu", hard_limit_s=20)
-    hard_id = dispatcher.submit(hard, "gpu", hard_limit_s=3)
+    soft = _request("sleeps_then_echoes", timeout_s=1, hard_limit_s=20, sleep_s=30.0)
+    hard = _request(
+        "ignores_the_soft_limit_for", number=1, timeout_s=1, hard_limit_s=3, sleep_s=30.0
+    )
+    soft_id = dispatcher.submit(soft, "gpu")
+    hard_id = dispatcher.submit(hard, "gpu")
     statuses = _wait(dispatcher, [soft_id, hard_id], FINAL)
 
     soft_result = statuses[soft_id].result
@@ -146,7 +153,7 @@ def test_sigterm_lets_the_running_trial_finish_and_acknowledges_it(
 ) -> None:
     start_workers(1, extra_env={"TRIALQ_PRELOAD": "none"})
     dispatcher = CeleryDispatcher(Settings(broker_url=redis_url))
-    task_id = dispatcher.submit(_request("sleeps_then_echoes", sleep_s=3.0), "gpu", 60)
+    task_id = dispatcher.submit(_request("sleeps_then_echoes", sleep_s=3.0), "gpu")
     _wait(dispatcher, [task_id], (TaskPhase.RUNNING, *FINAL))
     worker = psutil.Process(_worker_pid(redis_url))
 
@@ -166,9 +173,7 @@ def test_preloaded_tensorflow_reaches_every_trial_in_a_process_of_its_own(
     start_workers(1, extra_env={"TRIALQ_PRELOAD": "tensorflow"})
     dispatcher = CeleryDispatcher(Settings(broker_url=redis_url))
     log = str(tmp_path / "pids")
-    ids = [
-        dispatcher.submit(_request("records_its_process", n, log=log), "gpu", 120) for n in range(4)
-    ]
+    ids = [dispatcher.submit(_request("records_its_process", n, log=log), "gpu") for n in range(4)]
     statuses = _wait(dispatcher, ids, FINAL)
 
     results = [statuses[i].result for i in ids]
@@ -228,9 +233,7 @@ def test_the_worker_stops_rather_than_fork_once_its_parent_ran_a_tensorflow_op(
         time.sleep(0.1)
     dispatcher = CeleryDispatcher(Settings(broker_url=redis_url))
     log = str(tmp_path / "pids")
-    ids = [
-        dispatcher.submit(_request("records_its_process", n, log=log), "gpu", 120) for n in range(3)
-    ]
+    ids = [dispatcher.submit(_request("records_its_process", n, log=log), "gpu") for n in range(3)]
 
     output, _ = worker.communicate(timeout=WAIT_S)
 

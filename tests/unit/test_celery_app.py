@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import os
 import ssl
+from typing import Any
 
 from trialq._celery.app import create_app
+from trialq._celery.dispatcher import CeleryDispatcher
 from trialq.settings import Settings
+from trialq.wire.entrypoint import Entrypoint
+from trialq.wire.messages import TrialRequest
 
 
 def test_the_design_settings_are_pinned() -> None:
@@ -59,3 +63,29 @@ def test_the_worker_command_line_carries_the_apps_design_settings() -> None:
     assert flags["--queues"] == "q1" and flags["--concurrency"] == "3"
     assert flags["--loglevel"] == "DEBUG" and flags["--hostname"].startswith("trialq-")
     assert argv[-1] == "-E"
+
+
+class _SendingApp:
+    """Records what the dispatcher hands Celery's `send_task`."""
+
+    backend = None
+
+    def __init__(self) -> None:
+        self.sent: dict[str, Any] = {}
+
+    def send_task(self, name: str, **options: Any) -> None:
+        self.sent = {"name": name, **options}
+
+
+def test_the_dispatcher_sends_the_requests_own_soft_and_hard_limits() -> None:
+    app = _SendingApp()
+    dispatcher = CeleryDispatcher(Settings(broker_url="redis://127.0.0.1:1/0"), app=app)  # type: ignore[arg-type]
+    request = TrialRequest(
+        study="limits", number=0, attempt=1, params={"x": 1.0},
+        entrypoint=Entrypoint("trials", "quadratic"), timeout_s=60, hard_limit_s=90,
+    )  # fmt: skip
+
+    assert dispatcher.submit(request, "gpu", task_id="t-1") == "t-1"
+
+    assert (app.sent["soft_time_limit"], app.sent["time_limit"]) == (60, 90)
+    assert app.sent["args"] == [request.model_dump(mode="json")]

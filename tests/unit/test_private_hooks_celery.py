@@ -267,9 +267,9 @@ def _dispatcher(redis_url: str) -> CeleryDispatcher:
 def _send(dispatcher: CeleryDispatcher) -> str:
     request = TrialRequest(
         study="hooks", number=0, attempt=1, params={"x": 1.0},
-        entrypoint=Entrypoint("trials", "quadratic"), timeout_s=60,
+        entrypoint=Entrypoint("trials", "quadratic"), timeout_s=60, hard_limit_s=120,
     )  # fmt: skip
-    return dispatcher.submit(request, "gpu", 120)
+    return dispatcher.submit(request, "gpu")
 
 
 def test_a_waiting_trial_is_in_the_queues_list(redis_url: str) -> None:

@@ -16,7 +16,7 @@ from trialq.errors import BrokerUnreachable
 from trialq.settings import Settings
 from trialq.wire import heartbeat
 from trialq.wire.channel import ReportChannel
-from trialq.wire.dispatch import TaskPhase, TaskStatus
+from trialq.wire.dispatch import TaskPhase, TaskStatus, with_deprecated_hard_limit
 from trialq.wire.keys import KOMBU_UNACKED, kombu_queue_key, result_key, withdrawn_key
 from trialq.wire.messages import Outcome, TrialRequest, TrialResult
 
@@ -45,9 +45,15 @@ class CeleryDispatcher:
             raise BrokerUnreachable(f"broker unreachable: {_without_password(exc)}") from None
 
     def submit(
-        self, request: TrialRequest, queue: str, hard_limit_s: float, task_id: str | None = None
+        self,
+        request: TrialRequest,
+        queue: str,
+        hard_limit_s: float | None = None,
+        task_id: str | None = None,
     ) -> str:
-        """Publish the request on the queue with its soft and hard time limits."""
+        """Publish the request on the queue with its soft and hard time limits (`hard_limit_s`
+        here is deprecated: `Dispatcher.submit`)."""
+        request = with_deprecated_hard_limit(request, hard_limit_s)
         task_id = task_id or str(uuid.uuid4())
         try:
             self._app.send_task(
@@ -56,7 +62,7 @@ class CeleryDispatcher:
                 task_id=task_id,
                 queue=queue,
                 soft_time_limit=request.timeout_s,
-                time_limit=hard_limit_s,
+                time_limit=request.hard_limit_s,
             )
         except (OperationalError, redis.RedisError) as exc:
             raise BrokerUnreachable(f"cannot send a trial: {_without_password(exc)}") from None

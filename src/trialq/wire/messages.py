@@ -1,7 +1,9 @@
 """The messages between the driver and the trial process: typed, versioned, JSON.
 
 A Celery task carries one `TrialRequest` and returns one `TrialResult`, both as plain JSON
-objects. `version` lets an old worker and a new driver refuse each other clearly.
+objects. `version` lets an old worker and a new driver refuse each other clearly. A field
+added with a default is a compatible change (an older reader ignores it, a newer one reads
+its default from an older writer) and keeps the version; anything else bumps it.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import secrets
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from trialq.wire.entrypoint import EntrypointRef
 
@@ -85,6 +87,12 @@ class TrialRequest(_Message):
     params: dict[str, ParamValue]
     entrypoint: EntrypointRef
     timeout_s: float = Field(gt=0)
+    """The soft limit: the trial is interrupted then and ends `timeout` (Celery's soft limit)."""
+    hard_limit_s: float | None = Field(default=None, gt=0)
+    """When the trial's process is killed: the soft limit plus the spec's grace. The
+    dispatcher hands it to the queue (Celery's hard time limit); the trial never reads it.
+    None only in a request from an older driver, which sent the limit beside the request: no
+    hard limit but the worker's own then."""
     memory_limit_mb: int = Field(default=0, ge=0)
     search_paths: tuple[str, ...] = ()
     """Folders put on `sys.path` before importing the entrypoint (the spec's, in --local)."""
@@ -95,6 +103,15 @@ class TrialRequest(_Message):
     """The spec's `[trial] keep_checkpoints`: the final attempt leaves its folder in place."""
     preemptions: int = Field(default=0, ge=0)
     """How many earlier attempts of this trial were preempted (the driver's count)."""
+
+    @model_validator(mode="after")
+    def _killed_after_the_soft_limit(self) -> TrialRequest:
+        if self.hard_limit_s is not None and self.hard_limit_s <= self.timeout_s:
+            raise ValueError(
+                f"hard_limit_s ({self.hard_limit_s:g}) must be past timeout_s "
+                f"({self.timeout_s:g}): a process killed first never times out"
+            )
+        return self
 
 
 class TrialResult(_Message):

@@ -1,0 +1,49 @@
+"""The trial request carries its own time limits, and a request from an older driver, which
+sent the hard limit beside it, still reads (a compatible change: the version stays 1)."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from trialq.wire.dispatch import with_deprecated_hard_limit
+from trialq.wire.entrypoint import Entrypoint
+from trialq.wire.messages import MESSAGE_VERSION, TrialRequest
+
+BASE: dict[str, object] = {
+    "study": "limits",
+    "number": 0,
+    "attempt": 1,
+    "params": {"x": 1.0},
+    "entrypoint": Entrypoint("trials", "quadratic"),
+    "timeout_s": 60,
+}
+
+
+def _request(**fields: object) -> TrialRequest:
+    return TrialRequest.model_validate({**BASE, **fields})
+
+
+def test_the_hard_limit_travels_in_the_request() -> None:
+    request = _request(hard_limit_s=120)
+    sent = request.model_dump(mode="json")
+    assert sent["hard_limit_s"] == 120 and sent["version"] == MESSAGE_VERSION
+    assert TrialRequest.model_validate(sent) == request
+
+
+def test_a_request_from_an_older_driver_reads_without_a_hard_limit() -> None:
+    old = _request().model_dump(mode="json")
+    del old["hard_limit_s"]
+    assert TrialRequest.model_validate(old).hard_limit_s is None
+
+
+@pytest.mark.parametrize("hard_limit_s", [60, 30, 0])
+def test_a_hard_limit_not_past_the_soft_one_is_refused(hard_limit_s: float) -> None:
+    with pytest.raises(ValidationError, match="hard_limit_s"):
+        _request(hard_limit_s=hard_limit_s)
+
+
+def test_the_deprecated_limit_beside_the_request_fills_only_a_request_without_one() -> None:
+    assert with_deprecated_hard_limit(_request(), 90).hard_limit_s == 90
+    assert with_deprecated_hard_limit(_request(hard_limit_s=120), 90).hard_limit_s == 120
+    assert with_deprecated_hard_limit(_request(), None).hard_limit_s is None
