@@ -248,6 +248,7 @@ class StudyDriver:
             params=dict(trial.params),
             entrypoint=self.spec.trial.entrypoint.resolved(self.spec.directory),
             timeout_s=self.spec.trial.timeout_s,
+            hard_limit_s=self.spec.trial.hard_limit_s,
             memory_limit_mb=self.spec.trial.memory_limit_mb,
             search_paths=self.options.search_paths,
             checkpoint_key=checkpoint_key,
@@ -290,9 +291,7 @@ class StudyDriver:
     def _submit(self, recorded: Recording) -> None:
         request, task_id = recorded.request, recorded.task_id
         try:
-            self.dispatcher.submit(
-                request, self.spec.trial.queue, self.spec.trial.hard_limit_s, task_id
-            )
+            self.dispatcher.submit(request, self.spec.trial.queue, task_id=task_id)
         except BaseException:
             self.unsent.append(recorded)
             raise
