@@ -16,7 +16,8 @@ import pytest
 from billiard.queues import _SimpleQueue
 from celery.concurrency import asynpool
 
-from trialq._celery.pool import TrialAsynPool, TrialSlots
+from trialq._celery.pool import TrialAsynPool
+from trialq.trial.slots import TrialSlots
 
 
 def _hold_slot(directory: str, count: int, held: multiprocessing.synchronize.Event) -> None:

@@ -14,37 +14,27 @@ to report ready. Measured here, that was 0.2 s a trial at best and 5 s at worst 
   starts in a spare still waits for its predecessor: the device is clean when a trial
   starts, and no two trials of a worker ever share it. A process that never initialised a
   device hands its slot over as soon as its result is read (`hand_over_trial_slot`): its
-  exit frees nothing the next trial needs.
+  exit frees nothing the next trial needs. The slots themselves (`trialq.trial.slots`) know
+  nothing of Celery; this pool creates them before it forks and removes them when it stops.
 - it reaps an exited child as soon as the child can be reaped, not at the next 5 s timer,
   and without Celery's 10 ms wait on the reaped child's pipe.
 """
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import logging
 import os
-import shutil
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
-import psutil
 from billiard import pool as billiard_pool
 from celery.concurrency import asynpool
 from celery.concurrency.prefork import TaskPool
 
 from trialq.trial.prewarm import device_in_use
+from trialq.trial.slots import POLL_S, TrialSlots, claim_for_trial
 
 logger = logging.getLogger("trialq.pool")  # the name log lines show; kept when the module moved
-
-SLOT_WAIT_S = 60.0
-"""How long a trial waits for its predecessor's process to exit before it runs anyway."""
-
-_POLL_S = 0.001
-"""Polling step while waiting for a slot, or for the parent to read a finished trial's result."""
 
 _RESULT_READ_WAIT_S = 30.0
 """How long a finished child waits for the parent to read its result (billiard's own limit)."""
@@ -52,113 +42,9 @@ _RESULT_READ_WAIT_S = 30.0
 _REAP_FIRST_RETRY_S = 0.002
 _REAP_LAST_RETRY_S = 0.5
 
-
-class TrialSlots:
-    """One lock file per trial slot; a trial process holds one for as long as it lives.
-
-    The kernel drops a process's lock while it closes its files on exit, a moment before the
-    process has finished exiting (and, on a GPU, maybe before its device files are closed). So
-    each holder also writes who it is into the file, and the next one waits for that process to
-    be gone entirely.
-    """
-
-    def __init__(self, directory: Path, count: int) -> None:
-        self.directory = directory
-        self.count = count
-        self._held: int | None = None
-
-    @classmethod
-    def create(cls, count: int) -> TrialSlots:
-        """Make the lock files in a fresh private folder (done by the parent, before forking)."""
-        directory = Path(tempfile.mkdtemp(prefix="trialq-slots-"))
-        for index in range(count):
-            (directory / f"slot{index}").touch()
-        return cls(directory, count)
-
-    def claim(self, timeout_s: float = SLOT_WAIT_S) -> bool:
-        """Take a free slot for the rest of this process's life, once its previous holder is
-        gone; False if that did not happen within `timeout_s`."""
-        if self._held is not None:
-            return True
-        deadline = time.monotonic() + timeout_s
-        while True:
-            for index in range(self.count):
-                previous = self._try_lock(self.directory / f"slot{index}")
-                if previous is not None:
-                    return _wait_until_gone(previous, deadline)
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(_POLL_S)
-
-    def _try_lock(self, path: Path) -> tuple[int, float] | None:
-        """Lock `path` and sign it; the previous holder's (pid, start time), or None if busy."""
-        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            return None
-        self._held = fd
-        # A process the trial forks shares the lock; it must not keep the slot after the trial.
-        os.register_at_fork(after_in_child=self._drop_inherited)
-        previous = _read_holder(fd)
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()} {_started_at(os.getpid())}".encode(), 0)
-        return previous
-
-    def hand_over(self) -> None:
-        """Give the slot up now, and let the next holder start without waiting for this
-        process to be gone: for a process about to exit that holds no device state."""
-        if self._held is not None:
-            with contextlib.suppress(OSError):
-                os.ftruncate(self._held, 0)  # nobody to wait for
-            self.release()
-
-    def release(self) -> None:
-        """Give the slot back before this process exits (trials never do: exiting frees it)."""
-        if self._held is not None:
-            with contextlib.suppress(OSError):
-                os.close(self._held)
-            self._held = None
-
-    def _drop_inherited(self) -> None:
-        self.release()
-
-    def remove(self) -> None:
-        """Delete the lock files (the worker is stopping)."""
-        shutil.rmtree(self.directory, ignore_errors=True)
-
-
-def _read_holder(fd: int) -> tuple[int, float]:
-    try:
-        pid, started = os.pread(fd, 64, 0).split()
-        return int(pid), float(started)
-    except ValueError:
-        return 0, 0.0  # a fresh slot: nobody held it
-
-
-def _started_at(pid: int) -> float:
-    try:
-        return float(psutil.Process(pid).create_time())
-    except psutil.NoSuchProcess:
-        return -1.0
-
-
-def _wait_until_gone(holder: tuple[int, float], deadline: float) -> bool:
-    """Wait until the process `holder` names has exited (a zombie is gone enough)."""
-    pid, started = holder
-    while pid and pid != os.getpid() and _started_at(pid) == started:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
-                return True
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(_POLL_S)
-    return True
-
-
 _slots: TrialSlots | None = None
-"""This worker's slots: set in the parent before it forks, so every child inherits them."""
+"""This worker's slots: set by `TrialPool` in the parent before it forks, so every child
+inherits them; process-wide because the child's task and its pool process both read them."""
 
 
 def claim_trial_slot() -> None:
@@ -166,24 +52,8 @@ def claim_trial_slot() -> None:
 
     A no-op outside `TrialPool` (e.g. `celery worker -P solo`), where nothing overlaps.
     """
-    if _slots is None:
-        return
-    started = time.monotonic()
-    try:
-        claimed = _slots.claim()
-    except OSError as exc:  # the worker is stopping and removed its slots
-        logger.warning("trial process %d: no slot to claim (%s); running anyway", os.getpid(), exc)
-        return
-    if not claimed:
-        logger.warning(
-            "trial process %d: the previous trial's process still holds the slot after %.0f s; "
-            "running anyway",
-            os.getpid(),
-            SLOT_WAIT_S,
-        )
-    waited = time.monotonic() - started
-    if waited > 1.0:
-        logger.info("trial process %d waited %.1f s for its slot", os.getpid(), waited)
+    if _slots is not None:
+        claim_for_trial(_slots)
 
 
 def hand_over_trial_slot() -> None:
@@ -214,7 +84,7 @@ class TrialProcess(asynpool.Worker):  # type: ignore[misc]
             if self.on_ready_counter.value >= completed:
                 hand_over_trial_slot()
                 return True
-            time.sleep(_POLL_S)
+            time.sleep(POLL_S)
         logger.warning("pool child %d exits before its result was read", os.getpid())
         return False
 
