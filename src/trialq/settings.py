@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import quote, urlsplit, urlunsplit
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 DEFAULT_BROKER_URL = "redis://127.0.0.1:6379/0"
@@ -100,6 +100,12 @@ class Settings(BaseSettings):
     volume the workers and whoever reads the artifacts (optuna-dashboard) both mount. Or
     `s3://BUCKET`, kept as a `str`: Optuna's `Boto3ArtifactStore(BUCKET)`, written with boto3
     (the `s3` extra), which keeps each file at the bucket's top, so no prefix is taken."""
+
+    cuda_visible_devices: str | None = Field(
+        default=None, validation_alias=AliasChoices("cuda_visible_devices", "CUDA_VISIBLE_DEVICES")
+    )
+    """`CUDA_VISIBLE_DEVICES` (no `TRIALQ_` prefix: CUDA reads it too), the GPUs a worker's
+    trials see (`trialq worker --gpu` sets it); its heartbeat names them. Unset: all of them."""
 
     @model_validator(mode="before")
     @classmethod
