@@ -4,6 +4,11 @@
 carry the design: one trial per process, one message reserved at a time, acknowledged only
 after the trial ends, JSON only. The worker's parent may import TensorFlow (`preload`) but
 never initialises it or a GPU: it checks that before every fork, and each child at its start.
+
+What a worker holds (its settings, its app, the device baseline, the heartbeat, the running
+trial's beacon and Redis client) lives on one `WorkerState`, built from the `Settings` it is
+given. Celery's signals reach it through one handler per signal, each calling the state's
+steps in the order it states, so nothing depends on the order Celery connects handlers in.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from contextvars import Token
 from typing import Any
 
 import redis
-from celery import signals
+from celery import Celery, signals
 from celery.exceptions import Ignore, SoftTimeLimitExceeded, WorkerShutdown
 from celery.worker import state as worker_state
 
@@ -46,53 +51,196 @@ from trialq.wire.messages import Outcome, TrialRequest, TrialResult
 EX_SOFTWARE = 70
 """Exit status of a worker, or a pool child, that refuses to go on (os.EX_SOFTWARE)."""
 
+RESULT_RETRY_DELAYS_S = (0, 0.5, 1, 2, 4, 8, 15, 30, 30, 30)
+"""Waits before each try to store a trial's result: a Redis restart is ridden out for 2 min."""
+
 logger = logging.getLogger("trialq.worker")  # the name log lines show; kept when the module moved
 
-settings = Settings()
-app = create_app(settings)
-_redis: redis.Redis | None = None
 
+class WorkerState:
+    """One worker's state and the steps Celery's signals run on it.
 
-def _trial_redis() -> redis.Redis:
-    """The trial process's Redis (connected after the fork, never inherited): the result
-    backend's client when the backend is the broker, so that a trial opens one connection."""
-    global _redis
-    if _redis is None:
-        if settings.backend_url == settings.broker_url:
-            _redis = app.backend.client
-        else:
-            _redis = redis.Redis.from_url(settings.broker_url)
-    return _redis
+    Built in the worker's parent from the `Settings` it is given; each trial process inherits
+    it through the fork and fills in what belongs to its trial (its Redis client, beacon and
+    log context).
+    """
 
+    result_retry_delays_s: tuple[float, ...] = RESULT_RETRY_DELAYS_S
 
-@app.task(name=TASK_NAME, bind=True, acks_late=True)
-def run_trial_task(self: Any, payload: dict[str, Any]) -> dict[str, Any]:
-    """Run one trial attempt in this (fresh) process and return its `TrialResult` as JSON."""
-    request = TrialRequest.model_validate(payload)
-    task_id = self.request.id
-    if _trial_redis().exists(withdrawn_key(task_id), result_key(task_id)):
-        # Withdrawn by the driver, or a redelivery of a trial that already ended: not run.
-        raise Ignore()
-    claim_trial_slot()
-    channel = ReportChannel(_trial_redis())
-    root = settings.checkpoint_root or checkpoints.default_root()
-    result = run_trial(
-        request,
-        channel=channel,
-        device=TensorFlowDevice(),
-        allowed_modules=settings.allowed_modules,
-        timeout_errors=(SoftTimeLimitExceeded,),
-        baseline=_baseline,
-        checkpoint_root=root,
-        artifact_root=settings.artifact_root,
-    )
-    message = _bounded_json(result)
-    _keep_result(task_id, message)
-    with contextlib.suppress(OSError, redis.RedisError):
-        checkpoints.remove_orphans(channel, root)  # after the result: off the trial's time
-    if result.device_refused:
-        _stop_taking_trials()
-    return json.loads(message)  # type: ignore[no-any-return]
+    def __init__(self, settings: Settings, app: Celery | None = None) -> None:
+        self.settings = settings
+        self.app = app if app is not None else create_app(settings)
+        self.baseline: DeviceBaseline | None = None
+        self.heartbeat: Heartbeat | None = None
+        self._redis: redis.Redis | None = None
+        self._beacon: TrialBeacon | None = None
+        self._log_token: Token[Mapping[str, str]] | None = None
+
+    def trial_redis(self) -> redis.Redis:
+        """The trial process's Redis (connected after the fork, never inherited): the result
+        backend's client when the backend is the broker, so that a trial opens one connection."""
+        if self._redis is None:
+            if self.settings.backend_url == self.settings.broker_url:
+                self._redis = self.app.backend.client
+            else:
+                self._redis = redis.Redis.from_url(self.settings.broker_url)
+        return self._redis
+
+    # The task: one trial attempt in this (fresh) process.
+
+    def run_task(self, task_id: str, payload: dict[str, Any]) -> dict[str, Any]:
+        """Run one trial attempt and return its `TrialResult` as JSON (stored first)."""
+        request = TrialRequest.model_validate(payload)
+        if self.trial_redis().exists(withdrawn_key(task_id), result_key(task_id)):
+            # Withdrawn by the driver, or a redelivery of a trial that already ended: not run.
+            raise Ignore()
+        claim_trial_slot()
+        channel = ReportChannel(self.trial_redis())
+        root = self.settings.checkpoint_root or checkpoints.default_root()
+        result = self._run(request, channel, root)
+        message = self.bounded_json(result)
+        self.keep_result(request, task_id, message)
+        with contextlib.suppress(OSError, redis.RedisError):
+            checkpoints.remove_orphans(channel, root)  # after the result: off the trial's time
+        if result.device_refused:
+            _stop_taking_trials()
+        return json.loads(message)  # type: ignore[no-any-return]
+
+    def _run(self, request: TrialRequest, channel: ReportChannel, root: Any) -> TrialResult:
+        return run_trial(
+            request,
+            channel=channel,
+            device=TensorFlowDevice(),
+            allowed_modules=self.settings.allowed_modules,
+            timeout_errors=(SoftTimeLimitExceeded,),
+            baseline=self.baseline,
+            checkpoint_root=root,
+            artifact_root=self.settings.artifact_root,
+        )
+
+    def keep_result(self, request: TrialRequest, task_id: str, message: str) -> None:
+        """Store the result under trialq's own key, waiting out a Redis restart if needed."""
+        for delay in self.result_retry_delays_s:
+            time.sleep(delay)
+            try:
+                self.trial_redis().set(result_key(task_id), message, ex=RESULT_TTL_S)
+                return
+            except redis.RedisError:
+                continue
+
+    def bounded_json(self, result: TrialResult) -> str:
+        """The result as JSON; one too large to store keeps the outcome's facts, not the
+        metrics."""
+        message = result.model_dump_json()
+        limit = self.settings.max_result_bytes
+        if len(message) <= limit:
+            return message
+        refused = {
+            "outcome": Outcome.ERROR,
+            "metrics": {},
+            "error": f"result of {len(message)} bytes refused (limit {limit})",
+        }
+        return result.model_copy(update=refused).model_dump_json()
+
+    # The worker's parent, starting.
+
+    def preload(self) -> None:
+        """Import the framework in the parent, before the pool forks (`trialq worker` did
+        already)."""
+        try:
+            preload(preload_modules(self.settings.preload))
+        except TrialqError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            raise SystemExit(exc.exit_code) from None
+
+    def measure_device_baseline(self) -> None:
+        """Before the pool forks any trial process: the memory a clean device holds."""
+        tolerance = self.settings.gpu_baseline_tolerance_mb * MIB
+        self.baseline = DeviceBaseline.measure(TensorFlowDevice(), tolerance)
+
+    def start_heartbeat(self, consumer: Any) -> None:
+        """Beat for this worker in Redis (and its heartbeat file) until it shuts down."""
+        queues = tuple(sorted(consumer.app.amqp.queues.consume_from or [DEFAULT_QUEUE]))
+        beat = WorkerBeat(
+            name=consumer.hostname,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            queues=queues,
+            gpu=self.settings.cuda_visible_devices,
+            beat_at=0.0,
+        )
+        client = redis.Redis.from_url(self.settings.broker_url, socket_timeout=5)
+        interval, ttl = self.settings.heartbeat_interval_s, self.settings.heartbeat_ttl_s
+        self.heartbeat = Heartbeat(client, beat, interval, ttl, mark=self.settings.heartbeat_file)
+        self.heartbeat.start()
+
+    def stop_heartbeat(self) -> None:
+        if self.heartbeat is not None:
+            self.heartbeat.stop()
+
+    # A trial process, around its trial.
+
+    def prepare_trial_process(self) -> None:
+        """A new child, before it takes a trial: refuse inherited device state, then connect.
+
+        A spare child waits idle for its trial, so it opens its Redis connections now rather
+        than on the trial's time. It dies with the worker (`trialq.lifeline`): a trial whose
+        worker is gone is retried elsewhere, and must not hold the GPU meanwhile.
+        """
+        die_with_parent(signal.SIGKILL)
+        reason = device_in_use()
+        if reason is not None:
+            logger.critical("pool child %d exits unused: %s before the fork", os.getpid(), reason)
+            os._exit(EX_SOFTWARE)
+        with contextlib.suppress(redis.RedisError):
+            self.trial_redis().ping()
+            if self.trial_redis() is not self.app.backend.client:
+                self.app.backend.client.ping()
+
+    def claim_trial(self, hostname: str, task_id: str, payload: dict[str, Any]) -> None:
+        """Tell `trialq status` which trial this worker now runs, and name it on every log
+        line until the task ends (Celery's 'succeeded' line included)."""
+        running = _running_trial(hostname, task_id, payload)
+        self._log_token = logs.enter_trial(running)
+        interval, ttl = self.settings.heartbeat_interval_s, self.settings.heartbeat_ttl_s
+        self._beacon = TrialBeacon(self.trial_redis(), running, interval, ttl).start()
+
+    def release_trial(self) -> None:
+        """The trial is over, whatever its outcome: this worker no longer runs it."""
+        if self._beacon is not None:
+            self._beacon.stop()
+            self._beacon = None
+        if self._log_token is not None:
+            logs.leave_trial(self._log_token)
+            self._log_token = None
+
+    # The worker's parent, stopping.
+
+    def preempt_running_trials(self) -> None:
+        """SIGTERM (warm shutdown): tell each running trial to save and return, at once, and
+        with `stop_grace_s` set, kill what still runs that much later, before the platform
+        kills the whole worker.
+
+        Celery's warm shutdown waits for the running task however long it takes; a spot node
+        gives 30 s to 2 min. The notice is the attempt's stop flag in Redis, which
+        `trial.should_stop()` reads; the driver finds it there too, so an attempt killed after
+        it counts as preempted, not as a lost worker. Runs in the parent's signal handler: it
+        only writes a few keys and starts a timer thread.
+        """
+        running = _running_requests()
+        if not running:
+            return
+        self._send_stop_notices([request for request, _pid in running])
+        _kill_later([pid for _request, pid in running], self.settings.stop_grace_s)
+
+    def _send_stop_notices(self, requests: list[TrialRequest]) -> None:
+        try:
+            client = redis.Redis.from_url(self.settings.broker_url, socket_timeout=5)
+            channel = ReportChannel(client)
+            for request in requests:
+                channel.request_stop(TrialAddress(request.study, request.number, request.attempt))
+        except redis.RedisError as exc:
+            logger.warning("stop notice not sent (Redis: %s); the trials run on until killed", exc)
 
 
 def _stop_taking_trials() -> None:
@@ -105,42 +253,7 @@ def _stop_taking_trials() -> None:
     os.kill(os.getppid(), signal.SIGTERM)
 
 
-def _keep_result(task_id: str, message: str) -> None:
-    """Store the result under trialq's own key, waiting out a Redis restart if needed."""
-    for delay in (0, 0.5, 1, 2, 4, 8, 15, 30, 30, 30):
-        time.sleep(delay)
-        try:
-            _trial_redis().set(result_key(task_id), message, ex=RESULT_TTL_S)
-            return
-        except redis.RedisError:
-            continue
-
-
-def _bounded_json(result: TrialResult) -> str:
-    """The result as JSON; one too large to store keeps the outcome's facts, not the metrics."""
-    message = result.model_dump_json()
-    if len(message) <= settings.max_result_bytes:
-        return message
-    refused = {
-        "outcome": Outcome.ERROR,
-        "metrics": {},
-        "error": f"result of {len(message)} bytes refused (limit {settings.max_result_bytes})",
-    }
-    return result.model_copy(update=refused).model_dump_json()
-
-
-@signals.worker_init.connect
-def _preload(**_: Any) -> None:
-    """Import the framework in the parent, before the pool forks (`trialq worker` did already)."""
-    try:
-        preload(preload_modules(settings.preload))
-    except TrialqError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        raise SystemExit(exc.exit_code) from None
-
-
-@signals.worker_before_create_process.connect
-def _refuse_fork_after_device_use(**_: Any) -> None:
+def _refuse_fork_after_device_use() -> None:
     """The parent is about to fork a trial process: never with a device initialised."""
     reason = device_in_use()
     if reason is not None:
@@ -148,39 +261,7 @@ def _refuse_fork_after_device_use(**_: Any) -> None:
         raise WorkerShutdown(EX_SOFTWARE)
 
 
-@signals.worker_process_init.connect
-def _prepare_trial_process(**_: Any) -> None:
-    """A new child, before it takes a trial: refuse inherited device state, then connect.
-
-    A spare child waits idle for its trial, so it opens its Redis connections now rather than
-    on the trial's time. It dies with the worker (`trialq.lifeline`): a trial whose worker is
-    gone is retried elsewhere, and must not hold the GPU meanwhile.
-    """
-    die_with_parent(signal.SIGKILL)
-    reason = device_in_use()
-    if reason is not None:
-        logger.critical("pool child %d exits unused: %s before the fork", os.getpid(), reason)
-        os._exit(EX_SOFTWARE)
-    with contextlib.suppress(redis.RedisError):
-        _trial_redis().ping()
-        if _trial_redis() is not app.backend.client:
-            app.backend.client.ping()
-
-
-_heartbeat: Heartbeat | None = None
-_baseline: DeviceBaseline | None = None
-
-
-@signals.worker_init.connect
-def _measure_device_baseline(**_: Any) -> None:
-    """Before the pool forks any trial process: the memory a clean device holds."""
-    global _baseline
-    tolerance = settings.gpu_baseline_tolerance_mb * MIB
-    _baseline = DeviceBaseline.measure(TensorFlowDevice(), tolerance)
-
-
-@signals.worker_ready.connect
-def _freeze_started_worker(**_: Any) -> None:
+def _freeze_started_worker() -> None:
     """Move what the worker built while starting out of the collector's sight.
 
     Celery collects garbage in the parent before every fork (its issue 2927), and with one
@@ -189,51 +270,6 @@ def _freeze_started_worker(**_: Any) -> None:
     """
     gc.collect()
     gc.freeze()
-
-
-@signals.worker_ready.connect
-def _start_heartbeat(sender: Any = None, **_: Any) -> None:
-    global _heartbeat
-    queues = tuple(sorted(sender.app.amqp.queues.consume_from or [DEFAULT_QUEUE]))
-    beat = WorkerBeat(
-        name=sender.hostname,
-        host=socket.gethostname(),
-        pid=os.getpid(),
-        queues=queues,
-        gpu=os.environ.get("CUDA_VISIBLE_DEVICES"),
-        beat_at=0.0,
-    )
-    client = redis.Redis.from_url(settings.broker_url, socket_timeout=5)
-    _heartbeat = Heartbeat(
-        client,
-        beat,
-        settings.heartbeat_interval_s,
-        settings.heartbeat_ttl_s,
-        mark=settings.heartbeat_file,
-    )
-    _heartbeat.start()
-
-
-@signals.after_setup_logger.connect
-def _structured_logs(logger: logging.Logger, **_: Any) -> None:
-    """Every worker line, Celery's too, names its study, trial and attempt (or `-`)."""
-    logs.adopt_handlers(logger)
-
-
-_beacon: TrialBeacon | None = None
-_log_token: Token[Mapping[str, str]] | None = None
-
-
-@signals.task_prerun.connect
-def _claim_trial(sender: Any = None, task_id: str = "", args: Any = (), **_: Any) -> None:
-    """In the trial process: tell `trialq status` which trial this worker now runs, and
-    name it on every log line until the task ends (Celery's 'succeeded' line included)."""
-    global _beacon, _log_token
-    if getattr(sender, "name", None) == TASK_NAME:
-        running = _running_trial(sender.request.hostname, task_id, args[0])
-        _log_token = logs.enter_trial(running)
-        interval, ttl = settings.heartbeat_interval_s, settings.heartbeat_ttl_s
-        _beacon = TrialBeacon(_trial_redis(), running, interval, ttl).start()
 
 
 def _running_trial(worker: str, task_id: str, payload: dict[str, Any]) -> RunningTrial:
@@ -247,56 +283,6 @@ def _running_trial(worker: str, task_id: str, payload: dict[str, Any]) -> Runnin
         pid=os.getpid(),
         started_at=time.time(),
     )
-
-
-@signals.task_postrun.connect
-def _release_trial(**_: Any) -> None:
-    """The trial is over, whatever its outcome: this worker no longer runs it."""
-    global _beacon, _log_token
-    if _beacon is not None:
-        _beacon.stop()
-        _beacon = None
-    if _log_token is not None:
-        logs.leave_trial(_log_token)
-        _log_token = None
-
-
-@signals.worker_shutting_down.connect
-def _preempt_running_trials(how: str = "", **_: Any) -> None:
-    """SIGTERM (warm shutdown): tell each running trial to save and return, at once, and
-    with `stop_grace_s` set, kill what still runs that much later, before the platform kills
-    the whole worker.
-
-    Celery's warm shutdown waits for the running task however long it takes; a spot node
-    gives 30 s to 2 min. The notice is the attempt's stop flag in Redis, which
-    `trial.should_stop()` reads; the driver finds it there too, so an attempt killed after it
-    counts as preempted, not as a lost worker. Runs in the parent's signal handler: it only
-    writes a few keys and starts a timer thread.
-    """
-    if how != "Warm":
-        return  # a cold shutdown ends the trials at once; the driver sees them lost
-    running = _running_requests()
-    if not running:
-        return
-    try:
-        client = redis.Redis.from_url(settings.broker_url, socket_timeout=5)
-        channel = ReportChannel(client)
-        for request, _pid in running:
-            channel.request_stop(TrialAddress(request.study, request.number, request.attempt))
-    except redis.RedisError as exc:
-        logger.warning("stop notice not sent (Redis: %s); the trials run on until killed", exc)
-    pids = [pid for _request, pid in running]
-    grace = settings.stop_grace_s
-    if grace is None:
-        logger.warning("SIGTERM: %d running trial(s) told to stop", len(pids))
-        return
-    logger.warning(
-        "SIGTERM: %d running trial(s) told to stop; killed in %g s if still running",
-        len(pids), grace,
-    )  # fmt: skip
-    timer = threading.Timer(grace, _kill_trials, args=(pids, grace))
-    timer.daemon = True
-    timer.start()
 
 
 def _running_requests() -> list[tuple[TrialRequest, int]]:
@@ -313,6 +299,20 @@ def _running_requests() -> list[tuple[TrialRequest, int]]:
     return running
 
 
+def _kill_later(pids: list[int], grace: float | None) -> None:
+    """With a grace set, kill the trials' processes that much later, from a timer thread."""
+    if grace is None:
+        logger.warning("SIGTERM: %d running trial(s) told to stop", len(pids))
+        return
+    logger.warning(
+        "SIGTERM: %d running trial(s) told to stop; killed in %g s if still running",
+        len(pids), grace,
+    )  # fmt: skip
+    timer = threading.Timer(grace, _kill_trials, args=(pids, grace))
+    timer.daemon = True
+    timer.start()
+
+
 def _kill_trials(pids: list[int], grace: float) -> None:
     """The grace is over: end what still runs, so the worker exits before it is killed."""
     for pid in pids:
@@ -321,7 +321,72 @@ def _kill_trials(pids: list[int], grace: float) -> None:
             logger.warning("trial process %d killed %g s after its stop notice", pid, grace)
 
 
+worker = WorkerState(Settings())
+"""The worker `celery -A trialq.worker worker` and `trialq worker` run: its settings are read
+from the environment once, here, where Celery imports the app."""
+app = worker.app
+
+
+@app.task(name=TASK_NAME, bind=True, acks_late=True)
+def run_trial_task(self: Any, payload: dict[str, Any]) -> dict[str, Any]:
+    """Run one trial attempt in this (fresh) process and return its `TrialResult` as JSON."""
+    return worker.run_task(self.request.id, payload)
+
+
+# One handler per signal; each runs the worker's steps in the order it states.
+
+
+@signals.after_setup_logger.connect
+def _on_after_setup_logger(logger: logging.Logger, **_: Any) -> None:
+    """Every worker line, Celery's too, names its study, trial and attempt (or `-`)."""
+    logs.adopt_handlers(logger)
+
+
+@signals.worker_init.connect
+def _on_worker_init(**_: Any) -> None:
+    """Before the pool forks: import the framework (a refused import stops the worker before
+    anything reads the device), then measure the memory a clean device holds."""
+    worker.preload()
+    worker.measure_device_baseline()
+
+
+@signals.worker_before_create_process.connect
+def _on_worker_before_create_process(**_: Any) -> None:
+    _refuse_fork_after_device_use()
+
+
+@signals.worker_process_init.connect
+def _on_worker_process_init(**_: Any) -> None:
+    worker.prepare_trial_process()
+
+
+@signals.worker_ready.connect
+def _on_worker_ready(sender: Any = None, **_: Any) -> None:
+    """Started: freeze what starting built, then start the heartbeat (whose thread and
+    client are not among what is frozen)."""
+    _freeze_started_worker()
+    worker.start_heartbeat(sender)
+
+
+@signals.task_prerun.connect
+def _on_task_prerun(sender: Any = None, task_id: str = "", args: Any = (), **_: Any) -> None:
+    if getattr(sender, "name", None) == TASK_NAME:
+        worker.claim_trial(sender.request.hostname, task_id, args[0])
+
+
+@signals.task_postrun.connect
+def _on_task_postrun(**_: Any) -> None:
+    worker.release_trial()
+
+
+@signals.worker_shutting_down.connect
+def _on_worker_shutting_down(how: str = "", **_: Any) -> None:
+    """A cold shutdown ends the trials at once (the driver sees them lost); a warm one
+    (SIGTERM) tells them to stop first."""
+    if how == "Warm":
+        worker.preempt_running_trials()
+
+
 @signals.worker_shutdown.connect
-def _stop_heartbeat(**_: Any) -> None:
-    if _heartbeat is not None:
-        _heartbeat.stop()
+def _on_worker_shutdown(**_: Any) -> None:
+    worker.stop_heartbeat()
