@@ -56,6 +56,20 @@ def test_a_result_is_stored_once_redis_is_back(caplog: pytest.LogCaptureFixture)
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
 
 
+def test_giving_up_on_a_result_is_an_error_naming_the_trial_and_why(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    client = FlakyRedis(failures=3)
+    with caplog.at_level(logging.ERROR, logger="trialq.worker"):
+        _state(client).keep_result(REQUEST, "task-1", '{"outcome": "ok"}')
+    assert client.stored == {}
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1, "gave up on a trial's result without an error line"
+    line = errors[0].getMessage()
+    for part in ("trial 7", "'digits'", "attempt 2", "task-1", "3 tries", "Connection refused"):
+        assert part in line, line
+
+
 def test_the_state_is_built_from_the_settings_it_is_given() -> None:
     settings = Settings(broker_url="redis://127.0.0.1:1/3", cuda_visible_devices="1")
     state = WorkerState(settings)

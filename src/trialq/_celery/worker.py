@@ -120,13 +120,20 @@ class WorkerState:
 
     def keep_result(self, request: TrialRequest, task_id: str, message: str) -> None:
         """Store the result under trialq's own key, waiting out a Redis restart if needed."""
+        error: redis.RedisError | None = None
         for delay in self.result_retry_delays_s:
             time.sleep(delay)
             try:
                 self.trial_redis().set(result_key(task_id), message, ex=RESULT_TTL_S)
                 return
-            except redis.RedisError:
-                continue
+            except redis.RedisError as exc:
+                error = exc
+        logger.error(
+            "result of trial %d of study %r (attempt %d, task %s) not stored: Redis refused "
+            "%d tries over %g s, last with: %s",
+            request.number, request.study, request.attempt, task_id,
+            len(self.result_retry_delays_s), sum(self.result_retry_delays_s), error,
+        )  # fmt: skip
 
     def bounded_json(self, result: TrialResult) -> str:
         """The result as JSON; one too large to store keeps the outcome's facts, not the
