@@ -12,7 +12,6 @@ import re
 import secrets
 import shutil
 import subprocess
-import time
 import urllib.request
 from base64 import b64encode
 from collections import Counter
@@ -147,15 +146,6 @@ class Cluster:
             told_twice=sum(count > 1 for count in tells.values()),
             left_running=sum(t.state is optuna.trial.TrialState.RUNNING for t in trials),
         )
-
-
-def wait_until(condition: Any, what: str, timeout: float = 180) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _build_env() -> dict[str, str]:

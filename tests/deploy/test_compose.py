@@ -11,12 +11,12 @@ import os
 import re
 import socket
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
 import jsonschema
 import pytest
+from waiting import wait_for_redis
 
 from .deployfiles import (
     COMPOSE_FILE,
@@ -263,13 +263,7 @@ def test_redis_command_runs_and_enforces_its_config(
     env = {**os.environ, "REDIS_MAXMEMORY": "32mb"}
     server = subprocess.Popen(["sh", "-c", script], env=env, stdout=subprocess.DEVNULL)
     try:
-        client = redis.Redis(port=port, password="local-test-pw")
-        for _ in range(50):
-            try:
-                client.ping()
-                break
-            except redis.ConnectionError:
-                time.sleep(0.1)
+        client = wait_for_redis(redis.Redis(port=port, password="local-test-pw"), timeout_s=5)
         assert client.config_get("appendonly") == {"appendonly": "yes"}
         assert client.config_get("maxmemory-policy") == {"maxmemory-policy": "noeviction"}
         with pytest.raises(redis.AuthenticationError):

@@ -19,7 +19,6 @@ import re
 import shutil
 import socket
 import subprocess
-import time
 import tomllib
 from collections.abc import Iterator
 from functools import cache
@@ -31,6 +30,7 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
+from waiting import wait_for_redis
 
 Obj = dict[str, Any]
 
@@ -790,13 +790,7 @@ def test_redis_pod_script_and_probe_run_with_the_secret_file(tmp_path: Path) -> 
     probe = [word.replace("redis-cli", f"redis-cli -p {port}") for word in probe]
     server = subprocess.Popen(["sh", "-c", script], stdout=subprocess.DEVNULL)
     try:
-        client = redis.Redis(port=port, password="k8s-test-pw")
-        for _ in range(50):
-            try:
-                client.ping()
-                break
-            except redis.ConnectionError:
-                time.sleep(0.1)
+        wait_for_redis(redis.Redis(port=port, password="k8s-test-pw"), timeout_s=5)
         with pytest.raises(redis.AuthenticationError):
             redis.Redis(port=port).ping()
         assert subprocess.run(probe, capture_output=True, timeout=10).returncode == 0

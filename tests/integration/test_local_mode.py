@@ -16,6 +16,7 @@ from pathlib import Path
 import optuna
 import psutil
 import pytest
+from waiting import WaitedTooLong, wait_until
 
 from trialq.local import WORKER_NICENESS
 
@@ -122,9 +123,8 @@ def test_nothing_local_outlives_the_driver_however_it_ends(tmp_path: Path, endin
         time.sleep(0.3)
         process.send_signal(signal.SIGINT)
     process.communicate(timeout=60)
-    deadline = time.monotonic() + 30
-    while _descendants_of_trialq() and time.monotonic() < deadline:
-        time.sleep(0.2)
+    with contextlib.suppress(WaitedTooLong):  # the assertion below says what is left
+        wait_until(lambda: not _descendants_of_trialq(), 30, "the local processes to go", 0.2)
     assert not _descendants_of_trialq(), f"left running after {ending}"
 
 
@@ -156,14 +156,12 @@ def test_ctrl_c_exits_130_marks_nothing_complete_and_the_rerun_finishes(tmp_path
 
 
 def _wait_for_a_complete_trial(storage: str, process: subprocess.Popen[str]) -> None:
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
+    def finished() -> bool:
         assert process.poll() is None, process.communicate()[1]
         try:
             study = optuna.load_study(study_name="local", storage=storage)
-            if any(t.state.is_finished() for t in study.trials):
-                return
         except KeyError:
-            pass
-        time.sleep(0.2)
-    pytest.fail("no trial finished in time")
+            return False
+        return any(t.state.is_finished() for t in study.trials)
+
+    wait_until(finished, 120, "a trial to finish", 0.2)

@@ -8,7 +8,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any
 import optuna
 import pytest
 from report_checks import ALL_PLOTS, assert_page_loads_offline, assert_valid_png
+from waiting import wait_until
 
 from trialq.cli import trialq_main
 from trialq.local import LocalCluster
@@ -51,14 +51,14 @@ def _wait_for_a_running_trial(
     capsys: pytest.CaptureFixture[str], storage: str, broker: str, driver: subprocess.Popen[str]
 ) -> dict[str, Any]:
     """`trialq status --json` while the study runs, until a worker says what it runs."""
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and driver.poll() is None:
+
+    def running_worker() -> dict[str, Any] | None:
+        if driver.poll() is not None:
+            pytest.fail("the study ended before any worker showed a running trial")
         shown = _status_json(capsys, storage, broker)
-        for worker in (shown or {}).get("workers") or []:
-            if worker["running"]:
-                return worker
-        time.sleep(0.1)
-    pytest.fail("no worker ever showed a running trial")
+        return next((w for w in (shown or {}).get("workers") or [] if w["running"]), None)
+
+    return wait_until(running_worker, 120, "a worker to show a running trial", 0.1)
 
 
 def test_a_study_run_by_real_workers_can_be_seen(

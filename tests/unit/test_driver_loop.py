@@ -18,6 +18,7 @@ import optuna
 import pytest
 import sqlalchemy
 from stand_in import StandInDispatcher
+from waiting import wait_until
 
 from trialq.driver.loop import DriverOptions, StudyDriver
 from trialq.driver.progress import NoProgress
@@ -200,10 +201,9 @@ def test_a_failed_commit_sends_nothing_and_the_next_one_writes_it_once(
         waiting = sqlalchemy.text(
             "SELECT pid FROM pg_stat_activity WHERE pg_backend_pid() = ANY(pg_blocking_pids(pid))"
         )
-        deadline = time.monotonic() + 30
-        while (pid := holder.execute(waiting).scalar()) is None:
-            assert time.monotonic() < deadline, "the commit never reached the held row"
-            time.sleep(0.05)
+        pid = wait_until(
+            lambda: holder.execute(waiting).scalar(), 30, "the commit to reach the held row"
+        )
         holder.execute(sqlalchemy.text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
         # Not sent, not fatal: the record waits for the step's next commit (an outage).
         assert driver._send_recorded(deadline=time.monotonic() + 30) is False
