@@ -1,7 +1,7 @@
 """The worker image's command line, run here as a plain process against the local Redis.
 
 The command is read from compose.yaml (the test checks elsewhere that it equals the image's
-CMD), pointed at Redis DB 14, given two trials, and stopped with SIGTERM as `docker stop`
+CMD), pointed at the tests' own Redis database (tests/services.py), given two trials, and stopped with SIGTERM as `docker stop`
 would: each trial must run in a process of its own and the worker must exit 0.
 
 Assumed from the core package (see TODO(core) below): the task name `trialq.run_trial`
@@ -19,35 +19,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from trial_requests import trial_request
 
 from .deployfiles import COMPOSE_FILE, compose_model, find_tool, shell_words
 
 pytest.importorskip("trialq._celery.worker", reason="the worker module is not written yet")
 celery = pytest.importorskip("celery")
-redis = pytest.importorskip("redis")
 messages = pytest.importorskip("trialq.wire.messages")
 
-BROKER_URL = os.environ.get("TRIALQ_TEST_REDIS_URL", "redis://127.0.0.1:6379/14")
 PROBE_MODULE = "trialq_deploy_probe"
 TRIAL_TIMEOUT_S = 120
 STOP_TIMEOUT_S = 60
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
-
-
-@pytest.fixture()
-def redis_db14() -> Any:
-    """Redis DB 14, emptied before and after; skipped locally without Redis, failed in CI."""
-    client = redis.Redis.from_url(BROKER_URL)
-    try:
-        client.ping()
-    except redis.ConnectionError:
-        if os.environ.get("CI") == "true":
-            pytest.fail("Redis is not reachable on 127.0.0.1:6379")
-        pytest.skip("Redis is not reachable on 127.0.0.1:6379")
-    client.flushdb()
-    yield client
-    client.flushdb()
 
 
 @pytest.fixture()
@@ -74,10 +58,10 @@ def _worker_command() -> list[str]:
     return [executable, *words[1:]]
 
 
-def _worker_env(probe_dir: Path) -> dict[str, str]:
+def _worker_env(probe_dir: Path, broker_url: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRIALQ_")}
     env.update(
-        TRIALQ_BROKER_URL=BROKER_URL,
+        TRIALQ_BROKER_URL=broker_url,
         TRIALQ_ALLOWED_MODULES=PROBE_MODULE,
         PYTHONPATH=os.pathsep.join(filter(None, [str(probe_dir), env.get("PYTHONPATH")])),
         TF_FORCE_GPU_ALLOW_GROWTH="true",
@@ -87,10 +71,9 @@ def _worker_env(probe_dir: Path) -> dict[str, str]:
 
 def _send_trial(client: Any, number: int, x: float) -> Any:
     # TODO(core): replace with the package's public enqueue call once it exists.
-    request = messages.TrialRequest(
+    request = trial_request(
         study="deploy-entry-command",
         number=number,
-        attempt=1,
         params={"x": x},
         entrypoint=f"{PROBE_MODULE}:train",
         timeout_s=60,
@@ -99,18 +82,18 @@ def _send_trial(client: Any, number: int, x: float) -> Any:
 
 
 def test_worker_command_takes_trials_and_stops_cleanly(
-    redis_db14: Any, probe_dir: Path, tmp_path: Path
+    redis_url: str, probe_dir: Path, tmp_path: Path
 ) -> None:
     log_path = tmp_path / "worker.log"
     with log_path.open("wb") as log:
         worker = subprocess.Popen(
             _worker_command(),
-            env=_worker_env(probe_dir),
+            env=_worker_env(probe_dir, redis_url),
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-    client = celery.Celery("deploy-test", broker=BROKER_URL, backend=BROKER_URL)
+    client = celery.Celery("deploy-test", broker=redis_url, backend=redis_url)
     client.conf.update(
         task_serializer="json", accept_content=["json"], result_accept_content=["json"]
     )

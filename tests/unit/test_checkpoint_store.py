@@ -10,14 +10,14 @@ from typing import Any
 
 import fsspec
 import pytest
+from trial_requests import trial_request
 
 from trialq.settings import Settings
 from trialq.trial import checkpoints
 from trialq.trial.device import FakeDevice
 from trialq.trial.runner import run_trial
 from trialq.wire.channel import TrialAddress
-from trialq.wire.entrypoint import Entrypoint
-from trialq.wire.messages import Outcome, TrialRequest, TrialResult, checkpoint_key
+from trialq.wire.messages import Outcome, TrialResult, checkpoint_key
 
 
 class _StopOnAttempt:
@@ -35,9 +35,9 @@ class _StopOnAttempt:
 
 def _run(root: str, key: str, attempt: int, stop: bool, **request: Any) -> TrialResult:
     channel: Any = _StopOnAttempt(attempt) if stop else _StopOnAttempt()
-    trial = TrialRequest(
-        study="s", number=3, attempt=attempt, params={"store": f"{root}/{key}"},
-        entrypoint=Entrypoint.parse("trials:saves_and_checks_the_store"),
+    trial = trial_request(
+        number=3, attempt=attempt, params={"store": f"{root}/{key}"},
+        entrypoint="trials:saves_and_checks_the_store",
         timeout_s=10, checkpoint_key=key, **request,
     )  # fmt: skip
     return run_trial(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from trial_requests import trial_request
 
 from trialq.trial.device import FakeDevice
 from trialq.trial.runner import numeric_metrics, run_trial
@@ -14,10 +15,7 @@ from trialq.wire.messages import Outcome, TrialRequest
 
 
 def _request(entrypoint: str, **params: object) -> TrialRequest:
-    return TrialRequest(
-        study="s", number=3, attempt=1, params=params,  # type: ignore[arg-type]
-        entrypoint=Entrypoint.parse(entrypoint), timeout_s=10,
-    )  # fmt: skip
+    return trial_request(number=3, params=params, entrypoint=entrypoint, timeout_s=10)
 
 
 def test_ok_trial_records_metrics_process_and_device() -> None:

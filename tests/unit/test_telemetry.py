@@ -6,27 +6,28 @@ import threading
 import time
 
 import pytest
+from trial_requests import trial_request
+from waiting import wait_until
 
 from trialq.trial.device import FakeDevice, TensorFlowDevice
 from trialq.trial.runner import run_trial
 from trialq.trial.telemetry import MIB, SETTLE_S, DeviceBaseline, Sampler
-from trialq.wire.entrypoint import Entrypoint
 from trialq.wire.messages import Outcome, TrialRequest, TrialResult
 
 
 def _request(entrypoint: str = "trials:quadratic", **params: object) -> TrialRequest:
-    return TrialRequest(
-        study="s", number=4, attempt=1, params=params or {"x": 1.0},  # type: ignore[arg-type]
-        entrypoint=Entrypoint.parse(entrypoint), timeout_s=10,
-    )  # fmt: skip
+    return trial_request(number=4, params=params or {"x": 1.0}, entrypoint=entrypoint, timeout_s=10)
 
 
 def test_the_sampler_keeps_the_peak_and_the_mean_while_the_trial_runs() -> None:
     device = FakeDevice(used_bytes=100 * MIB, utilization=20.0)
     with Sampler(device, interval_s=0.01) as sampler:
-        time.sleep(0.1)
+        # Each level held until the sampler has read it, however slow the machine is.
+        wait_until(lambda: sampler.result().utilization_mean == 20.0, 10, "a reading at 20 %")
         device.used_bytes, device.utilization = 900 * MIB, 80.0
-        time.sleep(0.1)
+        wait_until(
+            lambda: sampler.result().memory_used_peak_bytes == 900 * MIB, 10, "a reading at 900 MiB"
+        )
         device.used_bytes = 300 * MIB
     telemetry = sampler.result()
     assert telemetry.memory_used_peak_bytes == 900 * MIB
