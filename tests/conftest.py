@@ -1,5 +1,5 @@
 """Shared fixtures: the machine's real Redis (one dedicated database), its real PostgreSQL,
-and real workers."""
+and real workers; each pytest-xdist worker has databases of its own (tests/services.py)."""
 
 from __future__ import annotations
 
@@ -8,19 +8,13 @@ import textwrap
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import ledger
 import pytest
 import redis
 import sqlalchemy
+from services import POSTGRES_SERVER_URL, POSTGRES_URL, TEST_REDIS_URL, WORKER, create_database_once
 
 from trialq.local import LocalCluster
-
-TEST_REDIS_URL = os.environ.get("TRIALQ_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
-"""Tests own this database and flush only it."""
-
-POSTGRES_URL = os.environ.get(
-    "TRIALQ_TEST_POSTGRES_URL", "postgresql+psycopg2://postgres@127.0.0.1:5432/test"
-)
-"""Tests make studies of their own names there and delete them."""
 
 TESTS_DIR = Path(__file__).parent
 
@@ -40,16 +34,30 @@ def redis_url() -> Iterator[str]:
     client.flushdb()
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def postgres_url() -> str:
-    """The machine's PostgreSQL; skipped locally, failed in CI, if it is not answering."""
+    """The machine's PostgreSQL (this xdist worker's own database on it, created once);
+    skipped locally, failed in CI, if it is not answering."""
     try:
-        sqlalchemy.create_engine(POSTGRES_URL).connect().close()
+        if WORKER is not None:
+            create_database_once(POSTGRES_URL, via=POSTGRES_SERVER_URL)
+        engine = sqlalchemy.create_engine(POSTGRES_URL)
+        engine.connect().close()
+        engine.dispose()
     except sqlalchemy.exc.OperationalError as exc:
         if os.environ.get("CI") == "true":
             pytest.fail(f"PostgreSQL at {POSTGRES_URL} is required in CI: {exc}")
         pytest.skip(f"PostgreSQL is not answering: {exc}")
     return POSTGRES_URL
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def storage_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A study storage on each backend: a SQLite file in tmp_path, then this process's
+    PostgreSQL database (tests name their studies apart there and delete them)."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'study.db'}"
+    return str(request.getfixturevalue("postgres_url"))
 
 
 @pytest.fixture
@@ -91,9 +99,42 @@ def write_spec(tmp_path: Path) -> Callable[..., Path]:
     return write
 
 
+SERIAL_GROUPS = {
+    "compose": "one compose cluster per module, its tests in file order",
+    "gpu": "one GPU: its memory readings are the machine's, not one test's",
+}
+"""Markers whose tests run one after another on one pytest-xdist worker (`--dist loadgroup`)."""
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups into the node ids
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        for marker in SERIAL_GROUPS:
+            if item.get_closest_marker(marker):
+                item.add_marker(pytest.mark.xdist_group(marker))
+
+
 @pytest.fixture(autouse=True)
 def _isolated_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     """No TRIALQ_* variable of the developer's shell leaks into a test."""
     for name in list(os.environ):
         if name.startswith("TRIALQ_") and name != "TRIALQ_TEST_REDIS_URL":
             monkeypatch.delenv(name)
+
+
+# --- the fault and compose tables, printed where the run ends (tests/ledger.py) ------------
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> None:
+    if call.when == "teardown":  # after the module fixtures' teardown too
+        ledger.attach(item)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.when == "teardown":
+        ledger.collect(report)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    ledger.summarize(terminalreporter.write_line)

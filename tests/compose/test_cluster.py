@@ -14,19 +14,19 @@ import textwrap
 import time
 import urllib.error
 from collections.abc import Iterator
+from dataclasses import asdict
 from pathlib import Path
 
 import psycopg2
 import pytest
 import redis
-from faults.harness import Verdict
+from ledger import record
+from waiting import wait_until
 
-from .cluster import Cluster, engine_answers, wait_until
+from .cluster import Cluster, engine_answers
 
 pytestmark = [pytest.mark.compose, pytest.mark.timeout(1800)]
 
-LEDGER: list[Verdict] = []
-COLD_START_S: list[float] = []
 TRIALQ_SERVICES = ("worker-gpu0", "dashboard", "flower")
 
 
@@ -42,7 +42,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     cluster.compose("up", "-d", "--wait", timeout=300)
     cluster.cold_start_s = time.monotonic() - started  # type: ignore[attr-defined]
     yield cluster
-    COLD_START_S.append(cluster.cold_start_s)  # type: ignore[attr-defined]
+    record("compose_cold_start", {"seconds": cluster.cold_start_s})  # type: ignore[attr-defined]
     cluster.remove_all_containers()  # a `run` container too, which `down` leaves
     cluster.compose("down", "-v", "--remove-orphans", "--timeout", "5", check=False)
 
@@ -119,7 +119,7 @@ def test_a_container_fault_mid_study_loses_nothing(
 ) -> None:
     name = f"fault-{action}"
     driver = cluster.start_driver(_spec_folder(tmp_path, name, n_trials=4, sleep_s=4))
-    wait_until(lambda: cluster.running_trials(name) >= 1, "a trial to start")
+    wait_until(lambda: cluster.running_trials(name) >= 1, 180, "a trial to start", 0.5)
     time.sleep(1.5)
     if action == "restart_redis":
         cluster.compose("restart", "redis")
@@ -131,7 +131,7 @@ def test_a_container_fault_mid_study_loses_nothing(
         cluster.compose("restart", "postgres")
     _, log = driver.communicate(timeout=600)
     verdict = cluster.judge(fault, name, 4, log)
-    LEDGER.append(verdict)
+    record("compose", asdict(verdict))
     assert driver.returncode == 0, log[-3000:]
     assert verdict.passed, (verdict, log[-3000:])
 
@@ -143,13 +143,13 @@ def test_a_worker_cut_off_from_redis_past_its_heartbeat_ttl_is_told_once(
     network = f"{cluster.project}_queue"
     worker = cluster.container("worker-gpu0")
     driver = cluster.start_driver(_spec_folder(tmp_path, name, n_trials=3, sleep_s=6))
-    wait_until(lambda: cluster.running_trials(name) >= 1, "a trial to start")
+    wait_until(lambda: cluster.running_trials(name) >= 1, 180, "a trial to start", 0.5)
     subprocess.run(["docker", "network", "disconnect", network, worker], check=True)
     time.sleep(25)  # past the heartbeat TTL (20 s): the driver takes the worker for lost
     subprocess.run(["docker", "network", "connect", network, worker], check=True)
     _, log = driver.communicate(timeout=600)
     verdict = cluster.judge("compose: worker partitioned 25 s from Redis", name, 3, log)
-    LEDGER.append(verdict)
+    record("compose", asdict(verdict))
     assert driver.returncode == 0, log[-3000:]
     assert verdict.passed, (verdict, log[-3000:])
 
@@ -160,7 +160,7 @@ def test_down_and_up_with_the_volumes_kept_then_the_study_resumes(
     name = "fault-down-up"
     folder = _spec_folder(tmp_path, name, n_trials=4, sleep_s=3)
     driver = cluster.start_driver(folder)
-    wait_until(lambda: cluster.running_trials(name) >= 1, "a trial to start")
+    wait_until(lambda: cluster.running_trials(name) >= 1, 180, "a trial to start", 0.5)
     # `down` leaves a `run` container alone (Compose's one-off containers): stop the driver
     # first, as docker/README.md says; it resumes cleanly.
     running = cluster.containers_of("driver")
@@ -172,7 +172,7 @@ def test_down_and_up_with_the_volumes_kept_then_the_study_resumes(
     rerun = cluster.start_driver(folder)
     _, log = rerun.communicate(timeout=600)
     verdict = cluster.judge("compose: down, up, submit-study again", name, 4, log)
-    LEDGER.append(verdict)
+    record("compose", asdict(verdict))
     assert rerun.returncode == 0, log[-3000:]
     assert verdict.passed, (verdict, log[-3000:])
 
@@ -265,8 +265,9 @@ def test_the_gpu_worker_image_builds_imports_tensorflow_and_joins_the_queue(
         client = redis.Redis.from_url(cluster.broker_url)
         wait_until(
             lambda: any(b"@gpu-image-check" in k for k in client.scan_iter("trialq:worker:*")),
+            120,
             "the GPU image's worker to beat",
-            timeout=120,
+            0.5,
         )
     finally:
         subprocess.run(["docker", "rm", "-f", worker], capture_output=True)

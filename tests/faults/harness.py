@@ -7,18 +7,52 @@ that `pytest tests/faults` prints at the end.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import textwrap
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import optuna
+import psutil
+import redis
+from ledger import record
 from optuna.trial import TrialState
+from waiting import wait_until
+
+from trialq.local import LocalCluster
 
 TESTS_DIR = Path(__file__).parents[1]
+
+FAST_HEARTBEAT = {"TRIALQ_HEARTBEAT_INTERVAL_S": "0.5", "TRIALQ_HEARTBEAT_TTL_S": "3"}
+"""Workers that beat often and are taken for lost within seconds."""
+
+
+def fault_spec(entrypoint: str, space: str, n_trials: int, **trial_keys: object) -> str:
+    """The fault suite's study: grid sampling, two in flight, `[trial]` keys added as given."""
+    extra = "\n".join(f"{key} = {value!r}".replace("'", '"') for key, value in trial_keys.items())
+    return f"""
+        [study]
+        name = "faults"
+        n_trials = {n_trials}
+        max_in_flight = 2
+        sampler = "grid"
+        pruner = "none"
+        [trial]
+        entrypoint = "trials:{entrypoint}"
+        timeout_s = 60
+        {extra}
+        {space}
+        """
+
+
+def grid(name: str, *choices: object) -> str:
+    """A categorical `[space.NAME]` table: the grid sampler runs each choice once."""
+    values = ", ".join(repr(c).replace("'", '"') for c in choices)
+    return f'[space.{name}]\ntype = "categorical"\nchoices = [{values}]'
 
 
 @dataclass(frozen=True)
@@ -44,7 +78,14 @@ class Verdict:
         )
 
 
-LEDGER: list[Verdict] = []
+def record_verdict(verdict: Verdict) -> Verdict:
+    """Add a fault's row to the table printed after the run (tests/ledger.py)."""
+    record("faults", asdict(verdict))
+    return verdict
+
+
+def assert_clean(verdict: Verdict) -> None:
+    assert verdict.passed, verdict
 
 
 @dataclass
@@ -110,5 +151,26 @@ class DriverRun:
             left_running=sum(t.state is TrialState.RUNNING for t in trials),
             outcomes=dict(Counter(str(t.user_attrs.get("outcome")) for t in finished)),
         )
-        LEDGER.append(verdict)
-        return verdict
+        return record_verdict(verdict)
+
+
+def finished_count(run: DriverRun) -> int:
+    """How many of the study's trials are finished (0 before the study exists)."""
+    try:
+        return sum(t.state.is_finished() for t in run.study().trials)
+    except KeyError:
+        return 0
+
+
+def worker_parent_running_a_trial(cluster: LocalCluster) -> psutil.Process:
+    """The main process of the worker whose child has STARTED a trial (Celery's own meta)."""
+    client = redis.Redis.from_url(cluster.broker_url)
+
+    def started_pid() -> int | None:
+        for key in client.scan_iter(match="celery-task-meta-*"):
+            meta = json.loads(client.get(key) or b"{}")
+            if meta.get("status") == "STARTED":
+                return int(meta["result"]["pid"])
+        return None
+
+    return psutil.Process(wait_until(started_pid, 60, "a worker to start a trial")).parent()

@@ -18,40 +18,20 @@ import pytest
 import redis
 import sqlalchemy
 from outage_proxy import OutageProxy
+from waiting import wait_for_redis, wait_until
 
-from faults.harness import DriverRun, Verdict
+from faults.harness import (
+    FAST_HEARTBEAT,
+    DriverRun,
+    assert_clean,
+    fault_spec,
+    finished_count,
+    grid,
+    worker_parent_running_a_trial,
+)
 from trialq.local import LocalCluster, free_port, redis_server_binary
 
 pytestmark = [pytest.mark.faults, pytest.mark.integration]
-
-FAST_HEARTBEAT = {"TRIALQ_HEARTBEAT_INTERVAL_S": "0.5", "TRIALQ_HEARTBEAT_TTL_S": "3"}
-
-
-def _spec(entrypoint: str, space: str, n_trials: int, **trial_keys: object) -> str:
-    extra = "\n".join(f"{key} = {value!r}".replace("'", '"') for key, value in trial_keys.items())
-    return f"""
-        [study]
-        name = "faults"
-        n_trials = {n_trials}
-        max_in_flight = 2
-        sampler = "grid"
-        pruner = "none"
-        [trial]
-        entrypoint = "trials:{entrypoint}"
-        timeout_s = 60
-        {extra}
-        {space}
-        """
-
-
-def _grid(name: str, *choices: object) -> str:
-    values = ", ".join(repr(c).replace("'", '"') for c in choices)
-    return f'[space.{name}]\ntype = "categorical"\nchoices = [{values}]'
-
-
-def _assert_clean(verdict: Verdict) -> None:
-    assert verdict.passed, verdict
-
 
 @pytest.fixture
 def run(tmp_path: Path, redis_url: str) -> DriverRun:
@@ -62,10 +42,10 @@ def test_sigkill_of_the_trial_process_is_retried_with_the_same_params(
     run: DriverRun, start_workers: Callable[..., LocalCluster]
 ) -> None:
     start_workers(2, extra_env=FAST_HEARTBEAT)
-    run.write_spec(_spec("kills_itself_on_first_attempt", _grid("x", "kill", "ok"), 6))
+    run.write_spec(fault_spec("kills_itself_on_first_attempt", grid("x", "kill", "ok"), 6))
     code, err = run.run()
     verdict = run.judge("SIGKILL of the trial process", 6)
-    _assert_clean(verdict)
+    assert_clean(verdict)
     assert code == 0, err
     killed = [t for t in run.study().trials if t.params["x"] == "kill"]
     assert killed and all(t.user_attrs["attempts"] == 2 for t in killed)
@@ -76,10 +56,10 @@ def test_a_trial_that_kills_its_process_every_time_does_not_loop(
     run: DriverRun, start_workers: Callable[..., LocalCluster]
 ) -> None:
     start_workers(2, extra_env=FAST_HEARTBEAT)
-    run.write_spec(_spec("always_kills_itself", _grid("x", "kill"), 2, max_retries=2))
+    run.write_spec(fault_spec("always_kills_itself", grid("x", "kill"), 2, max_retries=2))
     run.run()
     verdict = run.judge("trial that always SIGKILLs itself", 2)
-    _assert_clean(verdict)
+    assert_clean(verdict)
     for trial in run.study().trials:
         assert trial.state.name == "FAIL"
         assert trial.user_attrs["outcome"] == "worker_lost"
@@ -90,13 +70,13 @@ def test_sigkill_of_a_worker_parent_mid_trial(
     run: DriverRun, start_workers: Callable[..., LocalCluster]
 ) -> None:
     cluster = start_workers(2, extra_env=FAST_HEARTBEAT)
-    run.write_spec(_spec("sleeps", _grid("sleep_s", 3.0), 4))
+    run.write_spec(fault_spec("sleeps", grid("sleep_s", 3.0), 4))
     driver = run.start()
-    victim = _worker_parent_running_a_trial(cluster)
+    victim = worker_parent_running_a_trial(cluster)
     os.killpg(victim.pid, signal.SIGKILL)  # the worker and its trial child: a node gone
     _, err = driver.communicate(timeout=240)
     verdict = run.judge("SIGKILL of a worker (parent and child)", 4)
-    _assert_clean(verdict)
+    assert_clean(verdict)
     assert driver.returncode == 0, err
     assert any(t.user_attrs["attempts"] == 2 for t in run.study().trials)
 
@@ -105,9 +85,9 @@ def test_sigterm_of_a_worker_finishes_its_trial_and_takes_no_new_one(
     run: DriverRun, start_workers: Callable[..., LocalCluster]
 ) -> None:
     cluster = start_workers(1, extra_env=FAST_HEARTBEAT)
-    run.write_spec(_spec("sleeps", _grid("sleep_s", 3.0), 3))
+    run.write_spec(fault_spec("sleeps", grid("sleep_s", 3.0), 3))
     driver = run.start()
-    victim = _worker_parent_running_a_trial(cluster)
+    victim = worker_parent_running_a_trial(cluster)
     victim.send_signal(signal.SIGTERM)
     victim.wait(timeout=60)
     first = [t for t in run.study().trials if t.state.is_finished()]
@@ -115,19 +95,14 @@ def test_sigterm_of_a_worker_finishes_its_trial_and_takes_no_new_one(
     assert first[0].user_attrs["outcome"] == "ok" and first[0].user_attrs["attempts"] == 1
     start_workers(1, extra_env=FAST_HEARTBEAT)
     _, err = driver.communicate(timeout=240)
-    _assert_clean(run.judge("SIGTERM of a worker (warm shutdown)", 3))
+    assert_clean(run.judge("SIGTERM of a worker (warm shutdown)", 3))
     assert driver.returncode == 0, err
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def run_on_each_storage(
-    request: pytest.FixtureRequest, tmp_path: Path, redis_url: str
-) -> Iterator[DriverRun]:
+@pytest.fixture
+def run_on_each_storage(storage_url: str, tmp_path: Path, redis_url: str) -> Iterator[DriverRun]:
     """A driver run on SQLite (commits in the loop) and on PostgreSQL (commits beside it)."""
-    if request.param == "sqlite":
-        yield DriverRun(tmp_path, redis_url)
-        return
-    run = DriverRun(tmp_path, redis_url, storage_url=request.getfixturevalue("postgres_url"))
+    run = DriverRun(tmp_path, redis_url, storage_url=storage_url)
     _delete_study(run)  # left by an earlier run that was itself killed
     yield run
     _delete_study(run)
@@ -143,31 +118,31 @@ def test_driver_sigkilled_and_resumed(
 ) -> None:
     run = run_on_each_storage
     start_workers(2, extra_env=FAST_HEARTBEAT)
-    run.write_spec(_spec("sleeps", _grid("sleep_s", 1.5), 6))
+    run.write_spec(fault_spec("sleeps", grid("sleep_s", 1.5), 6))
     driver = run.start()
-    _wait_until(lambda: _finished_count(run) >= 1, "a trial to finish")
+    wait_until(lambda: finished_count(run) >= 1, 120, "a trial to finish")
     driver.kill()
     driver.wait()
     code, err = run.run()
-    storage = "SQLite" if run.storage_url is None else "PostgreSQL"
+    storage = "SQLite" if run.storage.startswith("sqlite") else "PostgreSQL"
     verdict = run.judge(f"driver SIGKILLed, resumed ({storage})", 6)
-    _assert_clean(verdict)
+    assert_clean(verdict)
     assert code == 0, err
 
 
 def test_the_same_task_delivered_twice_is_told_once(
     run: DriverRun, redis_url: str, start_workers: Callable[..., LocalCluster]
 ) -> None:
-    run.write_spec(_spec("sleeps", _grid("sleep_s", 0.5), 3))
+    run.write_spec(fault_spec("sleeps", grid("sleep_s", 0.5), 3))
     driver = run.start()
     client = redis.Redis.from_url(redis_url)
-    _wait_until(lambda: client.llen("gpu") >= 1, "a message on the queue")
+    wait_until(lambda: client.llen("gpu") >= 1, 120, "a message on the queue")
     for message in client.lrange("gpu", 0, -1):
         client.lpush("gpu", message)  # every message now sits twice on the queue
     start_workers(2, extra_env=FAST_HEARTBEAT)
     _, err = driver.communicate(timeout=240)
     verdict = run.judge("same task delivered twice", 3)
-    _assert_clean(verdict)
+    assert_clean(verdict)
     assert driver.returncode == 0, err
 
 
@@ -180,16 +155,16 @@ def test_redis_restarted_mid_study(
     try:
         start_workers(2, extra_env=FAST_HEARTBEAT, broker_url=url)
         run = DriverRun(tmp_path, url)
-        run.write_spec(_spec("sleeps", _grid("sleep_s", 1.0), 6))
+        run.write_spec(fault_spec("sleeps", grid("sleep_s", 1.0), 6))
         driver = run.start()
-        _wait_until(lambda: _finished_count(run) >= 1, "a trial to finish")
+        wait_until(lambda: finished_count(run) >= 1, 120, "a trial to finish")
         redis.Redis.from_url(url).shutdown(save=True)
         server.wait(timeout=30)
         time.sleep(2)
         server = _start_persistent_redis(tmp_path, port)
         _, err = driver.communicate(timeout=300)
         verdict = run.judge("Redis restarted mid-study (AOF on)", 6)
-        _assert_clean(verdict)
+        assert_clean(verdict)
         assert driver.returncode == 0, err
     finally:
         server.terminate()
@@ -202,20 +177,20 @@ def test_redis_restarted_mid_study(
         (
             "OOM: over memory_limit_mb",
             "allocates",
-            _grid("mb", 400),
+            grid("mb", 400),
             {"memory_limit_mb": 150},
             "oom",
         ),
-        ("OOM: MemoryError", "raises_memory_error", _grid("x", 1), {}, "oom"),
-        ("timeout: soft limit", "sleeps", _grid("sleep_s", 30.0), {"timeout_s": 1}, "timeout"),
+        ("OOM: MemoryError", "raises_memory_error", grid("x", 1), {}, "oom"),
+        ("timeout: soft limit", "sleeps", grid("sleep_s", 30.0), {"timeout_s": 1}, "timeout"),
         (
             "timeout: soft limit ignored, hard kill",
             "ignores_the_soft_limit",
-            _grid("x", 1),
+            grid("x", 1),
             {"timeout_s": 1, "kill_grace_s": 2},
             "timeout",
         ),
-        ("a raising trial", "raises", _grid("x", "bad"), {}, "error"),
+        ("a raising trial", "raises", grid("x", "bad"), {}, "error"),
     ],
 )
 def test_failing_trials_get_their_outcome_and_are_not_retried(
@@ -228,47 +203,18 @@ def test_failing_trials_get_their_outcome_and_are_not_retried(
     outcome: str,
 ) -> None:
     start_workers(2, extra_env=FAST_HEARTBEAT)
-    spec = _spec(entrypoint, space, 2, **trial_keys).replace("timeout_s = 60\n", "")
+    spec = fault_spec(entrypoint, space, 2, **trial_keys).replace("timeout_s = 60\n", "")
     if "timeout_s" not in trial_keys:
         spec = spec.replace("[trial]\n", "[trial]\n        timeout_s = 60\n")
     run.write_spec(spec)
     code, err = run.run()
     verdict = run.judge(fault, 2)
-    _assert_clean(verdict)
+    assert_clean(verdict)
     assert code == 1, err  # done, with no complete trial
     for trial in run.study().trials:
         assert trial.state.name == "FAIL", trial.user_attrs
         assert trial.user_attrs["outcome"] == outcome, trial.user_attrs
         assert trial.user_attrs["attempts"] == 1
-
-
-def _worker_parent_running_a_trial(cluster: LocalCluster) -> psutil.Process:
-    """The main process of the worker whose child has STARTED a trial (Celery's own meta)."""
-    client = redis.Redis.from_url(cluster.broker_url)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        for key in client.scan_iter(match="celery-task-meta-*"):
-            meta = json.loads(client.get(key) or b"{}")
-            if meta.get("status") == "STARTED":
-                return psutil.Process(meta["result"]["pid"]).parent()
-        time.sleep(0.05)
-    pytest.fail("no worker started a trial")
-
-
-def _finished_count(run: DriverRun) -> int:
-    try:
-        return sum(t.state.is_finished() for t in run.study().trials)
-    except KeyError:
-        return 0
-
-
-def _wait_until(condition: Callable[[], bool], what: str, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.1)
-    pytest.fail(f"timed out waiting for {what}")
 
 
 def _start_persistent_redis(folder: Path, port: int) -> subprocess.Popen[bytes]:
@@ -277,16 +223,8 @@ def _start_persistent_redis(folder: Path, port: int) -> subprocess.Popen[bytes]:
         "--appendonly", "yes", "--save", "", "--maxmemory-policy", "noeviction",
     ]  # fmt: skip
     server = subprocess.Popen(command, stdout=subprocess.DEVNULL)
-    client = redis.Redis(port=port)
-    _wait_until(lambda: _answers(client), "Redis to start", timeout=20)
+    wait_for_redis(redis.Redis(port=port), timeout_s=20)
     return server
-
-
-def _answers(client: redis.Redis) -> bool:
-    try:
-        return bool(client.ping())
-    except redis.ConnectionError:
-        return False
 
 
 # --- the storage and its users (issue 16) --------------------------------------------------
@@ -317,9 +255,9 @@ def test_postgresql_cut_off_mid_study_is_ridden_out(
 ) -> None:
     run = run_via_proxy
     start_workers(2, extra_env=FAST_HEARTBEAT)
-    run.write_spec(_spec("sleeps", _grid("sleep_s", 1.0), 8))
+    run.write_spec(fault_spec("sleeps", grid("sleep_s", 1.0), 8))
     driver = run.start()
-    _wait_until(lambda: _finished_count(run) >= 1, "a trial to finish")
+    wait_until(lambda: finished_count(run) >= 1, 120, "a trial to finish")
     for _ in range(3):  # the server drops every connection, as a restart does
         proxy.cut()
         time.sleep(0.3)
@@ -340,9 +278,9 @@ def test_an_outage_longer_than_the_limit_exits_3_and_the_next_run_finishes(
 ) -> None:
     run = run_via_proxy
     start_workers(2, extra_env=FAST_HEARTBEAT)
-    run.write_spec(_spec("sleeps", _grid("sleep_s", 1.0), 6))
+    run.write_spec(fault_spec("sleeps", grid("sleep_s", 1.0), 6))
     driver = run.start("--outage-limit", "3")
-    _wait_until(lambda: _finished_count(run) >= 1, "a trial to finish")
+    wait_until(lambda: finished_count(run) >= 1, 120, "a trial to finish")
     proxy.cut()
     _, err = driver.communicate(timeout=120)
     assert driver.returncode == 3, err
@@ -352,7 +290,7 @@ def test_an_outage_longer_than_the_limit_exits_3_and_the_next_run_finishes(
     proxy.restore()
     code, err = run.run()
     verdict = run.judge("PostgreSQL down > limit: exit 3, rerun", 6)
-    _assert_clean(verdict)
+    assert_clean(verdict)
     assert code == 0, err
 
 
@@ -361,16 +299,16 @@ def test_a_trial_failed_from_outside_is_stopped_and_not_retried(
 ) -> None:
     run = run_on_each_storage
     cluster = start_workers(2, extra_env=FAST_HEARTBEAT)
-    run.write_spec(_spec("stalls_first", _grid("x", 1), 3))
+    run.write_spec(fault_spec("stalls_first", grid("x", 1), 3))
     driver = run.start()
     pid = _trial_process_of(run, cluster, number=0)
     # optuna-dashboard's Fail button, from another process, through Optuna's own API.
     run.study().tell(0, state=optuna.trial.TrialState.FAIL)
-    _wait_until(lambda: not psutil.pid_exists(pid), "the stopped trial's process to go", 15)
+    wait_until(lambda: not psutil.pid_exists(pid), 15, "the stopped trial's process to go")
     _, err = driver.communicate(timeout=120)
-    storage = "SQLite" if run.storage_url is None else "PostgreSQL"
+    storage = "SQLite" if run.storage.startswith("sqlite") else "PostgreSQL"
     verdict = run.judge(f"trial failed from outside ({storage})", 3)
-    _assert_clean(verdict)
+    assert_clean(verdict)
     assert driver.returncode == 0, err
     stopped = run.study().trials[0]
     assert stopped.state.name == "FAIL" and stopped.user_attrs["outcome"] == "stopped"
@@ -383,10 +321,10 @@ def test_a_second_driver_on_the_same_study_is_refused_before_it_writes(
 ) -> None:
     run = run_on_each_storage
     cluster = start_workers(2, extra_env=FAST_HEARTBEAT)
-    run.write_spec(_spec("stalls_first", _grid("x", 1), 3))
+    run.write_spec(fault_spec("stalls_first", grid("x", 1), 3))
     first = run.start()
     _trial_process_of(run, cluster, number=0)
-    _wait_until(lambda: _finished_count(run) == 2, "the short trials to finish")
+    wait_until(lambda: finished_count(run) == 2, 120, "the short trials to finish")
     before = [(t.number, t.state, t.user_attrs) for t in run.study().trials]  # and still
     assert first.poll() is None, first.communicate()
     code, err = run.run()
@@ -401,15 +339,14 @@ def test_a_second_driver_on_the_same_study_is_refused_before_it_writes(
 def _trial_process_of(run: DriverRun, cluster: LocalCluster, number: int) -> int:
     """The pid of the process running trial `number`, once it has started."""
     client = redis.Redis.from_url(cluster.broker_url)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
+
+    def started_pid() -> int | None:
         try:
             trials = run.study().trials
         except KeyError:  # the study is not created yet
             trials = []
         task_id = next((t.user_attrs.get("task_id") for t in trials if t.number == number), None)
         meta = json.loads(client.get(f"celery-task-meta-{task_id}") or b"{}")
-        if meta.get("status") == "STARTED":
-            return int(meta["result"]["pid"])
-        time.sleep(0.1)
-    pytest.fail(f"trial {number} never started")
+        return int(meta["result"]["pid"]) if meta.get("status") == "STARTED" else None
+
+    return wait_until(started_pid, 60, f"trial {number} to start")

@@ -9,16 +9,16 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from waiting import wait_until
 
-from faults.harness import DriverRun
-from faults.test_faults import (
+from faults.harness import (
     FAST_HEARTBEAT,
-    _assert_clean,
-    _grid,
-    _wait_until,
-    _worker_parent_running_a_trial,
+    DriverRun,
+    assert_clean,
+    fault_spec,
+    grid,
+    worker_parent_running_a_trial,
 )
-from faults.test_faults import _spec as fault_spec
 from trialq.local import LocalCluster
 
 pytestmark = [pytest.mark.faults, pytest.mark.integration]
@@ -45,10 +45,10 @@ def test_a_killed_trial_resumes_from_its_checkpoint_dir(
 ) -> None:
     root = tmp_path / "checkpoints"
     start_workers(2, extra_env={**FAST_HEARTBEAT, "TRIALQ_CHECKPOINT_ROOT": str(root)})
-    run.write_spec(_spec("resumes_from_checkpoint", _grid("x", 1, 2), 2, max_retries=2))
+    run.write_spec(_spec("resumes_from_checkpoint", grid("x", 1, 2), 2, max_retries=2))
     code, err = run.run()
     assert code == 0, err
-    _assert_clean(run.judge("SIGKILL mid-trial, resumed from ckpt", 2))
+    assert_clean(run.judge("SIGKILL mid-trial, resumed from ckpt", 2))
     for trial in run.study().trials:
         assert trial.user_attrs["outcome"] == "ok" and trial.user_attrs["attempts"] == 3
         # Attempt 1 saved steps 0-5, attempt 2 steps 6-7: neither later one starts from zero.
@@ -61,7 +61,7 @@ def test_keep_checkpoints_leaves_the_folder(
 ) -> None:
     root = tmp_path / "checkpoints"
     start_workers(1, extra_env={**FAST_HEARTBEAT, "TRIALQ_CHECKPOINT_ROOT": str(root)})
-    spec = _spec("resumes_from_checkpoint", _grid("x", 1), 1, keep_checkpoints=True)
+    spec = _spec("resumes_from_checkpoint", grid("x", 1), 1, keep_checkpoints=True)
     run.write_spec(spec.replace("keep_checkpoints = True", "keep_checkpoints = true"))
     code, err = run.run()
     assert code == 0, err
@@ -79,15 +79,15 @@ def test_sigterm_to_a_worker_preempts_its_trial_which_resumes_elsewhere(
         "TRIALQ_STOP_GRACE_S": "3",
     }
     cluster = start_workers(1, extra_env=env)
-    run.write_spec(_spec("saves_on_stop", _grid("step_s", 0.3), 1, max_retries=0))
+    run.write_spec(_spec("saves_on_stop", grid("step_s", 0.3), 1, max_retries=0))
     driver = run.start()
-    victim = _worker_parent_running_a_trial(cluster)
-    _wait_until(lambda: _reported(run) >= 3, "three steps of the trial")
+    victim = worker_parent_running_a_trial(cluster)
+    wait_until(lambda: _reported(run) >= 3, 120, "three steps of the trial")
     victim.send_signal(signal.SIGTERM)
     victim.wait(timeout=30)  # the trial saved and returned: no need to wait for the grace
     start_workers(1, extra_env=env)
     _, err = driver.communicate(timeout=240)
-    _assert_clean(run.judge("SIGTERM of a worker: preempted, resumed", 1))
+    assert_clean(run.judge("SIGTERM of a worker: preempted, resumed", 1))
     assert driver.returncode == 0, err
     (trial,) = run.study().trials
     attrs = trial.user_attrs
@@ -105,16 +105,16 @@ def test_a_trial_that_ignores_the_notice_is_killed_at_the_grace_and_counted_pree
         "TRIALQ_STOP_GRACE_S": "1",
     }
     cluster = start_workers(1, extra_env=env)
-    space = _grid("step_s", 0.3) + "\n" + _grid("ignore_stop", 1)
+    space = grid("step_s", 0.3) + "\n" + grid("ignore_stop", 1)
     run.write_spec(_spec("saves_on_stop", space, 1, max_retries=0))
     driver = run.start()
-    victim = _worker_parent_running_a_trial(cluster)
-    _wait_until(lambda: _reported(run) >= 3, "three steps of the trial")
+    victim = worker_parent_running_a_trial(cluster)
+    wait_until(lambda: _reported(run) >= 3, 120, "three steps of the trial")
     victim.send_signal(signal.SIGTERM)
     victim.wait(timeout=30)
     start_workers(1, extra_env=env)
     _, err = driver.communicate(timeout=240)
-    _assert_clean(run.judge("SIGTERM, notice ignored: killed at grace", 1))
+    assert_clean(run.judge("SIGTERM, notice ignored: killed at grace", 1))
     assert driver.returncode == 0, err
     (trial,) = run.study().trials
     attrs = trial.user_attrs
@@ -128,9 +128,9 @@ def test_max_preemptions_bounds_the_re_sends(
 ) -> None:
     env = {**FAST_HEARTBEAT, "TRIALQ_CHECKPOINT_ROOT": str(tmp_path / "checkpoints")}
     start_workers(1, extra_env=env)
-    run.write_spec(_spec("stops_at_once", _grid("x", 1), 1, max_preemptions=2))
+    run.write_spec(_spec("stops_at_once", grid("x", 1), 1, max_preemptions=2))
     code, err = run.run()
-    _assert_clean(run.judge("preempted every time: max_preemptions", 1))
+    assert_clean(run.judge("preempted every time: max_preemptions", 1))
     (trial,) = run.study().trials
     attrs = trial.user_attrs
     assert trial.state.name == "FAIL" and attrs["outcome"] == "preempted"
@@ -154,12 +154,12 @@ def test_a_keras_fit_killed_after_epoch_7_resumes_at_epoch_8(
     start_workers(2, extra_env=env)
     logs = tmp_path / "epochs"
     logs.mkdir()
-    space = _grid("backup", 0, 1) + "\n" + _grid("epochs_log", str(logs))
+    space = grid("backup", 0, 1) + "\n" + grid("epochs_log", str(logs))
     spec = fault_spec("keras_killed_after_epoch_7", space, 2, max_retries=1)
     run.write_spec(spec.replace("timeout_s = 60", "timeout_s = 300"))
     code, err = run.run(timeout=600)
     assert code == 0, err
-    _assert_clean(run.judge("Keras fit SIGKILLed after epoch 7", 2))
+    assert_clean(run.judge("Keras fit SIGKILLed after epoch 7", 2))
     epochs = {b: (logs / f"epochs-{b}.log").read_text().splitlines() for b in (0, 1)}
     print(f"epochs run in all: {len(epochs[1])} with the backup, {len(epochs[0])} without")
     assert len(epochs[1]) <= 11, epochs[1]  # 7, then 8-10 on attempt 2

@@ -4,7 +4,6 @@ secret in any output."""
 from __future__ import annotations
 
 import subprocess
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -12,8 +11,9 @@ import pytest
 import redis
 from bad_inputs import BAD_ARGS, BAD_SPECS, spec_text
 from celery import Celery
+from waiting import wait_for_redis, wait_until
 
-from faults.harness import LEDGER, DriverRun, Verdict
+from faults.harness import DriverRun, Verdict, record_verdict
 from trialq.cli import submit_study_main
 from trialq.local import LocalCluster, free_port, redis_server_binary
 
@@ -39,10 +39,14 @@ def test_a_pickle_message_is_refused_and_nothing_runs(
         serializer="pickle",
     )  # fmt: skip
     client = redis.Redis.from_url(redis_url)
-    deadline = time.monotonic() + 30
-    while client.llen("gpu") and time.monotonic() < deadline:
-        time.sleep(0.1)
-    time.sleep(1)
+    log_file = cluster.log_dir / "worker0.log"
+
+    def refused() -> bool:
+        log = log_file.read_text() if log_file.exists() else ""
+        return "untrusted content" in log or "ContentDisallowed" in log
+
+    # Until the worker has said it refused the message: by then it would have unpickled it.
+    wait_until(lambda: client.llen("gpu") == 0 and refused(), 30, "the worker to refuse it")
 
     assert client.llen("gpu") == 0, "the worker should have taken (and refused) the message"
     assert not marker.exists(), "a pickle payload was deserialized on a worker"
@@ -111,7 +115,7 @@ def test_a_password_protected_redis_works_and_the_password_is_never_printed(
     )  # fmt: skip
     try:
         url = f"redis://:{password}@127.0.0.1:{port}/0"
-        _wait_for(redis.Redis.from_url(url))
+        wait_for_redis(redis.Redis.from_url(url), timeout_s=5)
         cluster = start_workers(1, broker_url=url)
         run = DriverRun(tmp_path, url)
         run.write_spec(spec_text())
@@ -143,18 +147,8 @@ def test_bad_specs_and_arguments_never_enqueue(
         code = submit_study_main([arg.replace("{spec}", str(spec)) for arg in argv])
         clean += code == 2 and len(capsys.readouterr().err.strip().splitlines()) == 1
     kinds = len(BAD_SPECS) + len(BAD_ARGS)
-    LEDGER.append(
+    record_verdict(
         Verdict(f"bad spec or argument ({kinds} kinds)", 0, 0, 0, 0, 0, {"exit 2, one line": clean})
     )
     assert kinds >= 20 and clean == kinds
     assert redis.Redis.from_url(redis_url).dbsize() == 0
-
-
-def _wait_for(client: redis.Redis) -> None:
-    for _ in range(100):
-        try:
-            client.ping()
-            return
-        except redis.ConnectionError:
-            time.sleep(0.05)
-    pytest.fail("Redis did not start")

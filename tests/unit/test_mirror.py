@@ -9,7 +9,6 @@ import uuid
 from collections.abc import Iterator
 from concurrent.futures import Future
 from datetime import datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import optuna
@@ -42,14 +41,6 @@ def persist(trial: optuna.Trial) -> Future[None]:
 
 def flush(study: optuna.Study) -> None:
     store_for(study).flush()
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def storage_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'mirror.db'}"
-    return str(request.getfixturevalue("postgres_url"))
-
 
 @pytest.fixture
 def study_name(storage_url: str) -> Iterator[str]:

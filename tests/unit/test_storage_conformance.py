@@ -5,13 +5,12 @@ a fresh `RDBStorage` reads from the database."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import optuna
 import pytest
 import sqlalchemy
-from conftest import TEST_REDIS_URL
 from optuna.testing.pytest_storages import StorageTestCase
+from services import TEST_REDIS_URL
 from studies import trial_fields
 
 from trialq.driver._storage.mirror import MirroredStorage
@@ -21,20 +20,21 @@ CONFORMANCE_DATABASE = "trialq_conformance_" + TEST_REDIS_URL.rsplit("/", 1)[-1]
 after the run's Redis database, so that test runs side by side do not empty each other's."""
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def storage_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'kit.db'}"
-    return _empty_postgres_database(str(request.getfixturevalue("postgres_url")))
+@pytest.fixture
+def kit_url(storage_url: str) -> str:
+    """The shared storage URL; on PostgreSQL, an emptied database of the kit's own."""
+    if storage_url.startswith("sqlite"):
+        return storage_url
+    return _empty_postgres_database(storage_url)
 
 
 @pytest.fixture
-def storage(storage_url: str) -> Iterator[MirroredStorage]:
+def storage(kit_url: str) -> Iterator[MirroredStorage]:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    mirror = MirroredStorage(optuna.storages.RDBStorage(storage_url))
+    mirror = MirroredStorage(optuna.storages.RDBStorage(kit_url))
     yield mirror
     mirror.flush()
-    _assert_copy_is_the_database(mirror, optuna.storages.RDBStorage(storage_url))
+    _assert_copy_is_the_database(mirror, optuna.storages.RDBStorage(kit_url))
     mirror.backend.engine.dispose()
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import optuna
 import pytest
@@ -15,16 +14,12 @@ from trialq.driver.study_lock import StudyLock
 from trialq.errors import StudyInUse
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def study(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[optuna.Study]:
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'lock.db'}"
-    else:
-        url = str(request.getfixturevalue("postgres_url"))
+@pytest.fixture
+def study(storage_url: str) -> Iterator[optuna.Study]:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.create_study(storage=url, study_name=f"lock-{uuid.uuid4().hex[:8]}")
+    study = optuna.create_study(storage=storage_url, study_name=f"lock-{uuid.uuid4().hex[:8]}")
     yield study
-    optuna.delete_study(study_name=study.study_name, storage=url)
+    optuna.delete_study(study_name=study.study_name, storage=storage_url)
 
 
 def _lock(study: optuna.Study) -> StudyLock:
