@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import signal
 import subprocess
@@ -430,3 +431,21 @@ def saves_and_checks_the_store(params: dict[str, Any], trial: TrialContext) -> d
         return {"value": -1.0, "in_store_at_yes": float(in_store)}
     after_stop = (trial.checkpoint_dir / "after-stop").exists()
     return {"value": float(start), "after_stop_found": float(after_stop)}
+
+
+def diverges(params: dict[str, Any], trial: TrialContext) -> dict[str, float]:
+    """A model that diverged on x="nan": its loss is NaN; every trial's grad_norm is inf."""
+    loss = math.nan if params["x"] == "nan" else 0.5
+    return {"loss": loss, "grad_norm": math.inf}
+
+
+def ends_its_own_process(params: dict[str, Any], trial: TrialContext) -> float:
+    """Ends its process as params["how"] says, before returning; "return" returns 1.0."""
+    how = params["how"]
+    if how == "segv":
+        os.kill(os.getpid(), signal.SIGSEGV)
+    elif how == "exit0":
+        sys.exit(0)
+    elif how == "os_exit":
+        os._exit(3)
+    return 1.0

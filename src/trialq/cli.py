@@ -62,7 +62,7 @@ def _run(command: Callable[[], int]) -> int:
 
         from trialq.driver.outage import service_lost
 
-        if isinstance(exc, ValidationError):  # a TRIALQ_* variable of the environment
+        if isinstance(exc, ValidationError) and exc.title == "Settings":  # a TRIALQ_* variable
             error = exc.errors()[0]
             where = ".".join(str(part) for part in error["loc"]) or "settings"
             message = error["msg"].removeprefix("Value error, ")

@@ -33,7 +33,7 @@ FAST_HEARTBEAT = {"TRIALQ_HEARTBEAT_INTERVAL_S": "0.5", "TRIALQ_HEARTBEAT_TTL_S"
 
 def fault_spec(entrypoint: str, space: str, n_trials: int, **trial_keys: object) -> str:
     """The fault suite's study: grid sampling, two in flight, `[trial]` keys added as given."""
-    extra = "\n".join(f"{key} = {value!r}".replace("'", '"') for key, value in trial_keys.items())
+    extra = "\n".join(f"{key} = {json.dumps(value)}" for key, value in trial_keys.items())
     return f"""
         [study]
         name = "faults"

@@ -38,11 +38,12 @@ def run(tmp_path: Path, redis_url: str) -> DriverRun:
     return DriverRun(tmp_path, redis_url)
 
 
-def test_sigkill_of_the_trial_process_is_retried_with_the_same_params(
+def test_sigkill_of_the_trial_process_is_retried_with_the_same_params_when_asked(
     run: DriverRun, start_workers: Callable[..., LocalCluster]
 ) -> None:
     start_workers(2, extra_env=FAST_HEARTBEAT)
-    run.write_spec(fault_spec("kills_itself_on_first_attempt", grid("x", "kill", "ok"), 6))
+    spec = fault_spec("kills_itself_on_first_attempt", grid("x", "kill", "ok"), 6, retry_crashes=True)
+    run.write_spec(spec)
     code, err = run.run()
     verdict = run.judge("SIGKILL of the trial process", 6)
     assert_clean(verdict)
@@ -56,13 +57,14 @@ def test_a_trial_that_kills_its_process_every_time_does_not_loop(
     run: DriverRun, start_workers: Callable[..., LocalCluster]
 ) -> None:
     start_workers(2, extra_env=FAST_HEARTBEAT)
-    run.write_spec(fault_spec("always_kills_itself", grid("x", "kill"), 2, max_retries=2))
+    spec = fault_spec("always_kills_itself", grid("x", "kill"), 2, max_retries=2, retry_crashes=True)
+    run.write_spec(spec)
     run.run()
     verdict = run.judge("trial that always SIGKILLs itself", 2)
     assert_clean(verdict)
     for trial in run.study().trials:
         assert trial.state.name == "FAIL"
-        assert trial.user_attrs["outcome"] == "worker_lost"
+        assert trial.user_attrs["outcome"] == "crashed"
         assert trial.user_attrs["attempts"] == 3  # 1 + max_retries, then given up
 
 

@@ -162,6 +162,7 @@ def test_reports_of_a_retried_attempt_replace_the_earlier_attempts(
         [trial]
         entrypoint = "trials:dies_then_reports_again"
         max_retries = 1
+        retry_crashes = true
         [space.x]
         type = "int"
         low = 0

@@ -113,7 +113,7 @@ def test_a_trial_that_never_used_a_device_lets_the_next_one_start_while_it_exits
     assert sum(overlaps) > 0, overlaps
 
 
-def test_a_killed_trial_process_is_a_lost_worker_and_the_next_trial_runs(
+def test_a_killed_trial_process_is_its_crash_named_by_its_signal_and_the_next_trial_runs(
     start_workers: Callable[..., LocalCluster], redis_url: str, tmp_path: Path
 ) -> None:
     start_workers(1, extra_env={"TRIALQ_PRELOAD": "none"})
@@ -124,7 +124,9 @@ def test_a_killed_trial_process_is_a_lost_worker_and_the_next_trial_runs(
     statuses = _wait(dispatcher, [killed, after], FINAL)
 
     assert statuses[killed].phase is TaskPhase.FAILED
-    assert statuses[killed].failure is Outcome.WORKER_LOST, statuses[killed].detail
+    # Its worker lived and saw it end: the trial's own end, not a lost worker (issue 26.9).
+    assert statuses[killed].failure is Outcome.CRASHED, statuses[killed].detail
+    assert "signal 9 (SIGKILL)" in statuses[killed].detail
     result = statuses[after].result
     assert result is not None and result.outcome is Outcome.OK
 

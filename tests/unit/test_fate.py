@@ -48,6 +48,7 @@ def _known(phase: TaskPhase, **fields: Any) -> Known:
         failure=fields.pop("failure", None),
         detail=fields.pop("detail", ""),
         worker=fields.pop("worker", None),
+        withdrawn=fields.pop("withdrawn", False),
     )
     return Known(request=REQUEST, status=status, **fields)
 
@@ -65,35 +66,161 @@ TABLE: list[tuple[str, Known, type, Any]] = [
     ("ok result is told", _known(FINISHED, result=_result(Outcome.OK)), Tell, Outcome.OK),
     ("error result is told", _known(FINISHED, result=_result(Outcome.ERROR)), Tell, Outcome.ERROR),
     ("oom result is told", _known(FINISHED, result=_result(Outcome.OOM)), Tell, Outcome.OOM),
-    ("pruned result is told", _known(FINISHED, result=_result(Outcome.PRUNED)), Tell, Outcome.PRUNED),
-    ("device refused: a retry", _known(FINISHED, result=_result(Outcome.ERROR, device_refused=True)), Resend, Resends(retries=1)),
-    ("device refused, retries used up: worker_lost", _known(FINISHED, result=_result(Outcome.ERROR, device_refused=True), resends=USED_UP), Tell, LOST),
-    ("preempted: a preemption, not a retry", _known(FINISHED, result=_result(Outcome.PREEMPTED)), Resend, Resends(preemptions=1)),
-    ("preempted past max_preemptions: told", _known(FINISHED, result=_result(Outcome.PREEMPTED), resends=PREEMPTED_OUT), Tell, Outcome.PREEMPTED),
-    ("preempted with retries used up: still re-sent", _known(FINISHED, result=_result(Outcome.PREEMPTED), resends=USED_UP), Resend, Resends(retries=2, preemptions=1)),
-    ("worker lost: a retry", _known(FAILED, failure=LOST, detail="SIGKILL"), Resend, Resends(retries=1)),
-    ("worker lost, retries used up: told worker_lost", _known(FAILED, failure=LOST, resends=USED_UP), Tell, LOST),
-    ("lost over its memory limit: oom, no retry", _known(FAILED, failure=LOST, oom_rss=600 << 20), Tell, Outcome.OOM),
-    ("lost after its stop notice: preempted", _known(FAILED, failure=LOST, stop_requested=True), Resend, Resends(preemptions=1)),
-    ("lost after stop notice, preemptions used up", _known(FAILED, failure=LOST, stop_requested=True, resends=PREEMPTED_OUT), Tell, Outcome.PREEMPTED),
+    (
+        "pruned result is told",
+        _known(FINISHED, result=_result(Outcome.PRUNED)),
+        Tell,
+        Outcome.PRUNED,
+    ),
+    (
+        "device refused: a retry",
+        _known(FINISHED, result=_result(Outcome.ERROR, device_refused=True)),
+        Resend,
+        Resends(retries=1),
+    ),
+    (
+        "device refused, retries used up: worker_lost",
+        _known(FINISHED, result=_result(Outcome.ERROR, device_refused=True), resends=USED_UP),
+        Tell,
+        LOST,
+    ),
+    (
+        "preempted: a preemption, not a retry",
+        _known(FINISHED, result=_result(Outcome.PREEMPTED)),
+        Resend,
+        Resends(preemptions=1),
+    ),
+    (
+        "preempted past max_preemptions: told",
+        _known(FINISHED, result=_result(Outcome.PREEMPTED), resends=PREEMPTED_OUT),
+        Tell,
+        Outcome.PREEMPTED,
+    ),
+    (
+        "preempted with retries used up: still re-sent",
+        _known(FINISHED, result=_result(Outcome.PREEMPTED), resends=USED_UP),
+        Resend,
+        Resends(retries=2, preemptions=1),
+    ),
+    (
+        "worker lost: a retry",
+        _known(FAILED, failure=LOST, detail="SIGKILL"),
+        Resend,
+        Resends(retries=1),
+    ),
+    (
+        "worker lost, retries used up: told worker_lost",
+        _known(FAILED, failure=LOST, resends=USED_UP),
+        Tell,
+        LOST,
+    ),
+    (
+        "lost over its memory limit: oom, no retry",
+        _known(FAILED, failure=LOST, oom_rss=600 << 20),
+        Tell,
+        Outcome.OOM,
+    ),
+    (
+        "lost after its stop notice: preempted",
+        _known(FAILED, failure=LOST, stop_requested=True),
+        Resend,
+        Resends(preemptions=1),
+    ),
+    (
+        "lost after stop notice, preemptions used up",
+        _known(FAILED, failure=LOST, stop_requested=True, resends=PREEMPTED_OUT),
+        Tell,
+        Outcome.PREEMPTED,
+    ),
+    (
+        "crashed (SIGSEGV, sys.exit), worker alive: told crashed, no retry",
+        _known(FAILED, failure=Outcome.CRASHED, detail="signal 11 (SIGSEGV)"),
+        Tell,
+        Outcome.CRASHED,
+    ),
+    (
+        "crashed with retry_crashes: a retry",
+        _known(FAILED, failure=Outcome.CRASHED),
+        Resend,
+        Resends(retries=1),
+    ),
+    (
+        "crashed with retry_crashes, retries used up",
+        _known(FAILED, failure=Outcome.CRASHED, resends=USED_UP),
+        Tell,
+        Outcome.CRASHED,
+    ),
+    (
+        "crashed over its memory limit: oom",
+        _known(FAILED, failure=Outcome.CRASHED, oom_rss=1),
+        Tell,
+        Outcome.OOM,
+    ),
+    (
+        "crashed after its stop notice: preempted",
+        _known(FAILED, failure=Outcome.CRASHED, stop_requested=True),
+        Resend,
+        Resends(preemptions=1),
+    ),
+    (
+        "withdrawn by a driver before it ran: re-sent, no retry used",
+        _known(FAILED, withdrawn=True, resends=USED_UP),
+        Resend,
+        USED_UP,
+    ),
     ("timed out: told timeout", _known(FAILED, failure=Outcome.TIMEOUT), Tell, Outcome.TIMEOUT),
     ("failed with no word: told error", _known(FAILED), Tell, Outcome.ERROR),
-    ("killed for ignoring the pruner: pruned", _known(FAILED, failure=LOST, terminated=True), Tell, Outcome.PRUNED),
+    (
+        "killed for ignoring the pruner: pruned",
+        _known(FAILED, failure=LOST, terminated=True),
+        Tell,
+        Outcome.PRUNED,
+    ),
     ("running, worker beats: wait", _known(RUNNING, worker="w1"), Wait, 0),
-    ("running, worker silent: a retry", _known(RUNNING, worker="w1", worker_alive=False), Resend, Resends(retries=1)),
-    ("running, worker silent, over memory: oom", _known(RUNNING, worker="w1", worker_alive=False, oom_rss=1), Tell, Outcome.OOM),
-    ("running past the prune grace: terminate", _known(RUNNING, prune_overdue=True), Terminate, None),
-    ("already terminated: wait for its end", _known(RUNNING, prune_overdue=True, terminated=True), Wait, 0),
+    (
+        "running, worker silent: a retry",
+        _known(RUNNING, worker="w1", worker_alive=False),
+        Resend,
+        Resends(retries=1),
+    ),
+    (
+        "running, worker silent, over memory: oom",
+        _known(RUNNING, worker="w1", worker_alive=False, oom_rss=1),
+        Tell,
+        Outcome.OOM,
+    ),
+    (
+        "running past the prune grace: terminate",
+        _known(RUNNING, prune_overdue=True),
+        Terminate,
+        None,
+    ),
+    (
+        "already terminated: wait for its end",
+        _known(RUNNING, prune_overdue=True, terminated=True),
+        Wait,
+        0,
+    ),
     ("waiting, not checked: keep the count", _known(WAITING, unseen_checks=1), Wait, 1),
     ("waiting, queued: count reset", _known(WAITING, queued=True, unseen_checks=1), Wait, 0),
     ("waiting, unseen once: count it", _known(WAITING, queued=False), Wait, 1),
-    ("waiting, unseen twice: re-sent, no retry used", _known(WAITING, queued=False, unseen_checks=1), Resend, Resends()),
+    (
+        "waiting, unseen twice: re-sent, no retry used",
+        _known(WAITING, queued=False, unseen_checks=1),
+        Resend,
+        Resends(),
+    ),
 ]
 
 
-@pytest.mark.parametrize(("known", "kind", "expected"), [row[1:] for row in TABLE], ids=[row[0] for row in TABLE])
-def test_the_fate_rule(known: Known, kind: type, expected: Any) -> None:
-    action = decide(known, LIMITS)
+@pytest.mark.parametrize(
+    ("known", "kind", "expected"), [row[1:] for row in TABLE], ids=[row[0] for row in TABLE]
+)
+def test_the_fate_rule(
+    request: pytest.FixtureRequest, known: Known, kind: type, expected: Any
+) -> None:
+    retry_crashes = "retry_crashes" in request.node.callspec.id
+    action = decide(known, replace(LIMITS, retry_crashes=retry_crashes))
 
     assert type(action) is kind
     if isinstance(action, Tell):

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
-from trialq.driver.loop import objective_values
+from trialq.driver.objective import objective_of, objective_values
 from trialq.errors import SpecError
+from trialq.wire.messages import TrialResult
 
 
 def test_a_bare_number_is_the_objective_whatever_the_metric_name() -> None:
@@ -37,3 +40,36 @@ def test_a_result_with_fields_from_a_newer_worker_still_reads() -> None:
 
     raw = {"study": "s", "number": 1, "attempt": 1, "outcome": "ok", "new_field": 3}
     assert TrialResult.model_validate(raw).outcome == "ok"
+
+
+def _ok(metrics: dict[str, float]) -> TrialResult:
+    return TrialResult(study="s", number=0, attempt=1, outcome="ok", metrics=metrics)
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_a_non_finite_objective_fails_the_trial_as_not_finite(bad: float) -> None:
+    result, values = objective_of(_ok({"loss": bad, "acc": 0.5}), ("loss",))
+
+    assert values is None
+    assert result.outcome == "not_finite"
+    assert result.error == f"objective is not finite: loss = {bad}"
+
+
+def test_a_non_finite_extra_metric_leaves_the_objective_and_is_kept_as_text() -> None:
+    result, values = objective_of(_ok({"loss": 0.25, "grad_norm": math.inf}), ("loss",))
+
+    assert values == [0.25] and result.outcome == "ok"
+    assert result.user_attrs()["metrics"] == {"loss": 0.25, "grad_norm": "inf"}
+
+
+def test_a_non_finite_bare_number_is_named_by_the_specs_metric() -> None:
+    result, _ = objective_of(_ok({"value": math.nan}), ("val_accuracy",))
+
+    assert result.error == "objective is not finite: val_accuracy = nan"
+
+
+def test_a_non_finite_metric_crosses_the_wire_and_reads_back() -> None:
+    sent = _ok({"loss": math.nan, "acc": -math.inf})
+    back = TrialResult.model_validate_json(sent.model_dump_json())
+
+    assert math.isnan(back.metrics["loss"]) and back.metrics["acc"] == -math.inf

@@ -22,11 +22,14 @@ from trialq.wire.messages import Outcome, TrialRequest, TrialResult
 
 _WITHDRAWN_TTL_S = 7 * 24 * 3600
 _FAILURE_OUTCOMES = {
-    "WorkerLostError": Outcome.WORKER_LOST,
+    # Recorded by the worker's parent, alive, on seeing its trial process end with no result
+    # (a signal, sys.exit, os._exit): the trial's own end. A worker that is lost records
+    # nothing; the driver finds it by its heartbeat.
+    "WorkerLostError": Outcome.CRASHED,
     "TimeLimitExceeded": Outcome.TIMEOUT,
     "SoftTimeLimitExceeded": Outcome.TIMEOUT,
-    "TaskRevokedError": Outcome.WORKER_LOST,
 }
+_WITHDRAWN = "TaskRevokedError"  # only a driver revokes: withdrawn, or killed for its pruner
 
 
 class CeleryDispatcher:
@@ -142,7 +145,12 @@ def _status(meta: dict[str, Any] | None) -> TaskStatus:
     exc = meta.get("result")
     name = type(exc).__name__
     failure = _FAILURE_OUTCOMES.get(name, Outcome.ERROR)
-    return TaskStatus(TaskPhase.FAILED, failure=failure, detail=f"{name}: {exc}")
+    detail = f"{name}: {exc}"
+    if failure is Outcome.CRASHED:
+        detail = f"the trial's process ended without a result ({exc})"
+    return TaskStatus(
+        TaskPhase.FAILED, failure=failure, detail=detail, withdrawn=name == _WITHDRAWN
+    )
 
 
 def _message_id(raw: bytes | str | dict[str, Any]) -> str | None:

@@ -28,6 +28,7 @@ class Limits:
     max_retries: int
     max_preemptions: int
     memory_limit_mb: int = 0
+    retry_crashes: bool = False
 
 
 @dataclass(frozen=True)
@@ -125,8 +126,12 @@ def _failed(known: Known, limits: Limits) -> Action:
     if known.terminated:
         note = "stopped from outside: the trial did not honour should_prune() in time"
         return Tell(synthetic(known.request, Outcome.PRUNED, note))
+    if status.withdrawn:  # a driver took it back before it ran (interrupted, say)
+        return Resend(known.resends, "withdrawn before it ran", new_attempt=False)
     if status.failure is Outcome.WORKER_LOST:
         return _lost(known, limits, status.detail)
+    if status.failure is Outcome.CRASHED:
+        return _crashed(known, limits, status.detail)
     return Tell(synthetic(known.request, status.failure or Outcome.ERROR, status.detail))
 
 
@@ -165,6 +170,16 @@ def _lost(known: Known, limits: Limits, detail: str) -> Action:
     return Tell(synthetic(known.request, Outcome.WORKER_LOST, detail))
 
 
+def _crashed(known: Known, limits: Limits, detail: str) -> Action:
+    """The trial's process ended on its own while its worker lived: the trial's end, unless
+    it was its memory guard's kill or its preemption, or the spec retries crashes."""
+    if known.oom_rss is not None or known.stop_requested:
+        return _lost(known, limits, detail)
+    if limits.retry_crashes and known.resends.retries < limits.max_retries:
+        return _lost(known, limits, detail)
+    return Tell(synthetic(known.request, Outcome.CRASHED, detail))
+
+
 def _preempted(known: Known, limits: Limits, result: TrialResult) -> Action:
     """Re-send a preempted trial, or fail it past `max_preemptions`."""
     if known.resends.preemptions < limits.max_preemptions:
@@ -192,5 +207,5 @@ def may_be_lost(status: TaskStatus, worker_alive: bool) -> bool:
     if status.phase is TaskPhase.FINISHED:
         return status.result is not None and status.result.device_refused
     if status.phase is TaskPhase.FAILED:
-        return status.failure is Outcome.WORKER_LOST
+        return status.failure in (Outcome.WORKER_LOST, Outcome.CRASHED)
     return status.phase is TaskPhase.RUNNING and not worker_alive

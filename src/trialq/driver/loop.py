@@ -28,6 +28,7 @@ from trialq import logs
 from trialq.driver import fate
 from trialq.driver._storage.store import TrialStore, store_for
 from trialq.driver.fate import Known, Resend, Resends, Tell, Terminate, Wait
+from trialq.driver.objective import objective_of
 from trialq.driver.oom_constraint import OOM_CONSTRAINT, OomTelling, counted_state, oom_telling
 from trialq.driver.outage import Outages
 from trialq.driver.progress import Counts, ProgressSink
@@ -131,6 +132,7 @@ class StudyDriver:
             self.spec.trial.max_retries,
             self.spec.trial.max_preemptions,
             self.spec.trial.memory_limit_mb,
+            self.spec.trial.retry_crashes,
         )
         if self.define_space is None:
             self.define_space = load_search_space(self.spec)
@@ -437,7 +439,7 @@ class StudyDriver:
         self._drain_reports(entry)
         del self.in_flight[entry.task_id]
         try:
-            result, values = self._objective(result)
+            result, values = objective_of(result, self.spec.study.objective_metrics)
         except SpecError as exc:
             error = {"outcome": Outcome.ERROR, "error": str(exc)}
             self._tell(entry, result.model_copy(update=error), None)
@@ -475,20 +477,6 @@ class StudyDriver:
         if not study.oom_as_constraint:
             return None
         return oom_telling(study.sampler, study.objective_directions)
-
-    def _objective(self, result: TrialResult) -> tuple[TrialResult, list[float] | None]:
-        """The objective values of an ok result, or the result turned into an error."""
-        if result.outcome is not Outcome.OK:
-            return result, None
-        try:
-            values = objective_values(result.metrics, self.spec.study.objective_metrics)
-        except KeyError as exc:
-            error = str(exc.args[0])
-            return result.model_copy(update={"outcome": Outcome.ERROR, "error": error}), None
-        if not all(math.isfinite(v) for v in values):
-            error = f"objective is not finite: {values}"
-            return result.model_copy(update={"outcome": Outcome.ERROR, "error": error}), None
-        return result, values
 
     def _orphan_checkpoint(self, entry: InFlight) -> None:
         """The trial is over and no process of it removed its checkpoint folder (it was
@@ -602,25 +590,6 @@ def _recorded_resends(frozen: FrozenTrial) -> Resends:
 
 def _failed(future: Future[None]) -> bool:
     return future.done() and future.exception() is not None
-
-
-def objective_values(metrics: dict[str, float], names: tuple[str, ...] | None) -> list[float]:
-    """Pick the objectives out of a trial's metrics (raise KeyError naming what is missing)."""
-    if set(metrics) == {"value"} and (names is None or len(names) == 1):
-        return [metrics["value"]]  # the trial returned a bare number
-    if names is None:
-        if len(metrics) == 1:
-            return list(metrics.values())
-        raise SpecError(
-            f"the trial returned several metrics ({', '.join(sorted(metrics))}) "
-            "but the spec names none: set study.metric"
-        )
-    missing = [name for name in names if name not in metrics]
-    if missing:
-        raise KeyError(
-            f"metric {', '.join(missing)} not returned (got {', '.join(sorted(metrics))})"
-        )
-    return [metrics[name] for name in names]
 
 
 def search_paths_for(spec: StudySpec) -> tuple[str, ...]:

@@ -135,6 +135,9 @@ class TrialSection(_Frozen):
     entrypoint: EntrypointRef
     timeout_s: float = Field(default=3600, gt=0)
     max_retries: int = Field(default=2, ge=0)
+    retry_crashes: bool = False
+    """Whether a trial whose process ended on its own (a signal, `sys.exit`) while its worker
+    lived is re-sent, within `max_retries`; by default it is the trial's end (`crashed`)."""
     max_preemptions: int = Field(default=20, ge=0)
     """Re-sends of a trial whose attempt was preempted (counted apart from `max_retries`:
     a reclaimed spot node says nothing about the trial's params)."""

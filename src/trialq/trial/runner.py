@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import inspect
 import logging
-import math
 import os
 import resource
 import socket
@@ -126,6 +125,8 @@ def _outcome(
         return Outcome.PRUNED, {}, None
     except timeout_errors:
         return Outcome.TIMEOUT, {}, f"soft time limit of {request.timeout_s:g} s exceeded"
+    except SystemExit as exc:  # the process would end with no result: the trial's own end
+        return Outcome.CRASHED, {}, f"the trial called sys.exit({exc.code!r}) instead of returning"
     except Exception as exc:
         return failures.classify(exc), {}, failures.describe(exc)
     if context.stop_seen:
@@ -255,7 +256,7 @@ def numeric_metrics(returned: object) -> dict[str, float]:
             if isinstance(value, int | float) and not isinstance(value, bool)
         }
         if metrics:
-            return {name: v if math.isfinite(v) else math.nan for name, v in metrics.items()}
+            return metrics  # NaN and inf kept as such: the driver judges an objective
     raise TypeError(
         f"the trial returned {type(returned).__name__}; "
         "return a number or a mapping of metric names to numbers"

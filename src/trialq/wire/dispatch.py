@@ -33,6 +33,8 @@ class TaskStatus:
     failure: Outcome | None = None
     detail: str = ""
     worker: str | None = None
+    withdrawn: bool = False
+    """FAILED because a driver withdrew it before it ran (revoked): not the trial's doing."""
 
 
 class TrialReports(Protocol):

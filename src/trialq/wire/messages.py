@@ -8,12 +8,13 @@ its default from an older writer) and keeps the version; anything else bumps it.
 
 from __future__ import annotations
 
+import math
 import re
 import secrets
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, model_validator
 
 from trialq.wire.entrypoint import EntrypointRef
 
@@ -53,6 +54,23 @@ class Outcome(StrEnum):
     """The attempt was told to stop (its worker got SIGTERM: a spot node reclaimed) and saw
     it, or was killed after such a notice: the trial is re-sent, and resumes from what it
     saved in `trial.checkpoint_dir`. Final (FAIL) only past `max_preemptions`."""
+    NOT_FINITE = "not_finite"
+    """The trial returned, but an objective it returned is NaN or infinite (a diverged
+    model): failed, as Optuna fails a NaN objective; the study goes on."""
+    CRASHED = "crashed"
+    """The trial's process ended on its own (a signal such as SIGSEGV, `sys.exit`,
+    `os._exit`) while its worker lived: the trial's own end, not a lost worker, so it is not
+    retried unless `[trial] retry_crashes` says so."""
+
+
+def _metric_json(value: float) -> float | str:
+    """A non-finite metric as the text float() reads back ("nan", "inf", "-inf"): JSON has
+    no NaN, and pydantic would write null, which no reader takes for a number."""
+    return value if math.isfinite(value) else str(value)
+
+
+Metric = Annotated[float, PlainSerializer(_metric_json, when_used="json")]
+"""A metric's value: a float, non-finite ones included, as text in JSON."""
 
 
 class _Message(BaseModel):
@@ -121,7 +139,7 @@ class TrialResult(_Message):
     number: int
     attempt: int
     outcome: Outcome
-    metrics: dict[str, float] = Field(default_factory=dict)
+    metrics: dict[str, Metric] = Field(default_factory=dict)
     worker_pid: int | None = None
     worker_host: str | None = None
     duration_s: float = 0.0
