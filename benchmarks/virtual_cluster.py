@@ -18,7 +18,7 @@ import numpy as np
 
 from benchmarks.search_objectives import Objective, Simulated
 from trialq.wire.channel import Report, ReportChannel, TrialAddress
-from trialq.wire.dispatch import TaskPhase, TaskStatus, with_deprecated_hard_limit
+from trialq.wire.dispatch import TaskPhase, TaskStatus
 from trialq.wire.messages import Outcome, TrialRequest, TrialResult
 
 MEDIAN_TRIAL_S = 600.0
@@ -78,14 +78,7 @@ class VirtualCluster:
 
     # --- Dispatcher ------------------------------------------------------------------------
 
-    def submit(
-        self,
-        request: TrialRequest,
-        queue: str,
-        hard_limit_s: float | None = None,  # deprecated: Dispatcher.submit
-        task_id: str | None = None,
-    ) -> str:
-        request = with_deprecated_hard_limit(request, hard_limit_s)
+    def submit(self, request: TrialRequest, queue: str, task_id: str | None = None) -> str:
         assert task_id is not None
         rng = trial_rng(self.seed, request.number)
         sim = self.objective.evaluate(request.params, rng)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from trialq.wire.channel import Report, TrialAddress
-from trialq.wire.dispatch import TaskPhase, TaskStatus, with_deprecated_hard_limit
+from trialq.wire.dispatch import TaskPhase, TaskStatus
 from trialq.wire.messages import Outcome, TrialRequest, TrialResult
 
 
@@ -61,14 +61,7 @@ class StandInDispatcher:
         self._polled: set[str] = set()
         self._finished: set[str] = set()
 
-    def submit(
-        self,
-        request: TrialRequest,
-        queue: str,
-        hard_limit_s: float | None = None,  # deprecated: Dispatcher.submit
-        task_id: str | None = None,
-    ) -> str:
-        request = with_deprecated_hard_limit(request, hard_limit_s)
+    def submit(self, request: TrialRequest, queue: str, task_id: str | None = None) -> str:
         assert task_id is not None, "the driver names each attempt before sending it"
         self.sent[task_id] = request
         reports = self._fields(task_id).get("reports")

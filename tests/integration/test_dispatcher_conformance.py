@@ -39,7 +39,7 @@ class Subject:
 
 def _curve_request(number: int) -> TrialRequest:
     return trial_request(study="conformance", number=number, params={"x": X},
-                         entrypoint="trials:reports_curve")  # fmt: skip
+                         entrypoint="trials:reports_curve", hard_limit_s=120)  # fmt: skip
 
 
 @pytest.fixture(params=["celery", "stand_in"])
@@ -75,7 +75,7 @@ def test_a_trial_is_sent_under_its_id_runs_and_reports_its_curve(subject: Subjec
     request = _curve_request(number=7)
     task_id = str(uuid.uuid4())
 
-    assert dispatcher.submit(request, subject.queue, 120, task_id=task_id) == task_id
+    assert dispatcher.submit(request, subject.queue, task_id=task_id) == task_id
 
     seen = _until_finished(dispatcher, task_id)
     phases = [status.phase for status in seen]
@@ -101,7 +101,7 @@ def test_statuses_answer_for_every_id_asked(subject: Subject) -> None:
     dispatcher = subject.dispatcher
     ids = [str(uuid.uuid4()) for _ in range(2)]
     for number, task_id in enumerate(ids):
-        dispatcher.submit(_curve_request(number), subject.queue, 120, task_id=task_id)
+        dispatcher.submit(_curve_request(number), subject.queue, task_id=task_id)
     assert set(dispatcher.statuses(ids)) == set(ids)
     assert dispatcher.statuses([]) == {}
     for task_id in ids:
@@ -110,7 +110,7 @@ def test_statuses_answer_for_every_id_asked(subject: Subject) -> None:
 
 def test_a_withdrawn_trial_is_no_longer_pending(subject: Subject) -> None:
     dispatcher = subject.dispatcher
-    task_id = dispatcher.submit(_curve_request(0), subject.idle_queue, 120, task_id="withdrawn")
+    task_id = dispatcher.submit(_curve_request(0), subject.idle_queue, task_id="withdrawn")
     dispatcher.withdraw([task_id], subject.idle_queue)
     assert task_id not in dispatcher.pending_ids(subject.idle_queue)
     dispatcher.withdraw([], subject.idle_queue)  # nothing to withdraw is no error

@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from trialq.wire.dispatch import with_deprecated_hard_limit
 from trialq.wire.entrypoint import Entrypoint
 from trialq.wire.messages import MESSAGE_VERSION, TrialRequest
 
@@ -41,9 +40,3 @@ def test_a_request_from_an_older_driver_reads_without_a_hard_limit() -> None:
 def test_a_hard_limit_not_past_the_soft_one_is_refused(hard_limit_s: float) -> None:
     with pytest.raises(ValidationError, match="hard_limit_s"):
         _request(hard_limit_s=hard_limit_s)
-
-
-def test_the_deprecated_limit_beside_the_request_fills_only_a_request_without_one() -> None:
-    assert with_deprecated_hard_limit(_request(), 90).hard_limit_s == 90
-    assert with_deprecated_hard_limit(_request(hard_limit_s=120), 90).hard_limit_s == 120
-    assert with_deprecated_hard_limit(_request(), None).hard_limit_s is None

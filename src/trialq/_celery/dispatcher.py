@@ -16,7 +16,7 @@ from trialq.errors import BrokerUnreachable
 from trialq.settings import Settings
 from trialq.wire import heartbeat
 from trialq.wire.channel import ReportChannel
-from trialq.wire.dispatch import TaskPhase, TaskStatus, with_deprecated_hard_limit
+from trialq.wire.dispatch import TaskPhase, TaskStatus
 from trialq.wire.keys import KOMBU_UNACKED, kombu_queue_key, result_key, withdrawn_key
 from trialq.wire.messages import Outcome, TrialRequest, TrialResult
 
@@ -47,16 +47,8 @@ class CeleryDispatcher:
         except redis.RedisError as exc:
             raise BrokerUnreachable(f"broker unreachable: {_without_password(exc)}") from None
 
-    def submit(
-        self,
-        request: TrialRequest,
-        queue: str,
-        hard_limit_s: float | None = None,
-        task_id: str | None = None,
-    ) -> str:
-        """Publish the request on the queue with its soft and hard time limits (`hard_limit_s`
-        here is deprecated: `Dispatcher.submit`)."""
-        request = with_deprecated_hard_limit(request, hard_limit_s)
+    def submit(self, request: TrialRequest, queue: str, task_id: str | None = None) -> str:
+        """Publish the request on the queue with its soft and hard time limits."""
         task_id = task_id or str(uuid.uuid4())
         try:
             self._app.send_task(

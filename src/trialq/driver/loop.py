@@ -29,7 +29,7 @@ from trialq.driver import fate
 from trialq.driver._storage.store import TrialStore, store_for
 from trialq.driver.fate import Known, Resend, Resends, Tell, Terminate, Wait
 from trialq.driver.objective import objective_of
-from trialq.driver.oom_constraint import OOM_CONSTRAINT, OomTelling, counted_state, oom_telling
+from trialq.driver.oom_constraint import OOM_CONSTRAINT, OomTelling, oom_telling
 from trialq.driver.outage import Outages
 from trialq.driver.progress import Counts, ProgressSink
 from trialq.driver.search_space import DefineSpace, load_search_space
@@ -37,6 +37,7 @@ from trialq.driver.spec import StudySpec
 from trialq.driver.study import distributions
 from trialq.driver.study_lock import StudyLock
 from trialq.errors import BrokerUnreachable, Interrupted, SpecError
+from trialq.oom_stand_ins import counted_state
 from trialq.wire.channel import Report, TrialAddress
 from trialq.wire.dispatch import Dispatcher, TaskPhase, TaskStatus, TrialReports
 from trialq.wire.failures import failure_line

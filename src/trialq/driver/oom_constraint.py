@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from optuna.trial import TrialState
 
 # Re-exported until trialq.driver.loop imports it from trialq.oom_stand_ins (issue 25).
-from trialq.oom_stand_ins import counted_state as counted_state
 
 OOM_CONSTRAINT = "oom"
 """The constraint's name; 1.0 on a trial that ran out of memory (feasible trials have none)."""

@@ -67,19 +67,9 @@ class Dispatcher(Protocol):
         """Where the trials sent through this dispatcher report; None where they cannot
         (then nothing is pruned)."""
 
-    def submit(
-        self,
-        request: TrialRequest,
-        queue: str,
-        hard_limit_s: float | None = None,
-        task_id: str | None = None,
-    ) -> str:
+    def submit(self, request: TrialRequest, queue: str, task_id: str | None = None) -> str:
         """Send one attempt under `task_id` (the driver records it first), else a new id;
-        return the task id. Its time limits are the request's (`timeout_s`, `hard_limit_s`).
-
-        `hard_limit_s` is deprecated and goes once the driver's loop sets the request's own
-        (issue 25): where given, it stands in for a request without one
-        (`with_deprecated_hard_limit`). Pass `task_id` by name."""
+        return the task id. Its time limits are the request's (`timeout_s`, `hard_limit_s`)."""
 
     def statuses(self, task_ids: Iterable[str]) -> dict[str, TaskStatus]:
         """The current status of each task id, in one round trip where possible."""
@@ -98,13 +88,3 @@ class Dispatcher(Protocol):
 
     def live_worker_count(self, queue: str) -> int:
         """How many workers consuming `queue` beat right now."""
-
-
-def with_deprecated_hard_limit(request: TrialRequest, hard_limit_s: float | None) -> TrialRequest:
-    """The request with the hard limit given beside it (`Dispatcher.submit`'s deprecated
-    argument) where it carries none of its own. Goes with that argument (issue 25)."""
-    if hard_limit_s is None or request.hard_limit_s is not None:
-        return request
-    return TrialRequest.model_validate(
-        {**request.model_dump(mode="json"), "hard_limit_s": hard_limit_s}
-    )
