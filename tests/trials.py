@@ -298,6 +298,25 @@ def kills_its_process(params: dict[str, Any], trial: TrialContext) -> float:
     return 0.0
 
 
+def starts_children(params: dict[str, Any], trial: TrialContext) -> float:
+    """Starts two `sleep 600` children, writes their pids to `params["pids"]`, then ends as
+    `params["then"]` says: "return", "raise", or "overrun" (past its time limit; with
+    `ignore_limit`, past the soft one too, until the hard limit kills it)."""
+    children = [subprocess.Popen(["sleep", "600"]) for _ in range(2)]
+    pids = Path(params["pids"])
+    pids.with_suffix(".tmp").write_text("".join(f"{child.pid}\n" for child in children))
+    pids.with_suffix(".tmp").replace(pids)
+    if params["then"] == "raise":
+        raise ValueError("a trial that fails after starting children")
+    if params["then"] == "overrun":
+        deadline = time.monotonic() + 60
+        ignored = (BaseException,) if params.get("ignore_limit") else ()
+        while time.monotonic() < deadline:
+            with contextlib.suppress(*ignored):  # SoftTimeLimitExceeded, with ignore_limit
+                time.sleep(0.05)
+    return 1.0
+
+
 def ignores_the_soft_limit_for(params: dict[str, Any], trial: TrialContext) -> float:
     """Swallows SoftTimeLimitExceeded and keeps going until the hard limit kills it."""
     deadline = time.monotonic() + float(params["sleep_s"])

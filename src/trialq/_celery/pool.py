@@ -32,6 +32,7 @@ from celery.concurrency import asynpool
 from celery.concurrency.prefork import TaskPool
 
 from trialq.trial.prewarm import device_in_use
+from trialq.trial.process_group import kill_group_of
 from trialq.trial.slots import POLL_S, TrialSlots, claim_for_trial
 
 logger = logging.getLogger("trialq.pool")  # the name log lines show; kept when the module moved
@@ -101,6 +102,7 @@ class TrialAsynPool(asynpool.AsynPool):  # type: ignore[misc]
     Worker = TrialProcess
 
     def _event_process_exit(self, hub: Any, proc: Any) -> None:
+        kill_group_of(proc.pid)  # what a killed trial process started (issue 26.4)
         super()._event_process_exit(hub, proc)
         if proc in self._pool:
             hub.call_later(_REAP_FIRST_RETRY_S, self._reap_again, hub, proc, _REAP_FIRST_RETRY_S)

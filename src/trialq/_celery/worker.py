@@ -116,6 +116,7 @@ class WorkerState:
             baseline=self.baseline,
             checkpoint_root=root,
             artifact_root=self.settings.artifact_root,
+            own_process_group=True,
         )
 
     def keep_result(self, request: TrialRequest, task_id: str, message: str) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 
 from trialq import logs
 from trialq.errors import TrialPruned
-from trialq.trial import checkpoints
+from trialq.trial import checkpoints, process_group
 from trialq.trial.artifacts import Saver, artifact_saver
 from trialq.trial.context import TrialContext
 from trialq.trial.device import Device
@@ -43,6 +43,7 @@ def run_trial(
     baseline: DeviceBaseline | None = None,
     checkpoint_root: Path | str | None = None,
     artifact_root: Path | str | None = None,
+    own_process_group: bool = False,
 ) -> TrialResult:
     """Run the request's entrypoint once and describe how it ended, in the trial's logs too.
 
@@ -51,8 +52,12 @@ def run_trial(
     With a `checkpoint_root`, the trial's `checkpoint_dir` is the request's folder under it
     (`trialq.trial.checkpoints`): a mounted folder, or a local one synced with a store. It is
     kept for the next attempt, or removed once the outcome is final (`_settle_checkpoint`).
+    With `own_process_group` (a worker's trial process, never a test's own), the process
+    leads a process group of its own, and every other process in it is ended when the
+    trial has (`trialq.trial.process_group`).
     """
-    with logs.trial_context(request):
+    group = process_group.own_group() if own_process_group else nullcontext()
+    with logs.trial_context(request), group:
         _log.info("trial started entrypoint=%s", request.entrypoint)
         refusal = baseline.refusal(device) if baseline is not None else None
         if refusal is None:

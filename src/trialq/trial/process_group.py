@@ -1,0 +1,120 @@
+"""A trial's own process group: every process a trial starts ends with it.
+
+The trial process leads a process group of its own from before the trial's code runs
+(`lead_own_group`), so what the trial starts (DataLoader workers, a trainer in a subprocess,
+DDP ranks) is in that group, and would otherwise outlive it, re-parented to PID 1, holding
+host and GPU memory. When the trial ends in its process (a return, an error, the soft time
+limit, a stop or preemption seen), `end_members` ends every other member: SIGTERM, a short
+grace, then SIGKILL, bounded. When the trial process itself was killed (the hard time limit,
+Celery terminating it), the worker's parent ends the group it led once it sees it exit
+(`kill_group_of`): Linux keeps a group's id from being reused while the group has members.
+
+What escapes: a process that leaves the group itself (`setsid`, `setpgid`,
+`start_new_session=True`, a daemon's double fork), and the group of a trial whose worker's
+parent was killed too (its container's end takes them). A cgroup per trial would hold even
+those; this is rq's answer, not systemd's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Iterator
+
+TERM_GRACE_S = 2.0
+"""How long the other members have to exit after SIGTERM before they are SIGKILLed."""
+
+KILL_ROUNDS = 20
+"""SIGKILL rounds at most (a member may fork while the group is killed), `_POLL_S` apart."""
+
+_POLL_S = 0.02
+
+
+def lead_own_group() -> bool:
+    """Make this process the leader of a new process group, before the trial's code runs.
+
+    False where it cannot (a session leader already leads its group and cannot move).
+    """
+    try:
+        os.setpgid(0, 0)
+    except PermissionError:
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def own_group() -> Iterator[None]:
+    """This process leads a group for the block; at its end, every other member is ended."""
+    led = lead_own_group()
+    try:
+        yield
+    finally:
+        if led:
+            end_members()
+
+
+def end_members(grace_s: float = TERM_GRACE_S) -> int:
+    """End every other live process of this process's group: SIGTERM, up to `grace_s` for
+    them to exit, then SIGKILL until none is left (`KILL_ROUNDS` at most). How many it found.
+    """
+    group = os.getpgrp()
+    found = members(group)
+    _signal_all(found, group, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    left = found
+    while left and time.monotonic() < deadline:
+        time.sleep(_POLL_S)
+        left = members(group)
+    for _ in range(KILL_ROUNDS):
+        if not left:
+            break
+        _signal_all(left, group, signal.SIGKILL)
+        time.sleep(_POLL_S)
+        left = members(group)
+    return len(found)
+
+
+def kill_group_of(leader_pid: int) -> None:
+    """SIGKILL what is left of the group a trial process led, once that process has exited
+    (the worker's parent calls it for every trial process it sees end). Nothing, where no
+    such group is left."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(leader_pid, signal.SIGKILL)
+
+
+def members(group: int) -> list[int]:
+    """The live processes of process group `group` other than this one (zombies hold
+    nothing and are left out)."""
+    me = os.getpid()
+    return [pid for pid in _pids() if pid != me and _group_if_alive(pid) == group]
+
+
+def _pids() -> list[int]:
+    with os.scandir("/proc") as entries:
+        return [int(entry.name) for entry in entries if entry.name.isdigit()]
+
+
+def _group_if_alive(pid: int) -> int | None:
+    """The process group of `pid` from /proc/<pid>/stat; None if it is gone or a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            fields = stat.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    state, _ppid, group = fields[0], fields[1], fields[2]
+    return None if state in (b"Z", b"X") else int(group)
+
+
+def _signal_all(pids: list[int], group: int, sig: signal.Signals) -> None:
+    """Signal each process through a pidfd, checked to be still in `group` once the fd is
+    open: a pid that was reused meanwhile is never signalled."""
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            fd = os.pidfd_open(pid)
+            try:
+                if _group_if_alive(pid) == group:
+                    signal.pidfd_send_signal(fd, sig)
+            finally:
+                os.close(fd)
