@@ -1,9 +1,11 @@
-"""A TCP proxy on loopback that can cut a database off, for the outage tests.
+"""A TCP proxy on loopback that can cut a server off, or hang it, for the outage tests.
 
-Between the driver and the machine's real PostgreSQL, `cut()` does what a restarting server
-or a failover does to its clients: every open connection is dropped, and new ones are closed
-as soon as they open, until `restore()`. The machine's server itself is never touched, so
-other tests keep using it.
+Between a client and the machine's real PostgreSQL or Redis, `cut()` does what a restarting
+server or a failover does to its clients: every open connection is dropped, and new ones are
+closed as soon as they open, until `restore()`. `hang()` does what a silent partition or a
+frozen server does: connections stay open and new ones are accepted, but nothing is forwarded
+either way until `restore()`, which then delivers what was held back (as TCP does when a
+partition heals). The machine's server itself is never touched, so other tests keep using it.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ class OutageProxy:
         self._open: list[socket.socket] = []
         self._cut = False
         self._closed = False
+        self._flowing = threading.Event()
+        self._flowing.set()
         threading.Thread(target=self._accept_forever, daemon=True).start()
 
     def cut(self) -> None:
@@ -34,10 +38,15 @@ class OutageProxy:
         for sock in dropped:
             _close(sock)
 
+    def hang(self) -> None:
+        """Keep every connection open, accept new ones, and forward nothing."""
+        self._flowing.clear()
+
     def restore(self) -> None:
-        """Let connections through again."""
+        """Let connections through again (and what a hang held back)."""
         with self._lock:
             self._cut = False
+        self._flowing.set()
 
     def close(self) -> None:
         self.cut()
@@ -64,12 +73,14 @@ class OutageProxy:
             with self._lock:
                 self._open += [client, upstream]
             for source, sink in ((client, upstream), (upstream, client)):
-                threading.Thread(target=_pump, args=(source, sink), daemon=True).start()
+                pump = (source, sink, self._flowing)
+                threading.Thread(target=_pump, args=pump, daemon=True).start()
 
 
-def _pump(source: socket.socket, sink: socket.socket) -> None:
+def _pump(source: socket.socket, sink: socket.socket, flowing: threading.Event) -> None:
     try:
         while data := source.recv(65536):
+            flowing.wait()
             sink.sendall(data)
     except OSError:
         pass

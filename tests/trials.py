@@ -317,6 +317,36 @@ def starts_children(params: dict[str, Any], trial: TrialContext) -> float:
     return 1.0
 
 
+def starts_children(params: dict[str, Any], trial: TrialContext) -> float:
+    """Starts two `sleep 600` children, writes their pids to `params["pids"]`, then ends as
+    `params["then"]` says: "return", "raise", or "overrun" (past its time limit; with
+    `ignore_limit`, past the soft one too, until the hard limit kills it)."""
+    children = [subprocess.Popen(["sleep", "600"]) for _ in range(2)]
+    pids = Path(params["pids"])
+    pids.with_suffix(".tmp").write_text("".join(f"{child.pid}\n" for child in children))
+    pids.with_suffix(".tmp").replace(pids)
+    if params["then"] == "raise":
+        raise ValueError("a trial that fails after starting children")
+    if params["then"] == "overrun":
+        deadline = time.monotonic() + 60
+        ignored = (BaseException,) if params.get("ignore_limit") else ()
+        while time.monotonic() < deadline:
+            with contextlib.suppress(*ignored):  # SoftTimeLimitExceeded, with ignore_limit
+                time.sleep(0.05)
+    return 1.0
+
+
+def reports_fifty(params: dict[str, Any], trial: TrialContext) -> dict[str, float]:
+    """Reports 50 values with no sleep between them, asking should_prune() each time;
+    returns how long that loop took."""
+    started = time.monotonic()
+    for step in range(50):
+        trial.report(float(step), step)
+        if trial.should_prune():
+            raise TrialPruned()
+    return {"loop_s": time.monotonic() - started}
+
+
 def ignores_the_soft_limit_for(params: dict[str, Any], trial: TrialContext) -> float:
     """Swallows SoftTimeLimitExceeded and keeps going until the hard limit kills it."""
     deadline = time.monotonic() + float(params["sleep_s"])

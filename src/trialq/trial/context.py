@@ -5,10 +5,21 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from trialq.wire.channel import ReportChannel, TrialAddress
+from trialq.wire.channel import TrialAddress
 from trialq.wire.messages import ArtifactMeta
+
+
+class Reports(Protocol):
+    """Where a trial's reports go and its flags come from: a `ReportSender` in a worker's
+    trial process (never waits on Redis), a `ReportChannel`, or a test's stand-in."""
+
+    def report(self, address: TrialAddress, step: int, value: float) -> None: ...
+
+    def prune_requested(self, address: TrialAddress) -> bool: ...
+
+    def stop_requested(self, address: TrialAddress) -> bool: ...
 
 
 class TrialContext:
@@ -18,7 +29,7 @@ class TrialContext:
         self,
         address: TrialAddress,
         params: Mapping[str, Any],
-        channel: ReportChannel | None,
+        channel: Reports | None,
         checkpoint_dir: Path | None = None,
         artifact_saver: Callable[[Path], ArtifactMeta] | None = None,
         checkpoint_sync: Callable[[], None] | None = None,

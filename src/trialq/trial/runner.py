@@ -21,9 +21,10 @@ from trialq import logs
 from trialq.errors import TrialPruned
 from trialq.trial import checkpoints, process_group
 from trialq.trial.artifacts import Saver, artifact_saver
-from trialq.trial.context import TrialContext
+from trialq.trial.context import Reports, TrialContext
 from trialq.trial.device import Device
 from trialq.trial.memory_guard import MemoryGuard
+from trialq.trial.report_sender import ReportSender
 from trialq.trial.telemetry import DeviceBaseline, Sampler
 from trialq.wire import failures
 from trialq.wire.channel import ReportChannel, TrialAddress
@@ -88,14 +89,18 @@ def _attempt(
     checkpoint_sync: Callable[[], None] | None = None,
 ) -> TrialResult:
     address = TrialAddress(request.study, request.number, request.attempt)
+    reports = _reports(channel)
     context = TrialContext(
-        address, request.params, channel, checkpoint_dir, artifact_saver, checkpoint_sync
+        address, request.params, reports, checkpoint_dir, artifact_saver, checkpoint_sync
     )
     started = time.monotonic()
-    with Sampler(device) as sampler, _memory_cap(request, address, channel):
-        outcome, metrics, error = _outcome(
-            request, context, device, allowed_modules, timeout_errors
-        )
+    try:
+        with Sampler(device) as sampler, _memory_cap(request, address, channel):
+            outcome, metrics, error = _outcome(
+                request, context, device, allowed_modules, timeout_errors
+            )
+    finally:
+        _flush(reports, timeout_errors)
     gpu = sampler.result()
     return TrialResult(
         study=request.study,
@@ -138,6 +143,22 @@ def _outcome(
         # It saw should_stop() say yes, then returned: cut short, not a final value.
         return Outcome.PREEMPTED, metrics, "stopped early: should_stop() said yes"
     return Outcome.OK, metrics, None
+
+
+def _reports(channel: ReportChannel | None) -> Reports | None:
+    """Redis's channel behind a sender thread, so no report or flag waits on Redis; a
+    test's stand-in channel as it is."""
+    return ReportSender(channel) if isinstance(channel, ReportChannel) else channel
+
+
+def _flush(reports: Reports | None, timeout_errors: tuple[type[BaseException], ...]) -> None:
+    """Every report on Redis before the result (bounded: `report_sender.FLUSH_LIMIT_S`);
+    the soft time limit, arriving meanwhile, ends the wait, not the trial."""
+    if isinstance(reports, ReportSender):
+        try:
+            reports.close()
+        except timeout_errors:
+            _log.warning("reports not all sent: the soft time limit came first")
 
 
 def _checkpoint_folder(

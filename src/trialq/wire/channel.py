@@ -8,10 +8,13 @@ reports of a retried attempt never mix with the earlier one's.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from trialq.wire.keys import MEMORY_EXCEEDED, ORPHANED_CHECKPOINTS, PRUNE, REPORTS, STOP, trial_key
 
@@ -33,6 +36,24 @@ class TrialAddress:
     def key(self, part: str) -> str:
         """A Redis key that belongs to this attempt (`trialq.wire.keys.trial_key`)."""
         return trial_key(self.study, self.number, self.attempt, part)
+
+
+@dataclass(frozen=True)
+class Flags:
+    """What the driver, or a stopping worker, asked of an attempt."""
+
+    prune: bool = False
+    stop: bool = False
+
+
+@dataclass(frozen=True)
+class NumberedReport:
+    """One intermediate value as the trial sends it: `seq` (1, 2, ... per attempt) is its
+    stream id, so a value sent again after a lost reply is not stored twice."""
+
+    seq: int
+    step: int
+    value: float
 
 
 @dataclass(frozen=True)
@@ -61,6 +82,34 @@ class ReportChannel:
         pipe.expire(key, KEY_TTL_S)
         with contextlib.suppress(redis.RedisError):
             pipe.execute()
+
+    def with_timeout(self, seconds: float) -> ReportChannel:
+        """The same channel over a client of its own whose every connect and reply is
+        awaited `seconds` at most, and never retried: for a caller that retries itself."""
+        return ReportChannel(_client_with_timeout(self._client, seconds))
+
+    def send_reports(self, address: TrialAddress, reports: Sequence[NumberedReport]) -> None:
+        """Append numbered values in one round trip; raises `redis.RedisError` if Redis did
+        not take them. Idempotent: a value already in the stream (its reply was lost, and it
+        is sent again) is refused by Redis as an id not above the stream's last, and ignored.
+        """
+        key = address.key(REPORTS)
+        pipe = self._client.pipeline(transaction=False)
+        for report in reports:
+            fields = {"step": report.step, "value": repr(report.value)}
+            pipe.xadd(key, fields, id=f"0-{report.seq}", maxlen=MAX_REPORTS_KEPT)  # type: ignore[arg-type]
+        pipe.expire(key, KEY_TTL_S)
+        for answer in pipe.execute(raise_on_error=False):
+            if isinstance(answer, redis.ResponseError) and not _already_there(answer):
+                raise answer
+
+    def flags(self, address: TrialAddress) -> Flags:
+        """Both flags an attempt reads, in one round trip; raises `redis.RedisError`."""
+        pipe = self._client.pipeline(transaction=False)
+        pipe.exists(address.key(PRUNE))
+        pipe.exists(address.key(STOP))
+        prune, stop = pipe.execute()
+        return Flags(prune=bool(prune), stop=bool(stop))
 
     def prune_requested(self, address: TrialAddress) -> bool:
         """Whether the driver has asked this attempt to stop (no, while Redis is away)."""
@@ -127,6 +176,26 @@ class ReportChannel:
             address.key(MEMORY_EXCEEDED),
             address.key(STOP),
         )
+
+
+def _already_there(error: redis.ResponseError) -> bool:
+    """Redis's refusal of an XADD whose id is not above the stream's last one."""
+    return "equal or smaller than the target stream top item" in str(error)
+
+
+def _client_with_timeout(client: redis.Redis, seconds: float) -> redis.Redis:
+    """A client to the same server, database and credentials with short socket timeouts
+    and no retries of its own. redis-py keeps the settings a pool was made with in
+    `connection_kwargs`; the `orig_*` copies and the pool's own handler are its state."""
+    pool = client.connection_pool
+    kwargs = {
+        name: value
+        for name, value in pool.connection_kwargs.items()
+        if not name.startswith("orig_") and name != "maint_notifications_pool_handler"
+    }
+    kwargs |= {"socket_timeout": seconds, "socket_connect_timeout": seconds}
+    kwargs["retry"] = Retry(NoBackoff(), 0)
+    return redis.Redis(connection_pool=redis.ConnectionPool(pool.connection_class, **kwargs))
 
 
 def _to_report(entry_id: bytes | str, fields: dict[bytes | str, bytes | str]) -> Report:
