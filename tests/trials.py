@@ -317,25 +317,6 @@ def starts_children(params: dict[str, Any], trial: TrialContext) -> float:
     return 1.0
 
 
-def starts_children(params: dict[str, Any], trial: TrialContext) -> float:
-    """Starts two `sleep 600` children, writes their pids to `params["pids"]`, then ends as
-    `params["then"]` says: "return", "raise", or "overrun" (past its time limit; with
-    `ignore_limit`, past the soft one too, until the hard limit kills it)."""
-    children = [subprocess.Popen(["sleep", "600"]) for _ in range(2)]
-    pids = Path(params["pids"])
-    pids.with_suffix(".tmp").write_text("".join(f"{child.pid}\n" for child in children))
-    pids.with_suffix(".tmp").replace(pids)
-    if params["then"] == "raise":
-        raise ValueError("a trial that fails after starting children")
-    if params["then"] == "overrun":
-        deadline = time.monotonic() + 60
-        ignored = (BaseException,) if params.get("ignore_limit") else ()
-        while time.monotonic() < deadline:
-            with contextlib.suppress(*ignored):  # SoftTimeLimitExceeded, with ignore_limit
-                time.sleep(0.05)
-    return 1.0
-
-
 def reports_fifty(params: dict[str, Any], trial: TrialContext) -> dict[str, float]:
     """Reports 50 values with no sleep between them, asking should_prune() each time;
     returns how long that loop took."""
@@ -498,3 +479,8 @@ def ends_its_own_process(params: dict[str, Any], trial: TrialContext) -> float:
     elif how == "os_exit":
         os._exit(3)
     return 1.0
+
+
+def fails_the_same_way(params: dict[str, Any], trial: TrialContext) -> float:
+    """A bug that no params escape: every trial raises the same error."""
+    raise RuntimeError("no module named 'the_users_helper' (a dependency missing everywhere)")

@@ -27,6 +27,18 @@ class EntrypointError(SpecError):
     """Raised when a trial entrypoint cannot be imported, is not callable or is not allowed."""
 
 
+class EntrypointRefused(TrialqError):
+    """Raised in a trial process when its worker cannot run the entrypoint: not in its
+    allowed modules, or not importable there. The trial ends `refused`, not failed."""
+
+
+class FailingTrials(TrialqError):
+    """Raised when trials keep failing the same way (`[study] max_failures_in_a_row`): the
+    run stops with the rest of the budget kept, rather than burn it on the same failure."""
+
+    exit_code = 5
+
+
 class PreloadError(UsageError):
     """Raised when a module the worker should preload is unknown or fails to import."""
 

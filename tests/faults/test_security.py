@@ -54,7 +54,7 @@ def test_a_pickle_message_is_refused_and_nothing_runs(
     assert "untrusted content" in log or "ContentDisallowed" in log, log[-2000:]
 
 
-def test_an_entrypoint_outside_the_allow_list_is_refused_with_outcome_error(
+def test_an_entrypoint_outside_the_allow_list_is_refused_and_the_run_stops_keeping_the_budget(
     tmp_path: Path, redis_url: str, start_workers: Callable[..., LocalCluster]
 ) -> None:
     start_workers(1)  # allowed: trials, trialq.examples
@@ -72,10 +72,12 @@ def test_an_entrypoint_outside_the_allow_list_is_refused_with_outcome_error(
         high = 2
         """
     )
-    run.run()
+    code, err = run.run()
+    assert code == 5, err  # refused 5 times in a row: stopped, not burned (issue 26.8)
+    assert "5 trials in a row refused by their workers" in err
+    assert "not in this worker's allowed modules" in err
     (trial,) = run.study().trials
-    assert trial.state.name == "FAIL" and trial.user_attrs["outcome"] == "error"
-    assert "not in this worker's allowed modules" in trial.user_attrs["error"]
+    assert trial.state.name == "RUNNING"  # never told: the next run sends it again
 
 
 def test_a_result_larger_than_the_limit_is_refused_not_stored(

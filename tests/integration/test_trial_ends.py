@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import optuna
 import pytest
 
 from trialq.settings import Settings
@@ -113,3 +114,35 @@ def test_retry_crashes_re_sends_a_crashed_trial_within_max_retries(
     for trial in _by_param(summary, "how")["segv"]:
         assert trial["user_attrs"]["outcome"] == "crashed"
         assert trial["user_attrs"]["attempts"] == 3 and trial["user_attrs"]["retries"] == 2
+
+
+def test_trials_failing_the_same_way_stop_the_run_and_keep_the_budget(
+    write_spec: Callable[..., Path], start_workers: Callable[..., object], redis_url: str
+) -> None:
+    from trialq.errors import FailingTrials
+
+    start_workers(2)
+    spec = write_spec(
+        """
+        [study]
+        name = "same-failure"
+        n_trials = 40
+        max_in_flight = 1
+        max_failures_in_a_row = 3
+        [trial]
+        entrypoint = "trials:fails_the_same_way"
+        [space.x]
+        type = "float"
+        low = 0
+        high = 1
+        """
+    )
+    with pytest.raises(FailingTrials, match="3 trials in a row error the same way") as stopped:
+        _run(spec, redis_url)
+
+    assert "no module named 'the_users_helper'" in str(stopped.value)
+    assert stopped.value.exit_code == 5
+    study = optuna.load_study(
+        study_name="same-failure", storage=f"sqlite:///{spec.parent / 'same-failure.db'}"
+    )
+    assert [t.state.name for t in study.trials] == ["FAIL"] * 3  # 37 of 40 kept

@@ -85,6 +85,12 @@ TABLE: list[tuple[str, Known, type, Any]] = [
         LOST,
     ),
     (
+        "refused by its worker: re-sent, no retry used",
+        _known(FINISHED, result=_result(Outcome.REFUSED, error="not allowed"), resends=USED_UP),
+        Resend,
+        USED_UP,
+    ),
+    (
         "preempted: a preemption, not a retry",
         _known(FINISHED, result=_result(Outcome.PREEMPTED)),
         Resend,

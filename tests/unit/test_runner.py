@@ -53,8 +53,19 @@ def test_module_outside_the_allow_list_is_refused_before_import() -> None:
         device=FakeDevice(),
         allowed_modules=("trialq.examples",),
     )
-    assert result.outcome is Outcome.ERROR
+    assert result.outcome is Outcome.REFUSED  # the worker's, not the trial's failure
     assert "not in this worker's allowed modules" in (result.error or "")
+
+
+def test_an_entrypoint_that_does_not_import_on_this_worker_is_refused() -> None:
+    result = run_trial(
+        _request("trials_missing_here:train", x=1.0),
+        channel=None,
+        device=FakeDevice(),
+        allowed_modules=("trials_missing_here",),
+    )
+    assert result.outcome is Outcome.REFUSED
+    assert "trials_missing_here:train does not import on this worker" in (result.error or "")
 
 
 def test_a_trial_that_honours_should_prune_is_pruned_at_its_last_step() -> None:

@@ -79,6 +79,8 @@ class Resend:
     """False for an attempt that never started: it is sent again under its own number."""
     keep_artifacts: TrialResult | None = None
     """A cut-short attempt whose saved files stay linked to the trial."""
+    refusal: str | None = None
+    """Why the worker would not run it, for a trial its worker refused (`refused`)."""
 
 
 @dataclass(frozen=True)
@@ -117,6 +119,9 @@ def _finished(known: Known, limits: Limits) -> Action:
         return _lost(known, limits, result.error or "the worker's device was not clean")
     if result.outcome is Outcome.PREEMPTED:
         return _preempted(known, limits, result)
+    if result.outcome is Outcome.REFUSED:  # not the trial's doing: another worker may take it
+        reason = result.error or "refused by its worker"
+        return Resend(known.resends, reason, new_attempt=False, refusal=reason)
     return Tell(result)
 
 

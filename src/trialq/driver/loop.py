@@ -27,6 +27,7 @@ from optuna.trial import FrozenTrial, TrialState
 from trialq import logs
 from trialq.driver import fate
 from trialq.driver._storage.store import TrialStore, store_for
+from trialq.driver.failure_streak import FailureStreak
 from trialq.driver.fate import Known, Resend, Resends, Tell, Terminate, Wait
 from trialq.driver.objective import objective_of
 from trialq.driver.oom_constraint import OOM_CONSTRAINT, OomTelling, oom_telling
@@ -36,7 +37,7 @@ from trialq.driver.search_space import DefineSpace, load_search_space
 from trialq.driver.spec import StudySpec
 from trialq.driver.study import distributions
 from trialq.driver.study_lock import StudyLock
-from trialq.errors import BrokerUnreachable, Interrupted, SpecError
+from trialq.errors import BrokerUnreachable, FailingTrials, Interrupted, SpecError
 from trialq.oom_stand_ins import counted_state
 from trialq.wire.channel import Report, TrialAddress
 from trialq.wire.dispatch import Dispatcher, TaskPhase, TaskStatus, TrialReports
@@ -135,6 +136,8 @@ class StudyDriver:
             self.spec.trial.memory_limit_mb,
             self.spec.trial.retry_crashes,
         )
+        self.streak = FailureStreak(self.spec.study.max_failures_in_a_row)
+        self._stop_reason: str | None = None
         if self.define_space is None:
             self.define_space = load_search_space(self.spec)
 
@@ -151,7 +154,7 @@ class StudyDriver:
         except KeyboardInterrupt:
             self._withdraw_waiting()
             raise Interrupted("interrupted: queued trials withdrawn; rerun to resume") from None
-        except SpecError:
+        except (SpecError, FailingTrials):
             self._withdraw_waiting()
             raise
         finally:
@@ -170,6 +173,8 @@ class StudyDriver:
         with outages.tolerated():
             self._check_storage(outages)
             self._collect()
+            if self._stop_reason is not None:
+                raise FailingTrials(self._stop_reason)
             self._check_outside()
             self._send_recorded()
             more = self._fill(n_trials)
@@ -428,6 +433,8 @@ class StudyDriver:
             self._store.link_artifacts(entry.trial, resend.keep_artifacts.artifacts)
         self._forget_reports(entry)
         _log.info("%s", resend.reason, extra=logs.fields(entry.request))
+        if resend.refusal is not None:
+            self._saw(Outcome.REFUSED, resend.refusal)
         self.dispatcher.withdraw([entry.task_id], self.spec.trial.queue)
         del self.in_flight[entry.task_id]
         attempt = entry.request.attempt + (1 if resend.new_attempt else 0)
@@ -472,6 +479,13 @@ class StudyDriver:
         if result.outcome not in _STATE_OF:  # failed, or out of memory however it was told
             line = failure_line(entry.request.number, result.outcome, result.error)
             self.progress.trial_failed(line)
+        self._saw(result.outcome, result.error)
+
+    def _saw(self, outcome: Outcome, error: str | None) -> None:
+        """Keep the streak of same failures; the first reason to stop stands."""
+        reason = self.streak.saw(outcome, error)
+        if reason is not None and self._stop_reason is None:
+            self._stop_reason = reason
 
     def _oom_telling(self) -> OomTelling | None:
         study = self.spec.study

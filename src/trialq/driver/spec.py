@@ -98,6 +98,9 @@ class StudySection(_Frozen):
     oom_as_constraint: bool = True
     outage_limit_s: float = Field(default=300, gt=0)
     """Seconds the driver waits for a lost broker or storage before it gives up (exit 3)."""
+    max_failures_in_a_row: int = Field(default=5, ge=0)
+    """Trials in a row that fail the same way (error, crash, lost worker, a worker's
+    refusal) before the run stops with the rest of the budget kept; 0 never stops."""
 
     @model_validator(mode="after")
     def _check_objectives(self) -> StudySection:

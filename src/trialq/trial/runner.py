@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from trialq import logs
-from trialq.errors import TrialPruned
+from trialq.errors import EntrypointRefused, TrialPruned
 from trialq.trial import checkpoints, process_group
 from trialq.trial.artifacts import Saver, artifact_saver
 from trialq.trial.context import Reports, TrialContext
@@ -28,7 +28,7 @@ from trialq.trial.report_sender import ReportSender
 from trialq.trial.telemetry import DeviceBaseline, Sampler
 from trialq.wire import failures
 from trialq.wire.channel import ReportChannel, TrialAddress
-from trialq.wire.entrypoint import importable_from
+from trialq.wire.entrypoint import Entrypoint, importable_from
 from trialq.wire.messages import Outcome, TrialRequest, TrialResult
 
 _log = logging.getLogger("trialq.runner")  # the name log lines show; kept when the module moved
@@ -135,6 +135,8 @@ def _outcome(
         return Outcome.PRUNED, {}, None
     except timeout_errors:
         return Outcome.TIMEOUT, {}, f"soft time limit of {request.timeout_s:g} s exceeded"
+    except EntrypointRefused as exc:  # this worker cannot run it: not the trial's failure
+        return Outcome.REFUSED, {}, str(exc)
     except SystemExit as exc:  # the process would end with no result: the trial's own end
         return Outcome.CRASHED, {}, f"the trial called sys.exit({exc.code!r}) instead of returning"
     except Exception as exc:
@@ -235,15 +237,24 @@ def _call_entrypoint(
 ) -> dict[str, float]:
     entrypoint = request.entrypoint
     if not entrypoint.is_allowed(allowed_modules):
-        raise PermissionError(
+        raise EntrypointRefused(
             f"entrypoint {entrypoint} is not in this worker's allowed modules "
             f"({', '.join(allowed_modules) or 'none'}); set TRIALQ_ALLOWED_MODULES"
         )
     device.prepare()
     with importable_from(*(Path(p) for p in request.search_paths)):
-        train = entrypoint.load()
+        train = _load(entrypoint)
     returned = _call(train, request.params, context)
     return numeric_metrics(returned)
+
+
+def _load(entrypoint: Entrypoint) -> Callable[..., Any]:
+    """The entrypoint's function; one that does not import on this worker is refused."""
+    try:
+        return entrypoint.load()
+    except Exception as exc:
+        reason = failures.headline(failures.describe(exc))
+        raise EntrypointRefused(f"{entrypoint} does not import on this worker: {reason}") from exc
 
 
 def _memory_cap(

@@ -57,6 +57,10 @@ class Outcome(StrEnum):
     NOT_FINITE = "not_finite"
     """The trial returned, but an objective it returned is NaN or infinite (a diverged
     model): failed, as Optuna fails a NaN objective; the study goes on."""
+    REFUSED = "refused"
+    """The worker would not run it: its entrypoint is not allowed there, or does not import
+    there. Not the trial's failure: it is sent again (elsewhere, or after a fix), and a run
+    of refusals stops the run (`[study] max_failures_in_a_row`)."""
     CRASHED = "crashed"
     """The trial's process ended on its own (a signal such as SIGSEGV, `sys.exit`,
     `os._exit`) while its worker lived: the trial's own end, not a lost worker, so it is not
