@@ -484,3 +484,10 @@ def ends_its_own_process(params: dict[str, Any], trial: TrialContext) -> float:
 def fails_the_same_way(params: dict[str, Any], trial: TrialContext) -> float:
     """A bug that no params escape: every trial raises the same error."""
     raise RuntimeError("no module named 'the_users_helper' (a dependency missing everywhere)")
+
+
+def chatty(params: dict[str, Any], trial: TrialContext) -> float:
+    """Reports params["n"] values as fast as it can, one step each."""
+    for step in range(int(params["n"])):
+        trial.report(float(step), step)
+    return 1.0

@@ -26,7 +26,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from trialq import logs
 from trialq.driver import fate
-from trialq.driver._storage.store import TrialStore, store_for
+from trialq.driver._storage.store import LAST_WRITE_WAIT_S, TrialStore, store_for
 from trialq.driver.failure_streak import FailureStreak
 from trialq.driver.fate import Known, Resend, Resends, Tell, Terminate, Wait
 from trialq.driver.objective import objective_of
@@ -464,6 +464,10 @@ class StudyDriver:
         }
         self._store.set_attrs(entry.trial, attrs)
         self._store.link_artifacts(entry.trial, result.artifacts)
+        if result.reports_dropped:
+            _log.warning("trial #%d: %d of its reports were dropped (docs/telemetry.md, "
+                         "the bound on reports)", entry.request.number, result.reports_dropped,
+                         extra=logs.fields(result))  # fmt: skip
         if not result.checkpoint_removed:
             self._orphan_checkpoint(entry)
         state = _STATE_OF.get(result.outcome, TrialState.FAIL)
@@ -543,9 +547,10 @@ class StudyDriver:
             entry.prune_requested_at = self.options.clock()
 
     def _record_reports(self, entry: InFlight, reports: list[Report]) -> None:
-        for report in reports:
-            self._store.record_intermediate(entry.trial, report.step, report.value)
-            entry.reports_seen = report.stream_id
+        values = {report.step: report.value for report in reports}  # the latest per step
+        self._store.record_intermediates(entry.trial, values)
+        if reports:
+            entry.reports_seen = reports[-1].stream_id
 
     def _prune_overdue(self, entry: InFlight) -> bool:
         asked = entry.prune_requested_at
@@ -572,9 +577,9 @@ class StudyDriver:
     def _write_told(self) -> None:
         """On the way out, whatever stopped the run: write the trials told since the last step.
         If the storage is away, they stay RUNNING there with their task ids, and the next run
-        tells them again."""
+        tells them again. Waits `LAST_WRITE_WAIT_S` at most: Ctrl-C ends a run promptly."""
         try:
-            self._store.flush()
+            self._store.flush(LAST_WRITE_WAIT_S)
         except Exception as exc:  # the error that stops the run is already on its way
             _log.warning("told trials not written (the next run tells them again): %s", exc)
 

@@ -43,6 +43,11 @@ FLUSH_LIMIT_S = 120.0
 """How long the reports still queued when the trial returns are waited for: as long as the
 worker retries storing the trial's result, which cannot reach the driver sooner anyway."""
 
+MAX_REPORTS_PER_ATTEMPT = MAX_REPORTS_KEPT
+"""Reports one attempt sends at most; later ones are dropped and counted (the trial's log
+and its `reports_dropped` attr say how many). A pruner and a plot need no more, and the
+driver records each one in the study's storage."""
+
 MAX_QUEUED = MAX_REPORTS_KEPT
 """Reports waiting for Redis at most; past it the oldest go (the stream keeps no more)."""
 
@@ -63,7 +68,7 @@ class ReportSender:
         self._cond = threading.Condition()
         self._queue: deque[Queued] = deque()
         self._in_flight: list[Queued] = []
-        self._seq = self._dropped = 0
+        self._seq = self._dropped = self._over = self._unsent = 0
         self._flags: dict[TrialAddress, Flags] = {}
         self._asks = self._answered = 0
         self._healthy = True
@@ -74,6 +79,9 @@ class ReportSender:
     def report(self, address: TrialAddress, step: int, value: float) -> None:
         """Queue one intermediate value for the driver; never waits."""
         with self._cond:
+            if self._seq >= MAX_REPORTS_PER_ATTEMPT:
+                self._over += 1
+                return
             if len(self._queue) >= MAX_QUEUED:
                 self._queue.popleft()
                 self._dropped += 1
@@ -100,8 +108,15 @@ class ReportSender:
             unsent = len(self._queue) + len(self._in_flight)
             self._queue.clear()
             self._in_flight = []
-        _log_losses(unsent, self._dropped, limit_s)
+        self._unsent = unsent
+        _log_losses(unsent, self._dropped, limit_s, self._over)
         return unsent
+
+    @property
+    def dropped(self) -> int:
+        """Reports of this attempt the driver will never see: past the bound, pushed out
+        while Redis was away, or not sent by the trial's end."""
+        return self._over + self._dropped + self._unsent
 
     def _fresh_flags(self, address: TrialAddress) -> Flags:
         with self._cond:
@@ -171,7 +186,12 @@ class ReportSender:
             self._cond.notify_all()
 
 
-def _log_losses(unsent: int, dropped: int, limit_s: float) -> None:
+def _log_losses(unsent: int, dropped: int, limit_s: float, over: int) -> None:
+    if over:
+        _log.warning(
+            "%d report(s) dropped: past the first %d of this attempt (the bound on reports)",
+            over, MAX_REPORTS_PER_ATTEMPT,
+        )  # fmt: skip
     if unsent:
         _log.warning(
             "%d report(s) not sent: Redis did not take them within %g s of the trial's end",

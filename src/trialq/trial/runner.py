@@ -102,6 +102,7 @@ def _attempt(
     finally:
         _flush(reports, timeout_errors)
     gpu = sampler.result()
+    dropped = reports.dropped if isinstance(reports, ReportSender) else 0
     return TrialResult(
         study=request.study,
         number=request.number,
@@ -118,6 +119,7 @@ def _attempt(
         error=error,
         last_step=context.last_step,
         artifacts=tuple(context.artifacts),
+        reports_dropped=dropped,
     )
 
 

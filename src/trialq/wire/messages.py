@@ -155,6 +155,9 @@ class TrialResult(_Message):
     """Mean of NVML's utilisation, percent, sampled while the trial ran."""
     error: str | None = None
     last_step: int | None = None
+    reports_dropped: int = 0
+    """Intermediate values the attempt reported that the driver never got (past the bound
+    of `trialq.trial.report_sender.MAX_REPORTS_PER_ATTEMPT`, or lost while Redis was away)."""
     device_refused: bool = False
     """The trial did not run: its worker's device still held an earlier trial's memory.
     Not the params' fault, so the driver sends it elsewhere (within max_retries)."""

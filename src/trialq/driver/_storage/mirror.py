@@ -315,16 +315,21 @@ class MirroredStorage(BaseStorage):
         self, trial_id: int, step: int, intermediate_value: float
     ) -> None:
         """Written at once, with everything pending: a pruner's decision rests on it."""
+        self.set_trial_intermediate_values(trial_id, {step: intermediate_value})
+
+    def set_trial_intermediate_values(self, trial_id: int, values: Mapping[int, float]) -> None:
+        """Several reports of one trial written in one transaction, with everything pending
+        (a chatty trial costs the driver one commit a relay, not one a value)."""
         with self._lock:
             trial = self._mirrored(trial_id)
             if trial is None:
-                writes = TrialWrites(intermediate_values={step: intermediate_value})
+                writes = TrialWrites(intermediate_values=dict(values))
                 commit_checked(self._backend, trial_id, writes)
                 return
             self.check_trial_is_updatable(trial_id, trial.state)
-            self._pending(trial_id).intermediate_values[step] = intermediate_value
-            values = {**trial.intermediate_values, step: float(intermediate_value)}
-            self._replace(trial, intermediate_values=values)
+            self._pending(trial_id).intermediate_values.update(values)
+            floats = {step: float(value) for step, value in values.items()}
+            self._replace(trial, intermediate_values={**trial.intermediate_values, **floats})
             self.flush()
 
     def set_trial_state_values(

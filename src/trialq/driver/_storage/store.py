@@ -24,8 +24,12 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from trialq.driver._storage.mirror import MirroredStorage
+from trialq.driver._storage.mirror import FLUSH_WAIT_S, MirroredStorage
 from trialq.wire.messages import ARTIFACTS_ATTR_PREFIX, ArtifactMeta
+
+LAST_WRITE_WAIT_S = 2.0
+"""How long a run that is ending anyway (interrupted, or past its outage limit) waits for its
+last commit; what is not written stays RUNNING with its task id, and the next run tells it."""
 
 
 class TrialStore(ABC):
@@ -56,8 +60,9 @@ class TrialStore(ABC):
         """Everything written so far on its way to the database; done once durable."""
 
     @abstractmethod
-    def flush(self) -> None:
-        """Everything written so far durable now."""
+    def flush(self, wait_s: float = FLUSH_WAIT_S) -> None:
+        """Everything written so far durable now; `StorageUnreachable` if that takes longer
+        than `wait_s` (the writes stay on their way)."""
 
     @abstractmethod
     def ping(self) -> None:
@@ -72,6 +77,11 @@ class TrialStore(ABC):
             cached[step] = value
         else:
             trial.report(value, step)
+
+    def record_intermediates(self, trial: optuna.Trial, values: Mapping[int, float]) -> None:
+        """`record_intermediate` for each value, written together."""
+        for step, value in values.items():
+            self.record_intermediate(trial, step, value)
 
     def link_artifacts(self, trial: optuna.Trial, artifacts: Iterable[ArtifactMeta]) -> None:
         """Link files an attempt stored to the trial, with the system attr that
@@ -106,11 +116,18 @@ class MirroredTrialStore(TrialStore):
     def flush_behind(self) -> Future[None]:
         return self.storage.flush_behind()
 
-    def flush(self) -> None:
-        self.storage.flush()
+    def flush(self, wait_s: float = FLUSH_WAIT_S) -> None:
+        self.storage.flush(wait_s)
 
     def ping(self) -> None:
         self.storage.ping()
+
+    def record_intermediates(self, trial: optuna.Trial, values: Mapping[int, float]) -> None:
+        """One transaction for a relay's values, not one for each (Optuna's `report` checks
+        nothing more for a float at an int step; a repeated step replaces the earlier one)."""
+        if values:
+            self.storage.set_trial_intermediate_values(trial._trial_id, values)
+            trial._cached_frozen_trial.intermediate_values.update(values)
 
 
 class InMemoryTrialStore(TrialStore):
@@ -134,7 +151,7 @@ class InMemoryTrialStore(TrialStore):
         done.set_result(None)
         return done
 
-    def flush(self) -> None:
+    def flush(self, wait_s: float = FLUSH_WAIT_S) -> None:
         """Nothing waits: every write went in as it was made."""
 
     def ping(self) -> None:
