@@ -1,0 +1,61 @@
+"""`GpuShare`: the GPUs one trial process gets, and how much memory of each it may use.
+
+The contract between the worker, which owns a host's GPUs and cuts them into trial slots
+(`trialq.trial.slots`), and the framework adapters (`trialq.trial.frameworks`), which turn a
+share into each framework's settings before its import and its cap after it. A share is
+decided in the worker's parent and handed to the trial process, which sets
+`CUDA_VISIBLE_DEVICES` from it before anything imports CUDA.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+VISIBLE = "CUDA_VISIBLE_DEVICES"
+BUDGET = "TRIALQ_GPU_BUDGET_BYTES"
+MODEL = "TRIALQ_GPU_MODEL"
+TOTAL = "TRIALQ_GPU_TOTAL_BYTES"
+
+
+@dataclass(frozen=True)
+class GpuShare:
+    """A trial process's GPUs (indices, `GPU-<uuid>` or `MIG-<uuid>`, as CUDA names them)
+    and its memory budget on each."""
+
+    devices: tuple[str, ...]
+    budget_bytes: int | None = None
+    """What the trial may use on each of its GPUs; None: the whole device, no cap."""
+    model: str | None = None
+    """The GPUs' model as NVML names it (`NVIDIA H100 80GB HBM3`), where known."""
+    total_bytes: int | None = None
+    """Each GPU's memory as NVML counts it, where known."""
+
+    @property
+    def visible(self) -> str:
+        """The value of `CUDA_VISIBLE_DEVICES` for the trial process."""
+        return ",".join(self.devices)
+
+    def environment(self) -> dict[str, str]:
+        """The variables that carry the share into the trial process (before any import)."""
+        env = {VISIBLE: self.visible}
+        for name, value in ((BUDGET, self.budget_bytes), (TOTAL, self.total_bytes)):
+            if value is not None:
+                env[name] = str(value)
+        if self.model:
+            env[MODEL] = self.model
+        return env
+
+    @classmethod
+    def from_environment(cls, env: Mapping[str, str]) -> GpuShare | None:
+        """The share the environment carries; None without `CUDA_VISIBLE_DEVICES` or with it
+        empty (no GPU for this process)."""
+        visible = env.get(VISIBLE, "").strip()
+        if not visible or visible == "-1":
+            return None
+        devices = tuple(part.strip() for part in visible.split(",") if part.strip())
+        return cls(devices, _int(env.get(BUDGET)), env.get(MODEL) or None, _int(env.get(TOTAL)))
+
+
+def _int(text: str | None) -> int | None:
+    return int(text) if text else None
