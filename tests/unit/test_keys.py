@@ -13,6 +13,7 @@ def test_trialqs_own_keys_keep_their_strings() -> None:
     assert keys.running_key("w@h", 42) == "trialq:running:w@h:42"
     assert keys.withdrawn_key("t-1") == "trialq:withdrawn:t-1"
     assert keys.result_key("t-1") == "trialq:result:t-1"
+    assert keys.poison_key("gpu") == "trialq:poison:gpu"
     address = TrialAddress("s", 3, 2)
     assert address.key(keys.REPORTS) == "trialq:trial:s:3:2:reports"
     assert address.key(keys.PRUNE) == "trialq:trial:s:3:2:prune"

@@ -8,6 +8,7 @@ by sending a real trial to the test Redis and reading the keys the dispatcher re
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -369,3 +370,55 @@ def test_the_worker_state_lists_the_running_requests_with_their_process() -> Non
     finally:
         state.task_ready(accepted)
     assert accepted not in running, ACTIVE_REQUESTS.gone("task_ready no longer removes from it")
+
+
+# --- kombu's Redis read, where trialq sets a malformed queue entry aside ---------------------
+
+TRANSPORT = "src/trialq/_celery/transport.py"
+BRPOP_READ = Hook(
+    "kombu.transport.redis.Channel._brpop_read(self, **options): the BRPOP handler, which "
+    "rotates the queue cycle to the popped queue, decodes the entry with kombu's JSON loads "
+    "(a ValueError carrying it as .doc) and delivers it through Channel.Message",
+    f"{TRANSPORT} (TrialRedisChannel, TrialMessage, QueueCycle)",
+    "one malformed entry on a queue's list ends the worker (Unrecoverable error) and its "
+    "running trial with it",
+)
+
+
+def test_kombus_redis_read_still_has_the_seam_trialq_overrides() -> None:
+    from kombu.transport import redis as kombu_redis
+    from kombu.transport import virtual
+
+    channel = kombu_redis.Channel
+    assert parameters(channel._brpop_read) == ["self", "options"], BRPOP_READ.gone(
+        f"its parameters are {parameters(channel._brpop_read)}"
+    )
+    assert refers_to(channel.__init__, "_brpop_read"), BRPOP_READ.gone("no longer the handler")
+    for name in ("rotate", "loads", "_deliver"):
+        assert refers_to(channel._brpop_read, name), BRPOP_READ.gone(f"it no longer calls {name}")
+    assert refers_to(virtual.Channel.basic_consume, "Message"), BRPOP_READ.gone(
+        "basic_consume no longer builds self.Message from the entry"
+    )
+
+
+def test_a_malformed_entry_is_set_aside_by_a_real_kombu_channel(redis_url: str) -> None:
+    hook = BRPOP_READ
+    from trialq._celery.transport import QueueCycle, TrialRedisTransport
+
+    client = redis.Redis.from_url(redis_url)
+    received: list[Any] = []
+    queue = kombu.Queue("hooks", kombu.Exchange("hooks"), routing_key="hooks")
+    with kombu.Connection(redis_url, transport=TrialRedisTransport) as connection:
+        channel = connection.default_channel
+        assert isinstance(channel._queue_cycle, QueueCycle), hook.gone("queue_order_strategy")
+        with connection.Consumer(queue, callbacks=[lambda body, m: received.append(body)]):
+            client.lpush("hooks", b"not json", b"[1]")
+            connection.Producer().publish({"ok": 1}, exchange=queue.exchange, routing_key="hooks")
+            for _ in range(10):
+                with contextlib.suppress(TimeoutError, OSError):
+                    connection.drain_events(timeout=1)
+                if received:
+                    break
+    assert received == [{"ok": 1}], hook.gone(f"the real message after them: {received!r}")
+    aside = client.lrange("trialq:poison:hooks", 0, -1)
+    assert sorted(aside) == [b"[1]", b"not json"], hook.gone(f"set aside: {aside!r}")

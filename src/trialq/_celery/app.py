@@ -52,6 +52,17 @@ def celery_config(settings: Settings) -> dict[str, Any]:
     }
 
 
+TRANSPORT = "trialq._celery.transport:TrialRedisTransport"
+"""kombu's Redis transport, setting malformed queue entries aside (`trialq._celery.transport`)."""
+
+
+def _transport(settings: Settings) -> dict[str, Any]:
+    """trialq's own transport for a Redis broker URL; any other is left to kombu."""
+    if settings.broker_url.split("://", 1)[0] in ("redis", "rediss"):
+        return {"broker_transport": TRANSPORT}
+    return {}
+
+
 def _tls_defaults(settings: Settings) -> dict[str, Any]:
     """Verified TLS for `rediss://` URLs that do not say otherwise.
 
@@ -75,6 +86,7 @@ def create_app(settings: Settings) -> Celery:
     """A Celery app bound to the settings' broker and result backend."""
     celery_app = Celery("trialq", broker=settings.broker_url, backend=settings.backend_url)
     celery_app.conf.update(celery_config(settings))
+    celery_app.conf.update(_transport(settings))
     celery_app.conf.update(_tls_defaults(settings))
     celery_app.conf.trialq_settings = settings
     return celery_app

@@ -146,9 +146,13 @@ def _status(meta: dict[str, Any] | None) -> TaskStatus:
 
 
 def _message_id(raw: bytes | str | dict[str, Any]) -> str | None:
-    message = json.loads(raw) if isinstance(raw, bytes | str) else raw
-    headers = message.get("headers") or {}
-    task_id = headers.get("id")
+    """The task id of a queued message; None for an entry that is no message of Celery's
+    (anyone with the broker's password can push one: workers set it aside, issue 26.2)."""
+    try:
+        message = json.loads(raw) if isinstance(raw, bytes | str) else raw
+        task_id = (message.get("headers") or {}).get("id")
+    except (ValueError, AttributeError):
+        return None
     return str(task_id) if task_id else None
 
 

@@ -42,6 +42,10 @@ WITHDRAWN_PREFIX = "trialq:withdrawn:"
 """+ a task id: the driver withdrew the task, a worker must not run it (revokes are not
 durable)."""
 
+POISON_PREFIX = "trialq:poison:"
+"""+ a queue's name: entries popped from that queue that were no message (not JSON, or JSON
+of another shape), set aside by a worker instead of ending it; the newest 1000 are kept."""
+
 RESULT_PREFIX = "trialq:result:"
 """+ a task id: the trial's own result, written once when it ended (Celery's meta can be
 overwritten by a redelivery, which writes STARTED again)."""
@@ -66,6 +70,11 @@ def trial_key(study: str, number: int, attempt: int, part: str) -> str:
 def withdrawn_key(task_id: str) -> str:
     """The key that tells a worker not to run a task after all."""
     return f"{WITHDRAWN_PREFIX}{task_id}"
+
+
+def poison_key(queue: str) -> str:
+    """Where malformed entries of `queue` are set aside."""
+    return f"{POISON_PREFIX}{queue}"
 
 
 def result_key(task_id: str) -> str:
