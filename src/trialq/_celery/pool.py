@@ -146,9 +146,12 @@ class TrialPool(TaskPool):  # type: ignore[misc]
 
     Pool = TrialAsynPool
     limit: int
+    _owner_pid: int | None = None
+    """The process that started the pool: the only one that may stop it."""
 
     def on_start(self) -> None:
         global _slots
+        self._owner_pid = os.getpid()
         slots = self.limit
         _slots = TrialSlots.create(slots)
         self.limit = slots + self._spare_processes()
@@ -166,12 +169,32 @@ class TrialPool(TaskPool):  # type: ignore[misc]
         return self.limit
 
     def on_stop(self) -> None:
+        if self._stopped_by_a_stranger("stop"):
+            return
         super().on_stop()
         _remove_slots()
 
     def on_terminate(self) -> None:
+        if self._stopped_by_a_stranger("terminate"):
+            return
         super().on_terminate()
         _remove_slots()
+
+    def _stopped_by_a_stranger(self, how: str) -> bool:
+        """Whether this process is not the one that started the pool, and must leave it be.
+
+        A stop signal that reaches a process the pool has just forked, before billiard makes
+        it a pool process, runs the parent's handler there: Celery's cold shutdown stops
+        "its" pool from the new child. Joining the parent's processes from there fails
+        (`can only join a child process`: an unrecoverable error) and removing the slots
+        would take them from the worker. The parent got the signal too; it stops the pool.
+        """
+        if self._owner_pid in (None, os.getpid()):
+            return False
+        logger.warning(
+            "pool %s asked of process %d, not the worker's parent: ignored", how, os.getpid()
+        )
+        return True
 
 
 def _remove_slots() -> None:

@@ -1,0 +1,61 @@
+"""A pool stopped from a process it did not start leaves it be (issue 26, item 12).
+
+A stop signal that reached a worker while it forked its spare process ran Celery's cold
+shutdown in the new child, which stopped "its" pool: billiard's `can only join a child
+process`, an unrecoverable error, 7 s of shutdown instead of 2. Here that child's stop is
+played out deterministically: a real `TrialPool`, stopped from a process forked off it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from trialq._celery import pool as pool_module
+from trialq._celery.app import create_app
+from trialq._celery.pool import TrialPool
+from trialq.settings import Settings
+
+
+@pytest.fixture
+def started_pool() -> Iterator[TrialPool]:
+    app = create_app(Settings(spare_processes=1))
+    pool = TrialPool(limit=1, app=app, initargs=(app, "pool-shutdown@test"))
+    pool.start()
+    yield pool
+    pool.stop()
+
+
+def _in_a_forked_child(action: str, pool: TrialPool) -> int:
+    """Run `pool.<action>()` in a process forked off this one (as the spare's child was);
+    its exit status: 0 done, 3 billiard's assertion, 4 anything else."""
+    pid = os.fork()
+    if pid == 0:
+        code = 0
+        try:
+            getattr(pool, action)()
+        except AssertionError:
+            code = 3
+        except BaseException:
+            code = 4
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
+
+
+@pytest.mark.parametrize("action", ["stop", "terminate"])
+def test_a_pool_stopped_from_a_forked_child_is_left_to_its_parent(
+    started_pool: TrialPool, action: str
+) -> None:
+    processes = list(started_pool._pool._pool)
+    slots = pool_module._slots
+    assert slots is not None and len(processes) == 2  # one trial slot, one spare
+
+    assert _in_a_forked_child(action, started_pool) == 0
+
+    assert slots.directory.is_dir(), "the child removed the worker's trial slots"
+    assert all(p.exitcode is None for p in processes), "the child stopped the parent's processes"
+    started_pool.stop()  # the parent, as ever
+    assert pool_module._slots is None and not slots.directory.exists()
