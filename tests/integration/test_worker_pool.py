@@ -8,20 +8,20 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psutil
 import pytest
 import redis
+from trial_requests import trial_request
+from waiting import wait_until
 
 from trialq._celery.dispatcher import CeleryDispatcher
 from trialq.local import LocalCluster
 from trialq.settings import Settings
 from trialq.wire import heartbeat
 from trialq.wire.dispatch import TaskPhase, TaskStatus
-from trialq.wire.entrypoint import Entrypoint
 from trialq.wire.messages import Outcome, TrialRequest, TrialResult
 
 pytestmark = pytest.mark.integration
@@ -37,23 +37,22 @@ def _request(
     hard_limit_s: float = 120,
     **params: object,
 ) -> TrialRequest:
-    return TrialRequest(
-        study="pool", number=number, attempt=1, params=params,  # type: ignore[arg-type]
-        entrypoint=Entrypoint("trials", function), timeout_s=timeout_s,
-        hard_limit_s=hard_limit_s,
+    return trial_request(
+        study="pool", number=number, params=params, entrypoint=f"trials:{function}",
+        timeout_s=timeout_s, hard_limit_s=hard_limit_s,
     )  # fmt: skip
 
 
 def _wait(
     dispatcher: CeleryDispatcher, task_ids: list[str], done: tuple[TaskPhase, ...]
 ) -> dict[str, TaskStatus]:
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
+    def reached() -> dict[str, TaskStatus] | None:
         statuses = dispatcher.statuses(task_ids)
-        if all(s.phase in done for s in statuses.values()):
-            return statuses
-        time.sleep(0.05)
-    pytest.fail(f"trials did not reach {done} in time: {dispatcher.statuses(task_ids)}")
+        return statuses if all(s.phase in done for s in statuses.values()) else None
+
+    return wait_until(
+        reached, WAIT_S, lambda: f"trials to reach {done}: {dispatcher.statuses(task_ids)}"
+    )
 
 
 FINAL = (TaskPhase.FINISHED, TaskPhase.FAILED)
@@ -229,10 +228,12 @@ def test_the_worker_stops_rather_than_fork_once_its_parent_ran_a_tensorflow_op(
     pytest.importorskip("tensorflow")
     worker = spawn_worker("--preload", "tensorflow,parent_runs_tf_op")
     client = redis.Redis.from_url(redis_url)
-    deadline = time.monotonic() + WAIT_S
-    while not heartbeat.live_workers(client):
-        assert worker.poll() is None and time.monotonic() < deadline, worker.communicate()[0]
-        time.sleep(0.1)
+    wait_until(
+        lambda: heartbeat.live_workers(client) or worker.poll() is not None,
+        WAIT_S,
+        "the worker to beat (or exit)",
+    )
+    assert worker.poll() is None, worker.communicate()[0]
     dispatcher = CeleryDispatcher(Settings(broker_url=redis_url))
     log = str(tmp_path / "pids")
     ids = [dispatcher.submit(_request("records_its_process", n, log=log), "gpu") for n in range(3)]

@@ -15,6 +15,7 @@ import psutil
 import pytest
 from billiard.queues import _SimpleQueue
 from celery.concurrency import asynpool
+from waiting import wait_until
 
 from trialq._celery.pool import TrialAsynPool
 from trialq.trial.slots import TrialSlots
@@ -98,8 +99,8 @@ def test_a_slot_waits_until_its_previous_holder_has_exited_entirely() -> None:
         waiting.release()
         _sign_slot_for(slots, holder)
         holder.kill()
-        while psutil.Process(holder.pid).status() != psutil.STATUS_ZOMBIE:
-            time.sleep(0.01)
+        zombie = psutil.STATUS_ZOMBIE
+        wait_until(lambda: psutil.Process(holder.pid).status() == zombie, 10, "a zombie", 0.01)
         after = TrialSlots(slots.directory, 1)
         assert after.claim(timeout_s=5), "a zombie (exited, not yet reaped) still blocked"
         after.release()

@@ -20,13 +20,12 @@ import redis
 from celery.concurrency import asynpool, base, prefork
 from celery.worker.consumer import consumer
 from private_hooks import Hook, parameters, refers_to
+from trial_requests import trial_request
 
 from trialq._celery.app import create_app
 from trialq._celery.dispatcher import CeleryDispatcher
 from trialq._celery.pool import TrialAsynPool, TrialProcess
 from trialq.settings import Settings
-from trialq.wire.entrypoint import Entrypoint
-from trialq.wire.messages import TrialRequest
 
 POOL = "src/trialq/_celery/pool.py"
 DISPATCHER = "src/trialq/_celery/dispatcher.py"
@@ -266,10 +265,7 @@ def _dispatcher(redis_url: str) -> CeleryDispatcher:
 
 
 def _send(dispatcher: CeleryDispatcher) -> str:
-    request = TrialRequest(
-        study="hooks", number=0, attempt=1, params={"x": 1.0},
-        entrypoint=Entrypoint("trials", "quadratic"), timeout_s=60, hard_limit_s=120,
-    )  # fmt: skip
+    request = trial_request(study="hooks", timeout_s=60, hard_limit_s=120)
     return dispatcher.submit(request, "gpu")
 
 
