@@ -7,6 +7,9 @@
 #
 # worker-tf.lock   the GPU worker image (extra tf: tensorflow, on the TensorFlow base image)
 # worker-cpu.lock  the CPU worker image (extra cpu: tensorflow-cpu, on python:3.11)
+# worker-torch.lock  the PyTorch worker image (docker/worker-torch.in: torch with its CUDA
+#                    wheels, no TensorFlow)
+# worker-jax.lock  the JAX worker image (docker/worker-jax.in: jax[cuda12], no TensorFlow)
 # driver.lock      the driver image (extra postgres, plus optuna-dashboard and Flower)
 #
 # tests/deploy/test_locks.py fails when a lock and pyproject.toml disagree.
@@ -41,4 +44,6 @@ compile() {  # OUTPUT [uv pip compile arguments...]
 
 compile docker/worker-tf.lock pyproject.toml --extra tf
 compile docker/worker-cpu.lock pyproject.toml --extra cpu
+compile docker/worker-torch.lock pyproject.toml docker/worker-torch.in
+compile docker/worker-jax.lock pyproject.toml docker/worker-jax.in
 compile docker/driver.lock pyproject.toml docker/driver-tools.in --extra postgres

@@ -101,12 +101,43 @@ def _submit_parser() -> _Parser:
         help="how long to wait for a lost broker or storage before giving up "
         "(default: the spec's study.outage_limit_s, else 300)",
     )
+    _add_budget_flags(parser)
     parser.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument(
         "--verbose", "-v", action="store_true", help="log sent/told/retried trials on stderr"
     )
     return parser
+
+
+def _add_budget_flags(parser: _Parser) -> None:
+    """The spec's [study] budgets, for a one-off run (docs/spec.md, "Budgets")."""
+    budgets = parser.add_argument_group("budgets (override the spec's [study] keys this run)")
+    budgets.add_argument("--max-wall-s", type=_positive_float, metavar="SECONDS",
+                         help="send no trial after this run's wall time")  # fmt: skip
+    budgets.add_argument("--max-wall-hard", action="store_true", default=None,
+                         help="at --max-wall-s, stop trials in flight for a later run")  # fmt: skip
+    budgets.add_argument("--max-gpu-hours", type=_positive_float, metavar="HOURS",
+                         help="the study's finished trials' duration x GPUs")  # fmt: skip
+    budgets.add_argument("--goal", type=float, metavar="VALUE",
+                         help="stop once the best value reaches it")  # fmt: skip
+    budgets.add_argument("--max-failed-trials", type=_positive_int, metavar="N",
+                         help="stop once the study has N failed trials (exit 5)")  # fmt: skip
+
+
+_BUDGET_FLAGS = {
+    "max_wall_s": "max_wall_s",
+    "max_wall_hard": "hard_wall",
+    "max_gpu_hours": "max_gpu_hours",
+    "goal": "goal",
+    "max_failed_trials": "max_failed_trials",
+}
+
+
+def _budget_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The budget flags given on the command line, as `Budget` fields."""
+    given = {field: getattr(args, flag) for flag, field in _BUDGET_FLAGS.items()}
+    return {field: value for field, value in given.items() if value is not None}
 
 
 def _positive_int(text: str) -> int:
@@ -154,6 +185,7 @@ def _submit_study(args: argparse.Namespace) -> int:
         local_workers=(args.workers or 2) if args.local else None,
         show_progress=not args.no_progress,
         outage_limit_s=args.outage_limit,
+        budget_overrides=_budget_overrides(args),
     )
     if args.json:
         json.dump(summary, sys.stdout, default=str)

@@ -5,7 +5,9 @@ the driver, and summarise. Everything that can be refused is refused before a tr
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from contextlib import ExitStack
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -13,13 +15,13 @@ import optuna
 
 from trialq._celery.dispatcher import CeleryDispatcher
 from trialq.driver.drift import check_spec_against_study
-from trialq.driver.loop import DriverOptions, StudyDriver, search_paths_for
+from trialq.driver.loop import DriverOptions, StudyDriver, budget_for, search_paths_for
 from trialq.driver.progress import NoProgress, ProgressSink, RichProgress
 from trialq.driver.search_space import load_search_space
 from trialq.driver.spec import StudySpec, load_spec
 from trialq.driver.study import open_study, redacted, storage_url
 from trialq.driver.study_lock import holding_study
-from trialq.errors import SpecError
+from trialq.errors import SpecError, UsageError
 from trialq.local import LocalCluster
 from trialq.settings import Settings
 from trialq.views.summary import study_summary
@@ -36,9 +38,18 @@ def submit_study(
     local_workers: int | None,
     show_progress: bool,
     outage_limit_s: float | None = None,
+    budget_overrides: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Run the spec's study to its number of finished trials and return the summary."""
+    """Run the spec's study to its number of finished trials (or until another budget is
+    reached: `budget_overrides` set `trialq.driver.budget.Budget` fields for this run) and
+    return the summary."""
     spec = load_spec(spec_path)
+    if (budget_overrides or {}).get("goal") is not None and len(
+        spec.study.objective_directions
+    ) > 1:
+        raise UsageError(
+            "submit-study: --goal: a study with several objectives has no one best value"
+        )
     define_space = load_search_space(spec)  # runs the user's module: once, before the study
     _check_time_limits(spec, settings)
     if local_workers is None:
@@ -82,10 +93,15 @@ def submit_study(
             search_paths=search_paths_for(spec) if local_workers is not None else (),
             outage_limit_s=outage_limit_s or spec.study.outage_limit_s,
         )
-        StudyDriver(spec, study, dispatcher, progress, options, study_lock, define_space).run(
-            target
+        budget = replace(budget_for(spec, target), **(budget_overrides or {}))
+        driver = StudyDriver(
+            spec, study, dispatcher, progress, options, study_lock, define_space, budget=budget
         )
-    return study_summary(study)
+        driver.run(target)
+    if driver.stop is not None:
+        _say(driver.stop.line)
+    stopped_by = driver.stop.budget if driver.stop is not None else "n_trials"
+    return {**study_summary(study), "stopped_by": stopped_by, "budgets": driver.usage()}
 
 
 def _announce_progress(study: optuna.Study, target: int) -> bool:

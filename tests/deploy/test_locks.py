@@ -8,6 +8,7 @@ import re
 import subprocess
 import tomllib
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 from packaging.requirements import Requirement
@@ -19,8 +20,22 @@ from .deployfiles import DOCKER_DIR, REPO_ROOT, require_tool
 LOCK_SCRIPT = DOCKER_DIR / "lock.sh"
 DRIVER_TOOLS = DOCKER_DIR / "driver-tools.in"
 
-LOCKS = {"worker-tf.lock": ("tf",), "worker-cpu.lock": ("cpu",), "driver.lock": ("postgres",)}
+LOCKS = {
+    "worker-tf.lock": ("tf",),
+    "worker-cpu.lock": ("cpu",),
+    "worker-torch.lock": (),
+    "worker-jax.lock": (),
+    "driver.lock": ("postgres",),
+}
 """Each lock and the extras of pyproject.toml it is made from (with the core dependencies)."""
+INPUTS = {
+    "worker-torch.lock": "worker-torch.in",
+    "worker-jax.lock": "worker-jax.in",
+    "driver.lock": "driver-tools.in",
+}
+"""The locks made with a requirements file of docker/ beside pyproject.toml."""
+FRAMEWORK_PINS = {"worker-torch.lock": {"torch"}, "worker-jax.lock": {"jax"}}
+"""What each framework image's .in pins exactly: the framework the image is for."""
 
 HASH = re.compile(r"--hash=sha256:[0-9a-f]{64}")
 
@@ -62,9 +77,17 @@ def _direct(*extras: str) -> list[Requirement]:
     return [Requirement(text) for text in chosen]
 
 
-def _driver_tools() -> list[Requirement]:
-    lines = DRIVER_TOOLS.read_text(encoding="utf-8").splitlines()
+def _requirements(path: Path) -> list[Requirement]:
+    lines = path.read_text(encoding="utf-8").splitlines()
     return [Requirement(line) for line in lines if line.strip() and not line.startswith("#")]
+
+
+def _driver_tools() -> list[Requirement]:
+    return _requirements(DRIVER_TOOLS)
+
+
+def _inputs(lock: str) -> list[Requirement]:
+    return _requirements(DOCKER_DIR / INPUTS[lock]) if lock in INPUTS else []
 
 
 def test_every_lock_is_there() -> None:
@@ -85,7 +108,7 @@ def test_every_pin_has_hashes_and_comes_from_pypi(lock: str) -> None:
 @pytest.mark.parametrize("lock", sorted(LOCKS))
 def test_every_direct_dependency_is_pinned_within_its_range(lock: str) -> None:
     pins = _lock(lock)
-    wanted = _direct(*LOCKS[lock]) + (_driver_tools() if lock == "driver.lock" else [])
+    wanted = _direct(*LOCKS[lock]) + _inputs(lock)
     outside = {
         r.name: f"{pins[canonicalize_name(r.name)].version} not in {r.specifier}"
         for r in wanted
@@ -114,6 +137,36 @@ def test_tensorflow_goes_only_where_it_belongs() -> None:
     driver = _lock("driver.lock")
     assert not [name for name in driver if name.startswith(("tensorflow", "keras"))]
     assert {"psycopg2-binary", "optuna-dashboard", "flower"} <= set(driver)
+
+
+def test_the_framework_images_have_their_framework_and_no_other() -> None:
+    """Never TensorFlow in the PyTorch image, nor in the JAX one; each its CUDA wheels."""
+    torch, jax = _lock("worker-torch.lock"), _lock("worker-jax.lock")
+    for name, pins in (("worker-torch.lock", torch), ("worker-jax.lock", jax)):
+        assert not [n for n in pins if n.startswith(("tensorflow", "keras", "tf-"))], name
+        assert [n for n in pins if n.startswith("nvidia-cu")], f"{name}: no CUDA wheels"
+        assert {"scikit-learn", "nvidia-ml-py"} <= set(pins), name
+    assert "torch" in torch and not [n for n in torch if n.startswith("jax")]
+    assert {"jax", "jaxlib", "jax-cuda12-plugin", "jax-cuda12-pjrt"} <= set(jax)
+    assert "torch" not in jax
+    for name in ("worker-tf.lock", "worker-cpu.lock", "driver.lock"):
+        assert not {"torch", "jax", "jaxlib"} & set(_lock(name)), name
+
+
+@pytest.mark.parametrize("lock", sorted(FRAMEWORK_PINS))
+def test_the_framework_images_pin_their_framework_exactly(lock: str) -> None:
+    pinned = {r.name: r for r in _inputs(lock) if str(r.specifier).startswith("==")}
+    assert set(pinned) == FRAMEWORK_PINS[lock]
+    for name, requirement in pinned.items():
+        assert _lock(lock)[canonicalize_name(name)].version in requirement.specifier
+
+
+def test_lock_script_makes_every_lock() -> None:
+    script = LOCK_SCRIPT.read_text(encoding="utf-8")
+    for lock in LOCKS:
+        assert f"compile docker/{lock} pyproject.toml" in script, lock
+    for lock, source in INPUTS.items():
+        assert re.search(rf"compile docker/{lock} pyproject.toml.* docker/{source}", script), lock
 
 
 def test_the_driver_tools_are_pinned_exactly() -> None:

@@ -19,14 +19,17 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import optuna
 import redis
 from optuna.trial import FrozenTrial, TrialState
 
 from trialq import logs
+from trialq.driver import budget as budgets
 from trialq.driver import fate
 from trialq.driver._storage.store import LAST_WRITE_WAIT_S, TrialStore, store_for
+from trialq.driver.budget import Budget, Spent, Stop
 from trialq.driver.failure_streak import FailureStreak
 from trialq.driver.fate import Known, Resend, Resends, Tell, Terminate, Wait
 from trialq.driver.objective import objective_of
@@ -42,7 +45,7 @@ from trialq.oom_stand_ins import counted_state
 from trialq.wire.channel import Report, TrialAddress
 from trialq.wire.dispatch import Dispatcher, TaskPhase, TaskStatus, TrialReports
 from trialq.wire.failures import failure_line
-from trialq.wire.messages import Outcome, TrialRequest, TrialResult
+from trialq.wire.messages import LAST_RUN_ATTR, Outcome, TrialRequest, TrialResult
 from trialq.wire.messages import checkpoint_key as new_checkpoint_key
 
 FINISHED_STATES = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
@@ -110,6 +113,11 @@ class StudyDriver:
     define_space: DefineSpace | None = None
     """The spec's `study.search_space`, loaded once (by `submit-study` before the study
     exists, else here)."""
+    budget: Budget | None = None
+    """What the run may spend besides `n_trials` (`trialq.driver.budget`); by default the
+    spec's."""
+    stop: Stop | None = None
+    """The budget that ended the run, once one has."""
     store: TrialStore | None = None
     """Every write to the study's trials goes through it (`trialq.driver._storage.store`);
     by default the one for the study's storage."""
@@ -138,12 +146,20 @@ class StudyDriver:
         )
         self.streak = FailureStreak(self.spec.study.max_failures_in_a_row)
         self._stop_reason: str | None = None
+        self._gpus = int(getattr(self.spec.trial, "gpus", 1))
+        self._gpu_hours = 0.0
+        self._started = self.options.clock()
         if self.define_space is None:
             self.define_space = load_search_space(self.spec)
 
     def run(self, n_trials: int) -> None:
-        """Ask, send, collect and tell until `n_trials` trials have finished."""
+        """Ask, send, collect and tell until `n_trials` trials have finished, or a budget
+        is reached."""
+        self.budget = self.budget or budget_for(self.spec, n_trials)
+        n_trials = self.budget.n_trials
+        self._started = self.options.clock()
         self._count_finished()
+        self._enqueue_known()
         self._reattach()
         self._written = self._store.flush_behind()
         outages = Outages(self.options.outage_limit_s, self.options.clock)
@@ -151,6 +167,7 @@ class StudyDriver:
             while self._step(n_trials, outages):
                 self._pause(self.options.poll_interval_s, outages)
             self._write_all(outages)
+            self._record_run()
         except KeyboardInterrupt:
             self._withdraw_waiting()
             raise Interrupted("interrupted: queued trials withdrawn; rerun to resume") from None
@@ -175,6 +192,7 @@ class StudyDriver:
             self._collect()
             if self._stop_reason is not None:
                 raise FailingTrials(self._stop_reason)
+            self._check_budget()
             self._check_outside()
             self._send_recorded()
             more = self._fill(n_trials)
@@ -227,6 +245,8 @@ class StudyDriver:
 
     def _fill(self, n_trials: int) -> bool:
         """Send new trials while there is room; True while more remain to be sent."""
+        if self.stop is not None:
+            return False
         while self.unsent:
             unsent = self.unsent.pop(0)
             self._send(unsent.trial, unsent.request.attempt, unsent.request.checkpoint_key,
@@ -462,7 +482,9 @@ class StudyDriver:
             "task_id": entry.task_id,
             **_resend_attrs(entry.resends),
         }
+        attrs["gpus"] = self._gpus
         self._store.set_attrs(entry.trial, attrs)
+        self._gpu_hours += _gpu_hours(attrs)
         self._store.link_artifacts(entry.trial, result.artifacts)
         if result.reports_dropped:
             _log.warning("trial #%d: %d of its reports were dropped (docs/telemetry.md, "
@@ -565,6 +587,57 @@ class StudyDriver:
     def _count_finished(self) -> None:
         for frozen in self.study.get_trials(deepcopy=False, states=FINISHED_STATES):
             self.counts.record(counted_state(frozen))
+            self._gpu_hours += _gpu_hours(frozen.user_attrs)
+
+    def _enqueue_known(self) -> None:
+        """The spec's `[[enqueue]]` params, waiting to be asked first; a set the study has
+        seen already (waiting, running or finished, from any run) is not enqueued again."""
+        for params in self.spec.enqueue:
+            self.study.enqueue_trial(dict(params), skip_if_exists=True)
+
+    def _check_budget(self) -> None:
+        """Once a budget is reached: no new trial; the failing kind stops the run now, and
+        a hard wall stops the trials in flight for a later run."""
+        if self.stop is not None or self.budget is None:
+            return
+        self.stop = budgets.reached(self.budget, self._spent())
+        if self.stop is None:
+            return
+        _log.warning("%s", self.stop.line)
+        if self.stop.failing:
+            raise FailingTrials(self.stop.line)
+        if self.stop.budget == "max_wall_s" and self.budget.hard_wall:
+            self._leave_in_flight()
+
+    def _leave_in_flight(self) -> None:
+        """Stop every trial in flight and leave it RUNNING in the study, for the next run to
+        send again (a withdrawn or killed attempt uses no retry)."""
+        self._withdraw_waiting()
+        for task_id in list(self.in_flight):
+            self.dispatcher.terminate(task_id)
+        self.in_flight.clear()
+
+    def _spent(self) -> Spent:
+        return Spent(
+            finished=self.counts.finished,
+            failed=self.counts.failed,
+            wall_s=self.options.clock() - self._started,
+            gpu_hours=self._gpu_hours,
+            best=self._best_value(),
+        )
+
+    def usage(self) -> dict[str, dict[str, Any]]:
+        """Each budget set, its limit and what is used (the summary's `budgets`)."""
+        assert self.budget is not None, "set by run()"
+        return budgets.usage(self.budget, self._spent())
+
+    def _record_run(self) -> None:
+        """What ended the run and how much of each budget is used, on the study, for
+        `trialq status` (one key, replaced by each run)."""
+        stopped_by = self.stop.budget if self.stop is not None else "n_trials"
+        self._store.set_study_attr(
+            LAST_RUN_ATTR, {"stopped_by": stopped_by, "budgets": self.usage()}
+        )
 
     def _best_value(self) -> float | None:
         if len(self.spec.study.objective_directions) > 1 or self.counts.complete == 0:
@@ -592,6 +665,26 @@ class StudyDriver:
             statuses = self.dispatcher.statuses(self.in_flight)
             waiting = [tid for tid, s in statuses.items() if s.phase is TaskPhase.WAITING]
             self.dispatcher.withdraw(waiting, self.spec.trial.queue)
+
+
+def budget_for(spec: StudySpec, n_trials: int) -> Budget:
+    """The spec's budgets, with `n_trials` (the spec's, or the command line's)."""
+    study = spec.study
+    return Budget(
+        n_trials=n_trials,
+        max_wall_s=study.max_wall_s,
+        hard_wall=study.max_wall_hard,
+        max_gpu_hours=study.max_gpu_hours,
+        goal=study.goal,
+        maximize=study.objective_directions[0] == "maximize",
+        max_failed_trials=study.max_failed_trials,
+    )
+
+
+def _gpu_hours(attrs: dict[str, Any]) -> float:
+    """GPU-hours a finished trial used, from its own record (duration x GPUs)."""
+    duration = attrs.get("duration_s") or 0.0
+    return float(duration) * int(attrs.get("gpus", 1)) / 3600
 
 
 def _resend_attrs(resends: Resends) -> dict[str, int]:

@@ -101,11 +101,23 @@ class StudySection(_Frozen):
     max_failures_in_a_row: int = Field(default=5, ge=0)
     """Trials in a row that fail the same way (error, crash, lost worker, a worker's
     refusal) before the run stops with the rest of the budget kept; 0 never stops."""
+    max_wall_s: float | None = Field(default=None, gt=0)
+    """This run's wall time: once reached, no trial is sent (`trialq.driver.budget`)."""
+    max_wall_hard: bool = False
+    """At `max_wall_s`, stop the trials in flight too, for a later run to send again."""
+    max_gpu_hours: float | None = Field(default=None, gt=0)
+    """The study's finished trials' duration x `[trial] gpus`, summed over every run."""
+    goal: float | None = None
+    """Stop once the best value reaches it (one objective only)."""
+    max_failed_trials: int | None = Field(default=None, ge=1)
+    """The study's failed trials at which the run stops (exit 5), the rest kept."""
 
     @model_validator(mode="after")
     def _check_objectives(self) -> StudySection:
         if self.direction and self.directions:
             raise ValueError("give direction or directions, not both")
+        if self.goal is not None and self.directions and len(self.directions) > 1:
+            raise ValueError("goal: a study with several objectives has no one best value")
         if self.metric and self.metrics:
             raise ValueError("give metric or metrics, not both")
         if self.metrics and len(self.metrics) != len(self.objective_directions):
@@ -166,6 +178,9 @@ class StudySpec(_Frozen):
     study: StudySection
     trial: TrialSection
     space: dict[str, ParamSpec] = Field(default_factory=dict)
+    enqueue: tuple[dict[str, str | int | float | bool], ...] = ()
+    """`[[enqueue]]` tables: known params to run first (Optuna's `enqueue_trial`), each
+    sent once however many times the study is run."""
 
     @model_validator(mode="after")
     def _check_space(self) -> StudySpec:
@@ -173,6 +188,10 @@ class StudySpec(_Frozen):
             raise ValueError("give [space.*] or study.search_space, not both")
         if not self.space and not self.study.search_space:
             raise ValueError("no search space: add [space.NAME] tables or study.search_space")
+        for params in self.enqueue:
+            unknown = sorted(set(params) - set(self.space)) if self.space else []
+            if unknown:
+                raise ValueError(f"enqueue: {', '.join(unknown)} not in [space.*]")
         return self
 
     @property
@@ -241,7 +260,7 @@ _SECTIONS: dict[str, type[BaseModel]] = {"study": StudySection, "trial": TrialSe
 def _close_key(loc: tuple[int | str, ...]) -> str | None:
     """The known key of the same table that an unknown one looks like a typo of."""
     if len(loc) == 1:
-        known: list[str] = ["study", "trial", "space"]
+        known: list[str] = ["study", "trial", "space", "enqueue"]
     elif len(loc) == 2 and loc[0] in _SECTIONS:
         known = list(_SECTIONS[str(loc[0])].model_fields)
     else:

@@ -33,6 +33,7 @@ from trialq.views.rows import (
 from trialq.views.summary import study_summary
 from trialq.wire import heartbeat
 from trialq.wire.heartbeat import RunningTrial, WorkerBeat
+from trialq.wire.messages import LAST_RUN_ATTR
 
 MAX_FAILURES_SHOWN = 10
 """The table has every trial; the 'failed' list below it only the latest few, in full."""
@@ -64,6 +65,16 @@ def show_status(study: optuna.Study, broker: str, as_json: bool) -> int:
     return 0
 
 
+def last_run_line(record: Any) -> str | None:
+    """`last run: stopped by max_wall_s; n_trials 12/40, max_wall_s 3602/3600`."""
+    if not isinstance(record, dict) or not isinstance(record.get("budgets"), dict):
+        return None
+    used = ", ".join(
+        f"{name} {row.get('used')}/{row.get('limit')}" for name, row in record["budgets"].items()
+    )
+    return f"last run: stopped by {record.get('stopped_by')}; {used}"
+
+
 def live_workers(broker: str) -> list[LiveWorker] | None:
     """Workers that beat, each with its running trials; None when the broker is away."""
     try:
@@ -85,6 +96,7 @@ def _print_json(
     document = {
         **study_summary(study),
         "outcomes": outcome_counts(rows),
+        "last_run": study.user_attrs.get(LAST_RUN_ATTR),
         "workers": None if workers is None else [worker.as_json() for worker in workers],
     }
     json.dump(document, sys.stdout, default=str)
@@ -98,6 +110,9 @@ def _print_tables(
     console.print(trials_table(study.study_name, rows))
     console.print(best_line(study))
     console.print("outcomes: " + outcome_text(rows, "none"))
+    last_run = last_run_line(study.user_attrs.get(LAST_RUN_ATTR))
+    if last_run:
+        console.print(last_run)
     for row in [r for r in rows if r.error][-MAX_FAILURES_SHOWN:]:
         console.print(f"  [red]#{row.number} {row.outcome}[/red]: {row.error}", markup=True)
     if workers is None:

@@ -85,6 +85,10 @@ class _Message(BaseModel):
     version: Literal[1] = MESSAGE_VERSION
 
 
+LAST_RUN_ATTR = "trialq:last_run"
+"""The study user attr where the driver records what ended its last run and what each
+budget used (`trialq status` reads it)."""
+
 ARTIFACTS_ATTR_PREFIX = "artifacts:"
 """The trial system attr key prefix `optuna.artifacts.upload_artifact` links a file with."""
 

@@ -90,6 +90,10 @@ class TrialStore(ABC):
             key = ARTIFACTS_ATTR_PREFIX + meta.artifact_id
             trial.storage.set_trial_system_attr(trial._trial_id, key, meta.model_dump_json())
 
+    def set_study_attr(self, key: str, value: Any) -> None:
+        """A user attr on the study itself (what ended the last run, say)."""
+        self.study.set_user_attr(key, value)
+
     def tell(self, trial: optuna.Trial, state: TrialState, values: Sequence[float] | None) -> None:
         """Tell Optuna the trial's end, once: a trial already finished stays as it is."""
         self.study.tell(trial, values=values, state=state, skip_if_finished=True)
