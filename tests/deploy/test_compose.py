@@ -21,19 +21,35 @@ from waiting import wait_for_redis
 from .deployfiles import (
     COMPOSE_FILE,
     CPU_OVERRIDE_FILE,
+    ENV_EXAMPLE,
+    FRAMEWORKS,
     REPO_ROOT,
     TEST_ENV,
+    WORKER_DOCKERFILES,
     compose_cli,
     compose_model,
     dockerfile_instructions,
+    env_example,
     find_tool,
     interpolate,
     load_yaml,
     shell_words,
+    worker_argv,
 )
 
 SCHEMA_FILE = Path(__file__).with_name("compose-spec.json")
-WORKER_DOCKERFILE = REPO_ROOT / "docker" / "worker.Dockerfile"
+WORKER = "worker"
+WORKER_DOCKERFILE = WORKER_DOCKERFILES["tf"]  # the default framework's
+# Options of Celery's own `celery worker` that the images' command passes through trialq.
+CELERY_WORKER_OPTIONS = {"--max-tasks-per-child"}
+# The worker's settings in .env, with the defaults compose.yaml gives them.
+WORKER_SETTINGS = {
+    "TRIALQ_FRAMEWORK": "tf",
+    "TRIALQ_GPUS": "all",
+    "TRIALQ_TRIALS_PER_GPU": "1",
+    "TRIALQ_GPU_MEMORY_MB": "",
+    "TRIALQ_QUEUE": "gpu",
+}
 DASHBOARD = "dashboard"
 # A trial's hard limit with the spec's default timeout_s (3600) and the 60 s grace.
 DEFAULT_TRIAL_HARD_LIMIT_S = 3600 + 60
@@ -51,8 +67,8 @@ def services(model: dict[str, Any]) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def workers(services: dict[str, Any]) -> dict[str, Any]:
-    found = {name: svc for name, svc in services.items() if name.startswith("worker-")}
-    assert found, "compose.yaml defines no worker-* service"
+    found = {name: svc for name, svc in services.items() if name.startswith("worker")}
+    assert found, "compose.yaml defines no worker service"
     return found
 
 
@@ -107,7 +123,7 @@ def test_cpu_override_merged_matches_the_compose_schema() -> None:
 def test_schema_rejects_a_broken_device_reservation() -> None:
     """The validation can fail: a device reservation with a typo is refused."""
     broken = load_yaml(COMPOSE_FILE)
-    device = broken["services"]["worker-gpu0"]["deploy"]["resources"]["reservations"]["devices"][0]
+    device = broken["services"][WORKER]["deploy"]["resources"]["reservations"]["devices"][0]
     device["capability"] = device.pop("capabilities")
     with pytest.raises(jsonschema.ValidationError):
         _validate(broken)
@@ -116,52 +132,134 @@ def test_schema_rejects_a_broken_device_reservation() -> None:
 # --- GPU workers -----------------------------------------------------------------------------
 
 
-def test_every_worker_reserves_its_own_nvidia_gpu(workers: dict[str, Any]) -> None:
-    seen_ids: list[str] = []
+def test_one_worker_service_takes_every_gpu_of_the_host(
+    services: dict[str, Any], workers: dict[str, Any]
+) -> None:
+    """No block per GPU: one service, all of the host's GPUs through the NVIDIA runtime."""
+    assert list(workers) == [WORKER]
+    worker_images = [n for n, svc in services.items() if "trialq-worker" in svc["image"]]
+    assert worker_images == [WORKER]
+    assert "profiles" not in workers[WORKER], "the worker starts with `docker compose up`"
+    (device,) = workers[WORKER]["deploy"]["resources"]["reservations"]["devices"]
+    assert device["driver"] == "nvidia"
+    assert device["capabilities"] == ["gpu"]
+    assert device["count"] == "all"
+    assert "device_ids" not in device, "count and device_ids exclude each other"
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_the_framework_in_env_picks_the_worker_image(framework: str) -> None:
+    worker = compose_model(COMPOSE_FILE, env={**TEST_ENV, "TRIALQ_FRAMEWORK": framework})[
+        "services"
+    ][WORKER]
+    dockerfile = REPO_ROOT / worker["build"]["dockerfile"]
+    assert dockerfile == WORKER_DOCKERFILES[framework] and dockerfile.is_file()
+    assert worker["image"] == f"trialq-worker-{framework}:0.1.0"
+    assert worker["pull_policy"] == "build"
+
+
+def test_the_worker_environment_carries_its_gpus_and_slots_from_env(tmp_path: Path) -> None:
+    env = {
+        **TEST_ENV,
+        "TRIALQ_GPUS": "GPU-1b2c,MIG-9f8e",
+        "TRIALQ_TRIALS_PER_GPU": "4",
+        "TRIALQ_GPU_MEMORY_MB": "12000",
+        "TRIALQ_QUEUE": "gpu-80gb",
+    }
+    environment = compose_model(COMPOSE_FILE, env=env)["services"][WORKER]["environment"]
+    for name in ("TRIALQ_GPUS", "TRIALQ_TRIALS_PER_GPU", "TRIALQ_GPU_MEMORY_MB", "TRIALQ_QUEUE"):
+        assert environment[name] == env[name], name
+    argv = worker_argv(environment, tmp_path)
+    assert argv == [
+        "trialq", "worker", "--queue", "gpu-80gb", "--gpus", "GPU-1b2c,MIG-9f8e",
+        "--trials-per-gpu", "4", "--gpu-memory-mb", "12000", "--max-tasks-per-child", "1",
+    ]  # fmt: skip
+
+
+def test_the_worker_defaults_to_all_gpus_one_slot_each_and_no_fixed_budget(
+    workers: dict[str, Any], tmp_path: Path
+) -> None:
+    environment = workers[WORKER]["environment"]
+    assert {k: environment[k] for k in WORKER_SETTINGS if k in environment} == {
+        k: v for k, v in WORKER_SETTINGS.items() if k != "TRIALQ_FRAMEWORK"
+    }
+    argv = worker_argv(environment, tmp_path)
+    assert "--gpu-memory-mb" not in argv, "an empty budget is left to the worker"
+    pairs = dict(zip(argv[2::2], argv[3::2], strict=True))
+    assert pairs == {
+        "--queue": "gpu",
+        "--gpus": "all",
+        "--trials-per-gpu": "1",
+        "--max-tasks-per-child": "1",
+    }
+
+
+def test_env_example_sets_the_defaults_compose_has(tmp_path: Path) -> None:
+    """Copying .env.example changes nothing but the passwords you fill in."""
+    example = env_example()
+    assert {k: v for k, v in example.items() if k.endswith("_PASSWORD")} == {
+        "REDIS_PASSWORD": "",
+        "POSTGRES_PASSWORD": "",
+        "FLOWER_PASSWORD": "",
+    }
+    assert {k: v for k, v in example.items() if not k.endswith("_PASSWORD")} == WORKER_SETTINGS
+    with_example = compose_model(COMPOSE_FILE, env={**example, **TEST_ENV})
+    assert with_example == compose_model(COMPOSE_FILE)
+
+
+def test_worker_command_runs_one_trial_per_process(workers: dict[str, Any], tmp_path: Path) -> None:
     for name, worker in workers.items():
-        devices = worker["deploy"]["resources"]["reservations"]["devices"]
-        assert len(devices) == 1, name
-        device = devices[0]
-        assert device["driver"] == "nvidia", name
-        assert device["capabilities"] == ["gpu"], name
-        assert "count" not in device, f"{name}: count and device_ids exclude each other"
-        assert [str(i) for i in device["device_ids"]] == [name.removeprefix("worker-gpu")], name
-        seen_ids.extend(str(i) for i in device["device_ids"])
-    assert len(seen_ids) == len(set(seen_ids)), f"two workers share a GPU: {seen_ids}"
-
-
-def test_first_worker_starts_by_default_and_others_are_opt_in(workers: dict[str, Any]) -> None:
-    assert "profiles" not in workers["worker-gpu0"]
-    for name, worker in workers.items():
-        if name != "worker-gpu0":
-            assert worker.get("profiles") == [name.removeprefix("worker-")], name
-
-
-def test_worker_command_runs_one_trial_per_process(workers: dict[str, Any]) -> None:
-    for name, worker in workers.items():
-        words = shell_words(worker["command"])
+        words = worker_argv(worker["environment"], tmp_path)
         assert words[:2] == ["trialq", "worker"], name
         pairs = dict(zip(words[2::2], words[3::2], strict=True))
-        assert pairs["--concurrency"] == "1", name
         assert pairs["--max-tasks-per-child"] == "1", name
         assert pairs["--queue"] == "gpu", name
 
 
-def test_worker_command_is_the_image_cmd(workers: dict[str, Any]) -> None:
-    cmd = [args for keyword, args in dockerfile_instructions(WORKER_DOCKERFILE) if keyword == "CMD"]
-    assert cmd, "worker.Dockerfile has no CMD"
-    for name, worker in workers.items():
-        assert shell_words(worker["command"]) == json.loads(cmd[-1]), name
+def test_worker_command_is_every_worker_image_cmd(workers: dict[str, Any]) -> None:
+    for framework, dockerfile in WORKER_DOCKERFILES.items():
+        cmd = [args for keyword, args in dockerfile_instructions(dockerfile) if keyword == "CMD"]
+        assert cmd, f"{dockerfile.name} has no CMD"
+        for name, worker in workers.items():
+            assert shell_words(worker["command"]) == json.loads(cmd[-1]), (name, framework)
+
+
+def test_the_worker_flags_are_the_clis(workers: dict[str, Any], tmp_path: Path) -> None:
+    """Every option docker/worker-cmd.sh passes is one `trialq worker` knows."""
+    trialq = find_tool("trialq")
+    if trialq is None:
+        pytest.skip("trialq is not installed (pip install -e .)")
+    usage = subprocess.run(
+        [trialq, "worker", "--help"], capture_output=True, text=True, timeout=60
+    ).stdout
+    if "--trials-per-gpu" not in usage:
+        pytest.skip(
+            "`trialq worker` has no --gpus/--trials-per-gpu/--gpu-memory-mb yet (issue 27.3 "
+            "adds them in cli.py); this test checks the images' command against them then"
+        )
+    environment = {**workers[WORKER]["environment"], "TRIALQ_GPU_MEMORY_MB": "8000"}
+    flags = {w for w in worker_argv(environment, tmp_path) if w.startswith("--")}
+    for flag in flags - CELERY_WORKER_OPTIONS:
+        assert flag in usage, f"docker/worker-cmd.sh passes {flag}, unknown to `trialq worker`"
+    # `trialq worker` hands the options it does not know to Celery's own worker command.
+    celery = find_tool("celery")
+    assert celery, "celery is not installed"
+    celery_usage = subprocess.run(
+        [celery, "worker", "--help"], capture_output=True, text=True, timeout=60
+    ).stdout
+    assert all(option in celery_usage for option in flags & CELERY_WORKER_OPTIONS)
 
 
 def test_worker_environment(workers: dict[str, Any]) -> None:
     for name, worker in workers.items():
         env = worker["environment"]
-        assert env["TF_FORCE_GPU_ALLOW_GROWTH"] == "true", name
         assert env["TRIALQ_BROKER_URL"] == "redis://redis:6379/0", name
         assert env["TRIALQ_BROKER_PASSWORD_FILE"] == "/run/secrets/redis_password", name
         assert worker["secrets"] == ["redis_password"], f"{name}: the Redis password only"
         assert "TRIALQ_STORAGE" not in env, f"{name}: workers talk only to Redis"
+        # A framework's own settings belong to its image (and trialq's adapter), not to a
+        # service that runs whichever image TRIALQ_FRAMEWORK names.
+        assert not [k for k in env if k.startswith(("TF_", "XLA_", "PYTORCH_", "TRIALQ_PRELOAD"))]
 
 
 def test_no_password_is_in_any_environment(services: dict[str, Any]) -> None:
@@ -233,12 +331,9 @@ def test_passwords_have_no_default() -> None:
 
 
 def test_env_example_ships_no_secret() -> None:
-    values = dict(
-        line.split("=", 1)
-        for line in (REPO_ROOT / ".env.example").read_text(encoding="utf-8").splitlines()
-        if line and not line.startswith("#")
-    )
-    assert values == {"REDIS_PASSWORD": "", "POSTGRES_PASSWORD": "", "FLOWER_PASSWORD": ""}
+    values = env_example()
+    assert not [k for k, v in values.items() if re.search("PASSWORD|SECRET|TOKEN", k) and v]
+    assert ENV_EXAMPLE.name == ".env.example"
 
 
 def _free_port() -> int:
@@ -327,13 +422,13 @@ def test_start_order_waits_for_health(services: dict[str, Any]) -> None:
         for dependency, condition in service.get("depends_on", {}).items():
             if services[dependency].get("restart") == "no":
                 assert condition["condition"] == "service_completed_successfully", name
-            elif name.startswith("worker-") and dependency == "redis":
+            elif name == WORKER and dependency == "redis":
                 assert condition["condition"] == "service_started", name
             else:
                 assert condition["condition"] == "service_healthy", f"{name} -> {dependency}"
                 assert _has_healthcheck(services[dependency], dependency), dependency
-    assert set(services["driver"]["depends_on"]) == {"redis", "storage-init", "worker-gpu0"}
-    assert set(services["worker-gpu0"]["depends_on"]) == {"redis"}
+    assert set(services["driver"]["depends_on"]) == {"redis", "storage-init", WORKER}
+    assert set(services[WORKER]["depends_on"]) == {"redis"}
     assert set(services[DASHBOARD]["depends_on"]) == {"storage-init"}
     assert set(services["storage-init"]["depends_on"]) == {"postgres"}
 
@@ -351,9 +446,11 @@ def test_storage_schema_is_created_before_the_dashboard_opens_it(services: dict[
 def _has_healthcheck(service: dict[str, Any], name: str) -> bool:
     if "healthcheck" in service:
         return not service["healthcheck"].get("disable", False)
-    if name.startswith("worker-"):  # the worker image's HEALTHCHECK
-        keywords = [k for k, _ in dockerfile_instructions(WORKER_DOCKERFILE)]
-        return "HEALTHCHECK" in keywords
+    if name == WORKER:  # every worker image's HEALTHCHECK
+        return all(
+            "HEALTHCHECK" in [k for k, _ in dockerfile_instructions(dockerfile)]
+            for dockerfile in WORKER_DOCKERFILES.values()
+        )
     return False
 
 
@@ -404,20 +501,26 @@ def test_postgres_keeps_the_study_on_a_volume(model: dict[str, Any]) -> None:
 # --- the CPU override ------------------------------------------------------------------------
 
 
-def test_cpu_override_removes_every_gpu_reservation() -> None:
+def test_cpu_override_removes_every_gpu_reservation(tmp_path: Path) -> None:
     merged = compose_model(COMPOSE_FILE, CPU_OVERRIDE_FILE)
-    gpu_workers = [n for n in compose_model(COMPOSE_FILE)["services"] if n.startswith("worker-")]
-    builder = merged["services"]["worker-gpu0"]
-    assert builder["build"]["args"]["TRIALQ_EXTRA"] == "cpu"
-    assert "tensorflow" not in builder["build"]["args"]["BASE_IMAGE"]
-    for name in gpu_workers:
-        worker = merged["services"][name]
-        assert "deploy" not in worker, f"{name} keeps its GPU reservation"
-        assert "ulimits" not in worker, f"{name}: memlock -1 stops a worker on some engines"
-        assert worker["image"] == builder["image"], name
-        assert worker["image"] != compose_model(COMPOSE_FILE)["services"][name]["image"], (
-            f"{name}: the CPU build must not overwrite the GPU image's tag"
-        )
+    worker = merged["services"][WORKER]
+    assert worker["build"]["args"]["TRIALQ_EXTRA"] == "cpu"
+    assert "tensorflow" not in worker["build"]["args"]["BASE_IMAGE"]
+    assert worker["build"]["args"]["TRIALQ_GPUS"] == "", "the CPU image takes no GPU itself"
+    assert REPO_ROOT / worker["build"]["dockerfile"] == WORKER_DOCKERFILES["tf"]
+    assert "deploy" not in worker, "the CPU worker keeps its GPU reservation"
+    assert "ulimits" not in worker, "memlock -1 stops a worker on some engines"
+    assert worker["image"] == "trialq-worker-cpu:0.1.0"
+    assert worker["image"] != compose_model(COMPOSE_FILE)["services"][WORKER]["image"], (
+        "the CPU build must not overwrite the GPU image's tag"
+    )
+    assert worker_argv(worker["environment"], tmp_path) == [
+        "trialq", "worker", "--queue", "gpu", "--concurrency", "1", "--max-tasks-per-child", "1",
+    ]  # fmt: skip
+    torch = compose_model(
+        COMPOSE_FILE, CPU_OVERRIDE_FILE, env={**TEST_ENV, "TRIALQ_FRAMEWORK": "torch"}
+    )
+    assert torch["services"][WORKER]["image"] == "trialq-worker-cpu:0.1.0"
 
 
 # --- docker compose itself (client only) -----------------------------------------------------
@@ -471,18 +574,60 @@ def test_docker_compose_refuses_to_run_without_passwords(compose: list[str]) -> 
 def test_docker_compose_cpu_override_drops_reservations(compose: list[str]) -> None:
     options: dict[str, Any] = {
         "env": TEST_ENV,
-        "profiles": ("gpu1", "driver"),
+        "profiles": ("driver",),
         "extra": ("--format", "json"),
     }
     gpu = json.loads(_compose_config(compose, COMPOSE_FILE, **options).stdout)
     cpu = json.loads(_compose_config(compose, COMPOSE_FILE, CPU_OVERRIDE_FILE, **options).stdout)
-    workers = [name for name in gpu["services"] if name.startswith("worker-")]
-    assert workers == sorted(workers) and len(workers) >= 2
-    for name in workers:
-        devices = gpu["services"][name]["deploy"]["resources"]["reservations"]["devices"]
-        assert devices[0]["driver"] == "nvidia" and devices[0]["capabilities"] == ["gpu"]
-        assert "deploy" not in cpu["services"][name], name
-        assert "ulimits" not in cpu["services"][name], name
-        assert cpu["services"][name]["image"] == "trialq-worker-cpu:0.1.0"
-    assert cpu["services"]["worker-gpu0"]["build"]["args"]["TRIALQ_EXTRA"] == "cpu"
+    assert [name for name in gpu["services"] if name.startswith("worker")] == [WORKER]
+    (device,) = gpu["services"][WORKER]["deploy"]["resources"]["reservations"]["devices"]
+    assert device["driver"] == "nvidia" and device["capabilities"] == ["gpu"]
+    assert device["count"] == -1, "Compose writes `count: all` as -1"
+    assert "deploy" not in cpu["services"][WORKER]
+    assert "ulimits" not in cpu["services"][WORKER]
+    assert cpu["services"][WORKER]["image"] == "trialq-worker-cpu:0.1.0"
+    assert cpu["services"][WORKER]["build"]["args"]["TRIALQ_EXTRA"] == "cpu"
+    assert cpu["services"][WORKER]["environment"]["TRIALQ_GPUS"] == ""
     assert "driver" in gpu["services"]
+
+
+def test_docker_compose_reads_the_workers_settings_from_env_file(
+    compose: list[str], tmp_path: Path
+) -> None:
+    """The README's way: .env.example copied, passwords and settings filled in."""
+    lines = ENV_EXAMPLE.read_text(encoding="utf-8").splitlines()
+    chosen = {
+        **TEST_ENV,
+        "TRIALQ_FRAMEWORK": "jax",
+        "TRIALQ_GPUS": "0,1",
+        "TRIALQ_TRIALS_PER_GPU": "2",
+        "TRIALQ_GPU_MEMORY_MB": "20000",
+    }
+    env_file = tmp_path / ".env"
+    env_file.write_text(
+        "\n".join(
+            f"{line.split('=')[0]}={chosen[line.split('=')[0]]}"
+            if not line.startswith("#") and line.split("=")[0] in chosen
+            else line
+            for line in lines
+        )
+        + "\n"
+    )
+    clean_env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("COMPOSE_", "TRIALQ_")) and k not in TEST_ENV
+    }
+    done = subprocess.run(
+        [*compose, "-f", str(COMPOSE_FILE), "--project-directory", str(REPO_ROOT),
+         "--env-file", str(env_file), "config", "--format", "json"],
+        capture_output=True, text=True, timeout=60, env=clean_env, cwd=REPO_ROOT,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    worker = json.loads(done.stdout)["services"][WORKER]
+    assert worker["image"] == "trialq-worker-jax:0.1.0"
+    assert worker["build"]["dockerfile"] == "docker/worker-jax.Dockerfile"
+    environment = worker["environment"]
+    assert environment["TRIALQ_GPUS"] == "0,1"
+    assert environment["TRIALQ_TRIALS_PER_GPU"] == "2"
+    assert environment["TRIALQ_GPU_MEMORY_MB"] == "20000"

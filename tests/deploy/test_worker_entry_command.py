@@ -1,8 +1,10 @@
 """The worker image's command line, run here as a plain process against the local Redis.
 
-The command is read from compose.yaml (the test checks elsewhere that it equals the image's
-CMD), pointed at the tests' own Redis database (tests/services.py), given two trials, and stopped with SIGTERM as `docker stop`
-would: each trial must run in a process of its own and the worker must exit 0.
+The command is read from compose.yaml with the CPU override (the test checks elsewhere that it
+equals the images' CMD: docker/worker-cmd.sh, run here with sh, with the CPU worker's
+environment: no GPU on this machine), pointed at the tests' own Redis database
+(tests/services.py), given two trials, and stopped with SIGTERM as `docker stop` would: each
+trial must run in a process of its own and the worker must exit 0.
 
 Assumed from the core package (see TODO(core) below): the task name `trialq.run_trial`
 (the contract), one positional argument = `trialq.wire.messages.TrialRequest` as JSON, the result
@@ -14,6 +16,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -21,7 +24,14 @@ from typing import Any
 import pytest
 from trial_requests import trial_request
 
-from .deployfiles import COMPOSE_FILE, compose_model, find_tool, shell_words
+from .deployfiles import (
+    COMPOSE_FILE,
+    CPU_OVERRIDE_FILE,
+    WORKER_CMD_SCRIPT,
+    compose_model,
+    find_tool,
+    shell_words,
+)
 
 pytest.importorskip("trialq._celery.worker", reason="the worker module is not written yet")
 celery = pytest.importorskip("celery")
@@ -51,21 +61,33 @@ def probe_dir(tmp_path: Path) -> Path:
     return tmp_path
 
 
+def _cpu_worker() -> dict[str, Any]:
+    worker: dict[str, Any] = compose_model(COMPOSE_FILE, CPU_OVERRIDE_FILE)["services"]["worker"]
+    return worker
+
+
 def _worker_command() -> list[str]:
-    words = shell_words(compose_model(COMPOSE_FILE)["services"]["worker-gpu0"]["command"])
-    executable = find_tool(words[0])
-    assert executable, f"{words[0]} is not installed (pip install -e .)"
-    return [executable, *words[1:]]
+    words = shell_words(_cpu_worker()["command"])
+    assert words == ["trialq-worker-cmd"], "the images' CMD, docker/worker-cmd.sh"
+    assert find_tool("trialq"), "trialq is not installed (pip install -e .)"
+    return ["sh", str(WORKER_CMD_SCRIPT)]
 
 
 def _worker_env(probe_dir: Path, broker_url: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRIALQ_")}
+    container = _cpu_worker()["environment"]
+    env.update(
+        {k: str(v) for k, v in container.items() if k.startswith("TRIALQ_") and "ROOT" not in k}
+    )
     env.update(
         TRIALQ_BROKER_URL=broker_url,
         TRIALQ_ALLOWED_MODULES=PROBE_MODULE,
         PYTHONPATH=os.pathsep.join(filter(None, [str(probe_dir), env.get("PYTHONPATH")])),
-        TF_FORCE_GPU_ALLOW_GROWTH="true",
+        # docker/worker-cmd.sh execs `trialq`, as the image's PATH finds it.
+        PATH=os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]),
     )
+    env.pop("TRIALQ_BROKER_PASSWORD_FILE", None)
+    env.pop("TRIALQ_HEARTBEAT_FILE", None)
     return env
 
 

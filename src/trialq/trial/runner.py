@@ -120,6 +120,7 @@ def _attempt(
         last_step=context.last_step,
         artifacts=tuple(context.artifacts),
         reports_dropped=dropped,
+        fitted_batch_size=context.fitted_batch_size,
     )
 
 

@@ -162,6 +162,8 @@ class TrialResult(_Message):
     reports_dropped: int = 0
     """Intermediate values the attempt reported that the driver never got (past the bound
     of `trialq.trial.report_sender.MAX_REPORTS_PER_ATTEMPT`, or lost while Redis was away)."""
+    fitted_batch_size: int | None = None
+    """The batch size `trial.fit_batch_size` found for the trial (None: it was not called)."""
     device_refused: bool = False
     """The trial did not run: its worker's device still held an earlier trial's memory.
     Not the params' fault, so the driver sends it elsewhere (within max_retries)."""
