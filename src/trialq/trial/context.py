@@ -7,6 +7,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
+from trialq.trial import batch_size
 from trialq.wire.channel import TrialAddress
 from trialq.wire.messages import ArtifactMeta
 
@@ -46,6 +47,9 @@ class TrialContext:
         short (`preempted`), not a final value."""
         self.artifacts: list[ArtifactMeta] = []
         """The meta of every file `save_artifact` stored, for the driver to link."""
+        self.fitted_batch_size: int | None = None
+        """What `fit_batch_size` answered last (None: not called); the runner puts it on the
+        result, and the driver records it as the user attr `fitted_batch_size`."""
 
     @property
     def number(self) -> int:
@@ -106,3 +110,24 @@ class TrialContext:
         meta = self._artifact_saver(Path(path))
         self.artifacts.append(meta)
         return meta.artifact_id
+
+    def fit_batch_size(
+        self,
+        try_batch: Callable[[int], object],
+        *,
+        start: int = 32,
+        max: int = 4096,
+        max_tries: int = batch_size.MAX_TRIES,
+        margin: float = 0.0,
+    ) -> int:
+        """The largest batch size (up to `max`) whose `try_batch(size)` does not run out of
+        the trial's GPU memory: doubled from `start` until one does, then bisected; less
+        `margin`, a fraction kept free. Recorded on the trial as the user attr
+        `fitted_batch_size`, whatever its outcome; not even 1 fitting ends the trial `oom`.
+        PyTorch and JAX (docs/frameworks/pytorch.md); not Keras (docs/frameworks/keras.md).
+        """
+        size = batch_size.fit(
+            try_batch, start=start, maximum=max, max_tries=max_tries, margin=margin
+        )
+        self.fitted_batch_size = size
+        return size
