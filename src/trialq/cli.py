@@ -105,7 +105,10 @@ def _submit_parser() -> _Parser:
     parser.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument(
-        "--verbose", "-v", action="store_true", help="log sent/told/retried trials on stderr"
+        "--verbose",
+        "-v",
+        action="store_true",
+        help="log sent/told/retried trials on stderr (and --local workers at DEBUG)",
     )
     return parser
 
@@ -186,6 +189,7 @@ def _submit_study(args: argparse.Namespace) -> int:
         show_progress=not args.no_progress,
         outage_limit_s=args.outage_limit,
         budget_overrides=_budget_overrides(args),
+        verbose=args.verbose,
     )
     if args.json:
         json.dump(summary, sys.stdout, default=str)

@@ -76,9 +76,12 @@ class LocalCluster:
         extra_env: dict[str, str] | None = None,
         broker_url: str | None = None,
         log_dir: Path | None = None,
+        log_level: str = "INFO",
     ) -> None:
         """`log_dir`: where the workers' and Redis's logs go, kept after the run (emptied
-        first); without one, a temporary folder removed when the cluster stops."""
+        first); without one, a temporary folder removed when the cluster stops. `log_level`:
+        the workers' (INFO: a line as each trial starts and ends, with its outcome)."""
+        self.log_level = log_level
         self.workers = workers
         self.queue = queue
         self.allowed_modules = allowed_modules
@@ -139,7 +142,7 @@ class LocalCluster:
             "--queue", self.queue,
             "--concurrency", "1",
             "--hostname", f"local{index}@%h",
-            "--loglevel", "WARNING",
+            "--loglevel", self.log_level,
         ]  # fmt: skip
         # Killed outright when the driver dies: a cold shutdown hangs with its Redis gone, and
         # its trial processes die with it (`trialq.lifeline`).

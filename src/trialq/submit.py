@@ -4,10 +4,12 @@ the driver, and summarise. Everything that can be refused is refused before a tr
 
 from __future__ import annotations
 
+import shutil
 import sys
 from collections.abc import Mapping
 from contextlib import ExitStack
 from dataclasses import replace
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +41,7 @@ def submit_study(
     show_progress: bool,
     outage_limit_s: float | None = None,
     budget_overrides: Mapping[str, Any] | None = None,
+    verbose: bool = False,
 ) -> dict[str, Any]:
     """Run the spec's study to its number of finished trials (or until another budget is
     reached: `budget_overrides` set `trialq.driver.budget.Budget` fields for this run) and
@@ -72,8 +75,10 @@ def submit_study(
                 local_allow_list(spec),
                 extra_env=local_folders(spec, settings),
                 log_dir=local_logs(spec),
+                log_level="DEBUG" if verbose else "INFO",
             )
             stack.enter_context(cluster)
+            stack.callback(_say, f"workers' logs: {cluster.log_dir}")
             settings = settings.model_copy(
                 update={"broker_url": cluster.broker_url, "result_backend": cluster.broker_url}
             )
@@ -122,9 +127,20 @@ def _say(line: str) -> None:
     print(line, file=sys.stderr)
 
 
-def local_logs(spec: StudySpec) -> Path:
-    """Where `--local` keeps its workers' logs: beside the spec, replaced by each run."""
-    return spec.directory / f"{spec.study.name}-logs"
+LOCAL_RUNS_KEPT = 5
+"""`--local` runs whose logs are kept beside the spec; older ones are removed."""
+
+
+def local_logs(spec: StudySpec, now: datetime | None = None) -> Path:
+    """A folder of this `--local` run's logs under `<study>-logs/` beside the spec, named by
+    its start time; the newest `LOCAL_RUNS_KEPT` runs are kept, so a failed run's logs
+    survive the next."""
+    root = spec.directory / f"{spec.study.name}-logs"
+    stamp = (now or datetime.now()).strftime("%Y%m%d-%H%M%S-%f")
+    earlier = sorted(p for p in root.glob("*-*-*") if p.is_dir()) if root.is_dir() else []
+    for old in earlier[: max(0, len(earlier) - (LOCAL_RUNS_KEPT - 1))]:
+        shutil.rmtree(old, ignore_errors=True)
+    return root / stamp
 
 
 def local_folders(spec: StudySpec, settings: Settings) -> dict[str, str]:

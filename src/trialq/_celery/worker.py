@@ -9,6 +9,11 @@ What a worker holds (its settings, its app, the device baseline, the heartbeat, 
 trial's beacon and Redis client) lives on one `WorkerState`, built from the `Settings` it is
 given. Celery's signals reach it through one handler per signal, each calling the state's
 steps in the order it states, so nothing depends on the order Celery connects handlers in.
+
+A worker that owns GPUs (`TRIALQ_GPUS`, `trialq worker --gpus`) cuts them into trial slots
+(`trialq.trial.gpu_plan`) before its pool forks; each trial process takes a slot, puts the
+slot's `GpuShare` into its environment before anything imports CUDA, checks its GPUs hold no
+stranger's memory (`NeighbourCheck`), and runs under its GPU memory guard (`GpuGuard`).
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from contextvars import Token
 from typing import Any
 
@@ -35,16 +40,20 @@ from celery.worker import state as worker_state
 from trialq import logs
 from trialq._celery.app import RESULT_TTL_S, TASK_NAME, create_app
 from trialq._celery.pool import claim_trial_slot
-from trialq.errors import TrialqError
+from trialq.errors import TrialqError, UsageError
 from trialq.lifeline import die_with_parent
 from trialq.settings import Settings
 from trialq.trial import checkpoints
 from trialq.trial.device import TensorFlowDevice
+from trialq.trial.gpu_guard import GpuGuard, GpuOverrun
+from trialq.trial.gpu_inventory import Nvml
+from trialq.trial.gpu_plan import GpuPlan
+from trialq.trial.gpu_share import GpuShare
 from trialq.trial.prewarm import device_in_use, preload, preload_modules
 from trialq.trial.runner import run_trial
-from trialq.trial.telemetry import MIB, DeviceBaseline
+from trialq.trial.telemetry import MIB, DeviceBaseline, NeighbourCheck
 from trialq.wire.channel import ReportChannel, TrialAddress
-from trialq.wire.heartbeat import Heartbeat, RunningTrial, TrialBeacon, WorkerBeat
+from trialq.wire.heartbeat import GpuBeat, Heartbeat, RunningTrial, TrialBeacon, WorkerBeat
 from trialq.wire.keys import DEFAULT_QUEUE, result_key, withdrawn_key
 from trialq.wire.messages import Outcome, TrialRequest, TrialResult
 
@@ -71,6 +80,9 @@ class WorkerState:
         self.settings = settings
         self.app = app if app is not None else create_app(settings)
         self.baseline: DeviceBaseline | None = None
+        self.gpu_shares: tuple[GpuShare, ...] | None = None
+        """The shares of the worker's GPUs its slots give their trials; None before
+        `plan_gpus`, empty for a worker without `--gpus`."""
         self.heartbeat: Heartbeat | None = None
         self._redis: redis.Redis | None = None
         self._beacon: TrialBeacon | None = None
@@ -94,10 +106,10 @@ class WorkerState:
         if self.trial_redis().exists(withdrawn_key(task_id), result_key(task_id)):
             # Withdrawn by the driver, or a redelivery of a trial that already ended: not run.
             raise Ignore()
-        claim_trial_slot()
+        share = _take_slot()
         channel = ReportChannel(self.trial_redis())
         root = self.settings.checkpoint_root or checkpoints.default_root()
-        result = self._run(request, channel, root)
+        result = self._run_on_share(request, task_id, share, channel, root)
         message = self.bounded_json(result)
         self.keep_result(request, task_id, message)
         with contextlib.suppress(OSError, redis.RedisError):
@@ -106,7 +118,55 @@ class WorkerState:
             _stop_taking_trials()
         return json.loads(message)  # type: ignore[no-any-return]
 
-    def _run(self, request: TrialRequest, channel: ReportChannel, root: Any) -> TrialResult:
+    def _run_on_share(
+        self,
+        request: TrialRequest,
+        task_id: str,
+        share: GpuShare | None,
+        channel: ReportChannel,
+        root: Any,
+    ) -> TrialResult:
+        """The trial on its slot's GPUs: refused where a stranger holds them, else run under
+        the GPU memory guard, its own OOM told apart from one its neighbours caused."""
+        nvml = Nvml.open(self.settings.nvml_module) if share is not None else None
+        if nvml is None or share is None:
+            return self._run(request, channel, root, share)
+        with nvml:
+            tolerance = self.settings.gpu_baseline_tolerance_mb * MIB
+            refusal = NeighbourCheck(tolerance).refusal(nvml, share)
+            if refusal is not None:
+                return _device_refused(request, refusal)
+            reserve = self.settings.gpu_context_reserve_mb * MIB
+            with GpuGuard(nvml, share, reserve, self._leave_oom(request, task_id)) as guard:
+                result = self._run(request, channel, root, share)
+            neighbours = result.outcome is Outcome.OOM and guard.neighbour_caused()
+            update = {
+                "gpu_process_peak_bytes": guard.peaks(),
+                "oom_caused_by_neighbour": neighbours,
+            }
+            return result.model_copy(update=update)
+
+    def _leave_oom(self, request: TrialRequest, task_id: str) -> Callable[[GpuOverrun], None]:
+        """What the GPU memory guard does before it kills the trial's process: store its
+        result, `oom` (once: the trial's memory grows while Redis is waited for)."""
+
+        def leave(overrun: GpuOverrun) -> None:
+            logger.error("%s", overrun.text())
+            result = TrialResult(
+                study=request.study, number=request.number, attempt=request.attempt,
+                outcome=Outcome.OOM, worker_pid=os.getpid(), worker_host=socket.gethostname(),
+                gpu_process_peak_bytes={overrun.device: overrun.used_bytes}, error=overrun.text(),
+            )  # fmt: skip
+            with contextlib.suppress(redis.RedisError):
+                self.trial_redis().set(
+                    result_key(task_id), result.model_dump_json(), ex=RESULT_TTL_S
+                )
+
+        return leave
+
+    def _run(
+        self, request: TrialRequest, channel: ReportChannel, root: Any, share: GpuShare | None
+    ) -> TrialResult:
         return run_trial(
             request,
             channel=channel,
@@ -117,6 +177,7 @@ class WorkerState:
             checkpoint_root=root,
             artifact_root=self.settings.artifact_root,
             own_process_group=True,
+            gpu=share,
         )
 
     def keep_result(self, request: TrialRequest, task_id: str, message: str) -> None:
@@ -161,8 +222,47 @@ class WorkerState:
             print(f"error: {exc}", file=sys.stderr)
             raise SystemExit(exc.exit_code) from None
 
+    def plan_gpus(self) -> tuple[GpuShare, ...]:
+        """The worker's GPUs cut into its slots' shares (read from NVML once, in the parent
+        before the pool forks, and let go), published on the app for the pool."""
+        if self.gpu_shares is None:
+            self.gpu_shares = self._read_gpu_shares()
+            self.app.conf.trialq_gpu_shares = self.gpu_shares
+        return self.gpu_shares
+
+    def _read_gpu_shares(self) -> tuple[GpuShare, ...]:
+        settings = self.settings
+        if not settings.gpus:
+            return ()
+        nvml = Nvml.open(settings.nvml_module)
+        if nvml is None:
+            raise UsageError(f"--gpus {settings.gpus}: no NVML here ({settings.nvml_module})")
+        plan = GpuPlan(
+            settings.trials_per_gpu, settings.gpus_per_trial, settings.gpu_memory_mb,
+            settings.gpu_context_reserve_mb,
+        )  # fmt: skip
+        with nvml:
+            return plan.shares(nvml.gpus(settings.gpus))
+
+    def gpu_beat(self) -> GpuBeat | None:
+        """What the heartbeat says of the worker's GPUs and slots; None without `--gpus`."""
+        shares = self.plan_gpus()
+        if not shares:
+            return None
+        devices = tuple(dict.fromkeys(d for share in shares for d in share.devices))
+        first = shares[0]
+        return GpuBeat(
+            devices=devices, model=first.model or "unknown", total_bytes=first.total_bytes or 0,
+            slots=len(shares), gpus_per_slot=len(first.devices),
+            slot_budget_bytes=first.budget_bytes,
+        )  # fmt: skip
+
     def measure_device_baseline(self) -> None:
-        """Before the pool forks any trial process: the memory a clean device holds."""
+        """Before the pool forks any trial process: the memory a clean device holds. Not for
+        a worker that packs trials onto its GPUs: its neighbours' memory is there by right,
+        and each trial checks its GPUs' processes instead (`NeighbourCheck`)."""
+        if self.plan_gpus():
+            return
         tolerance = self.settings.gpu_baseline_tolerance_mb * MIB
         self.baseline = DeviceBaseline.measure(TensorFlowDevice(), tolerance)
 
@@ -176,6 +276,7 @@ class WorkerState:
             queues=queues,
             gpu=self.settings.cuda_visible_devices,
             beat_at=0.0,
+            gpus=self.gpu_beat(),
         )
         client = redis.Redis.from_url(self.settings.broker_url, socket_timeout=5)
         interval, ttl = self.settings.heartbeat_interval_s, self.settings.heartbeat_ttl_s
@@ -249,6 +350,26 @@ class WorkerState:
                 channel.request_stop(TrialAddress(request.study, request.number, request.attempt))
         except redis.RedisError as exc:
             logger.warning("stop notice not sent (Redis: %s); the trials run on until killed", exc)
+
+
+def _take_slot() -> GpuShare | None:
+    """Wait for a trial slot; put its GPUs and budget into this process's environment, before
+    anything the trial imports reads `CUDA_VISIBLE_DEVICES`."""
+    slot = claim_trial_slot()
+    share = slot.gpu if slot is not None else None
+    if share is not None:
+        os.environ.update(share.environment())
+    return share
+
+
+def _device_refused(request: TrialRequest, reason: str) -> TrialResult:
+    """The result of a trial not run: a process that is none of this worker's holds its GPU."""
+    logger.critical("%s", reason)
+    return TrialResult(
+        study=request.study, number=request.number, attempt=request.attempt,
+        outcome=Outcome.ERROR, worker_pid=os.getpid(), worker_host=socket.gethostname(),
+        error=reason, device_refused=True,
+    )  # fmt: skip
 
 
 def _stop_taking_trials() -> None:
@@ -353,8 +474,10 @@ def _on_after_setup_logger(logger: logging.Logger, **_: Any) -> None:
 @signals.worker_init.connect
 def _on_worker_init(**_: Any) -> None:
     """Before the pool forks: import the framework (a refused import stops the worker before
-    anything reads the device), then measure the memory a clean device holds."""
+    anything reads the device), then cut the GPUs into slots, then measure the memory a clean
+    device holds."""
     worker.preload()
+    worker.plan_gpus()
     worker.measure_device_baseline()
 
 

@@ -4,7 +4,9 @@ A worker whose key expired is gone, whatever the broker believes; its trial is l
 same keys serve `trialq health` (a container's liveness probe) and `trialq status`.
 The worker's parent writes its own key; each trial process writes its trial's key (the
 parent does not know which trial its child runs), under a prefix of its own so that older
-readers of the worker keys never meet a value they cannot parse.
+readers of the worker keys never meet a value they cannot parse. A worker that owns GPUs
+beats their model, memory and its trial slots too (`GpuBeat`), under a key of their own
+beside its heartbeat for the same reason; the driver routes by them (`trialq.wire.routing`).
 """
 
 from __future__ import annotations
@@ -14,13 +16,47 @@ import json
 import socket
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
 import redis
 
-from trialq.wire.keys import RUNNING_PREFIX, WORKER_PREFIX, running_key, worker_key
+from trialq.wire.keys import (
+    RUNNING_PREFIX,
+    WORKER_PREFIX,
+    running_key,
+    worker_gpus_key,
+    worker_key,
+)
+
+
+@dataclass(frozen=True)
+class GpuBeat:
+    """A worker's GPUs and the trial slots it cut them into, as it publishes them."""
+
+    devices: tuple[str, ...]
+    model: str
+    total_bytes: int
+    """Each GPU's memory (the smallest, where they differ)."""
+    slots: int
+    gpus_per_slot: int
+    slot_budget_bytes: int | None
+    """What one trial may hold on each of its GPUs; None: the whole GPU."""
+
+    def describe(self) -> str:
+        """`2 x NVIDIA H100 80GB HBM3 (79.6 GiB), 8 slots of 1 GPU x 19.4 GiB`."""
+        budget = "the whole GPU" if self.slot_budget_bytes is None else _gib(self.slot_budget_bytes)
+        return (
+            f"{len(self.devices)} x {self.model} ({_gib(self.total_bytes)}), {self.slots} slots "
+            f"of {self.gpus_per_slot} GPU x {budget}"
+        )
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> GpuBeat:
+        """A beat as read back, fields a newer worker added left out."""
+        known = {f.name for f in fields(cls)} & set(data)
+        return cls(**{**{k: data[k] for k in known}, "devices": tuple(data["devices"])})
 
 
 @dataclass(frozen=True)
@@ -33,6 +69,20 @@ class WorkerBeat:
     queues: tuple[str, ...]
     gpu: str | None
     beat_at: float
+    gpus: GpuBeat | None = None
+    """Its GPUs and slots, where it owns GPUs (`trialq worker --gpus`): kept under a key of
+    their own, never in the heartbeat's value."""
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any], gpus: GpuBeat | None = None) -> WorkerBeat:
+        """A beat as read back, fields a newer worker added left out."""
+        known = {f.name for f in fields(cls)} - {"gpus"}
+        values = {k: data[k] for k in known & set(data)}
+        return cls(**{**values, "queues": tuple(data["queues"])}, gpus=gpus)
+
+    def heartbeat_json(self) -> dict[str, Any]:
+        """The heartbeat's value: what every reader of it, older ones too, can parse."""
+        return {k: v for k, v in asdict(self).items() if k != "gpus"}
 
 
 class _RenewedKey:
@@ -90,8 +140,17 @@ class Heartbeat(_RenewedKey):
 
     def _write(self) -> None:
         super()._write()
+        if self._beat.gpus is not None:
+            gpus = json.dumps(asdict(self._beat.gpus))
+            self._client.set(worker_gpus_key(self._beat.name), gpus, px=self._ttl_ms)
         if self._mark is not None:
             self._mark.touch()
+
+    def stop(self) -> None:
+        """Stop beating and delete the heartbeat and the GPUs' key."""
+        super().stop()
+        with contextlib.suppress(redis.RedisError):
+            self._client.delete(worker_gpus_key(self._beat.name))
 
     def start(self) -> None:
         """Beat once now (so readiness is immediate; a Redis error here is raised), then keep
@@ -103,7 +162,7 @@ class Heartbeat(_RenewedKey):
         return worker_key(self._beat.name)
 
     def _value(self) -> str:
-        return json.dumps(asdict(self._beat) | {"beat_at": time.time()})
+        return json.dumps(self._beat.heartbeat_json() | {"beat_at": time.time()})
 
 
 @dataclass(frozen=True)
@@ -152,17 +211,20 @@ class TrialBeacon(_RenewedKey):
     def _value(self) -> str:
         return json.dumps(asdict(self._trial))
 
-
 def running_trials(client: redis.Redis) -> list[RunningTrial]:
     """Every trial whose process still claims it, by worker name then pid."""
     return [RunningTrial(**data) for data in _live_values(client, RUNNING_PREFIX)]
 
 
 def live_workers(client: redis.Redis) -> list[WorkerBeat]:
-    """Every worker whose heartbeat has not expired."""
+    """Every worker whose heartbeat has not expired, with its GPUs where it beats them."""
+    beats = _live_values(client, WORKER_PREFIX)
+    if not beats:
+        return []
+    gpus = client.mget([worker_gpus_key(data["name"]) for data in beats])
     return [
-        WorkerBeat(**{**data, "queues": tuple(data["queues"])})
-        for data in _live_values(client, WORKER_PREFIX)
+        WorkerBeat.from_json(data, GpuBeat.from_json(json.loads(raw)) if raw else None)
+        for data, raw in zip(beats, gpus, strict=True)
     ]
 
 
@@ -187,3 +249,7 @@ def local_worker_alive(client: redis.Redis, max_age_s: float | None = None) -> b
         beat.host == host and (max_age_s is None or now - beat.beat_at <= max_age_s)
         for beat in live_workers(client)
     )
+
+
+def _gib(n_bytes: int) -> str:
+    return f"{n_bytes / 2**30:.1f} GiB"
