@@ -5,6 +5,7 @@ The CLI builds a `Settings` and passes it on; nothing else calls `os.getenv`.
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -42,6 +43,11 @@ class Settings(BaseSettings):
     allowed_modules: Annotated[tuple[str, ...], NoDecode] = ("trialq.examples",)
     """Module prefixes a worker may import entrypoints from (comma separated in the env).
     A task naming any other module ends with outcome `error` and nothing is imported."""
+
+    import_paths: Annotated[tuple[str, ...], NoDecode] = ()
+    """Folders a worker puts first on `sys.path` to import entrypoints (`TRIALQ_IMPORT_PATHS`,
+    separated by the OS path separator); `--local` sets the spec's folder and the current
+    one for the workers it starts. Never taken from a message (issue 26.7)."""
 
     visibility_timeout_s: int = Field(default=12 * 3600, gt=0)
     """Redis redelivers an unacknowledged task older than this, even one still running,
@@ -157,6 +163,13 @@ class Settings(BaseSettings):
     def _split_commas(cls, value: object) -> object:
         if isinstance(value, str):
             return tuple(part.strip() for part in value.split(",") if part.strip())
+        return value
+
+    @field_validator("import_paths", mode="before")
+    @classmethod
+    def _split_paths(cls, value: object) -> object:
+        if isinstance(value, str):
+            return tuple(part for part in value.split(os.pathsep) if part.strip())
         return value
 
     @field_validator("log_level", mode="before")

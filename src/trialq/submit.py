@@ -5,6 +5,7 @@ the driver, and summarise. Everything that can be refused is refused before a tr
 from __future__ import annotations
 
 import shutil
+import os
 import sys
 from collections.abc import Mapping
 from contextlib import ExitStack
@@ -145,7 +146,8 @@ def local_logs(spec: StudySpec, now: datetime | None = None) -> Path:
 
 def local_folders(spec: StudySpec, settings: Settings) -> dict[str, str]:
     """`--local`'s checkpoint and artifact roots, beside the spec (as its logs are) unless
-    the environment names them: kept across runs, so a rerun resumes what was preempted."""
+    the environment names them: kept across runs, so a rerun resumes what was preempted;
+    and its workers' import paths, the spec's folder and this one (never a message's)."""
     checkpoints = settings.checkpoint_root or spec.directory / f"{spec.study.name}-checkpoints"
     artifacts = settings.artifact_root or spec.directory / f"{spec.study.name}-artifacts"
     return {
@@ -155,6 +157,7 @@ def local_folders(spec: StudySpec, settings: Settings) -> dict[str, str]:
         "TRIALQ_ARTIFACT_ROOT": (
             artifacts if isinstance(artifacts, str) else str(artifacts.resolve())
         ),
+        "TRIALQ_IMPORT_PATHS": os.pathsep.join(search_paths_for(spec)),
     }
 
 

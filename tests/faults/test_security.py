@@ -11,11 +11,15 @@ import pytest
 import redis
 from bad_inputs import BAD_ARGS, BAD_SPECS, spec_text
 from celery import Celery
+from trial_requests import trial_request
 from waiting import wait_for_redis, wait_until
 
 from faults.harness import DriverRun, Verdict, record_verdict
+from trialq._celery.dispatcher import CeleryDispatcher
 from trialq.cli import submit_study_main
 from trialq.local import LocalCluster, free_port, redis_server_binary
+from trialq.settings import Settings
+from trialq.wire.dispatch import TaskPhase, TaskStatus
 
 pytestmark = [pytest.mark.faults, pytest.mark.integration]
 
@@ -154,3 +158,49 @@ def test_bad_specs_and_arguments_never_enqueue(
     )
     assert kinds >= 20 and clean == kinds
     assert redis.Redis.from_url(redis_url).dbsize() == 0
+
+
+_IMPOSTOR = """
+from pathlib import Path
+
+
+def quadratic(params, trial):
+    Path(__file__).with_name("imported").write_text("from the sender's folder")
+    return {"value": -1.0}
+"""
+
+
+def _run_quadratic(redis_url: str, search_paths: tuple[str, ...] = ()) -> dict[str, float]:
+    dispatcher = CeleryDispatcher(Settings(broker_url=redis_url))
+    request = trial_request(search_paths=search_paths, params={"x": 2.0})
+    task_id = dispatcher.submit(request, "gpu")
+
+    def finished() -> TaskStatus | None:
+        status = dispatcher.statuses([task_id])[task_id]
+        return status if status.phase is TaskPhase.FINISHED else None
+
+    result = wait_until(finished, 60, "the trial to finish").result
+    assert result is not None and result.outcome == "ok", result
+    return result.metrics
+
+
+def test_a_message_does_not_choose_where_an_allowed_module_is_imported_from(
+    tmp_path: Path, redis_url: str, start_workers: Callable[..., LocalCluster]
+) -> None:
+    """A request naming a folder with its own `trials.py` (an allowed module) runs the
+    worker's `trials`, not the sender's (issue 26, item 7)."""
+    (tmp_path / "trials.py").write_text(_IMPOSTOR)
+    start_workers(1)
+    metrics = _run_quadratic(redis_url, search_paths=(str(tmp_path),))
+    assert not (tmp_path / "imported").exists(), "the worker imported the sender's module"
+    assert metrics != {"value": -1.0}, metrics
+
+
+def test_a_worker_imports_from_its_own_import_paths(
+    tmp_path: Path, redis_url: str, start_workers: Callable[..., LocalCluster]
+) -> None:
+    """`TRIALQ_IMPORT_PATHS` (what `--local` sets for its workers) comes first."""
+    (tmp_path / "trials.py").write_text(_IMPOSTOR)
+    start_workers(1, extra_env={"TRIALQ_IMPORT_PATHS": str(tmp_path)})
+    assert _run_quadratic(redis_url) == {"value": -1.0}
+    assert (tmp_path / "imported").exists()

@@ -102,7 +102,7 @@ class WorkerState:
 
     def run_task(self, task_id: str, payload: dict[str, Any]) -> dict[str, Any]:
         """Run one trial attempt and return its `TrialResult` as JSON (stored first)."""
-        request = TrialRequest.model_validate(payload)
+        request = self.own_import_paths(TrialRequest.model_validate(payload))
         if self.trial_redis().exists(withdrawn_key(task_id), result_key(task_id)):
             # Withdrawn by the driver, or a redelivery of a trial that already ended: not run.
             raise Ignore()
@@ -117,6 +117,11 @@ class WorkerState:
         if result.device_refused:
             _stop_taking_trials()
         return json.loads(message)  # type: ignore[no-any-return]
+
+    def own_import_paths(self, request: TrialRequest) -> TrialRequest:
+        """The request with this worker's import paths (`TRIALQ_IMPORT_PATHS`), whatever the
+        message said: a sender must not choose where an allowed module is imported from."""
+        return request.model_copy(update={"search_paths": self.settings.import_paths})
 
     def _run_on_share(
         self,
