@@ -103,6 +103,9 @@ class StandInDispatcher:
     def worker_alive(self, worker: str) -> bool:
         return True
 
+    def attempt_alive(self, task_id: str) -> bool:
+        return True
+
     def withdraw(self, task_ids: Iterable[str], queue: str) -> None:
         pass
 

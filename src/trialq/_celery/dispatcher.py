@@ -91,6 +91,10 @@ class CeleryDispatcher:
         """Whether the worker's heartbeat key is still there."""
         return heartbeat.is_alive(self._broker, worker)
 
+    def attempt_alive(self, task_id: str) -> bool:
+        """Whether the attempt's trial process still renews its beacon."""
+        return heartbeat.attempt_alive(self._broker, task_id)
+
     def withdraw(self, task_ids: Iterable[str], queue: str) -> None:
         """Mark tasks withdrawn (durably), revoke them, and drop their queued messages."""
         ids = set(task_ids)

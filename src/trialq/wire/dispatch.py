@@ -80,6 +80,10 @@ class Dispatcher(Protocol):
     def worker_alive(self, worker: str) -> bool:
         """Whether the named worker still beats."""
 
+    def attempt_alive(self, task_id: str) -> bool:
+        """Whether the process running the attempt still beats, whatever its worker's parent
+        does (frozen, cut off from Redis): its result is still to come."""
+
     def withdraw(self, task_ids: Iterable[str], queue: str) -> None:
         """Make sure tasks that have not started never will."""
 

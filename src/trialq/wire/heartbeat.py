@@ -25,6 +25,7 @@ import redis
 from trialq.wire.keys import (
     RUNNING_PREFIX,
     WORKER_PREFIX,
+    attempt_key,
     running_key,
     worker_gpus_key,
     worker_key,
@@ -210,6 +211,24 @@ class TrialBeacon(_RenewedKey):
 
     def _value(self) -> str:
         return json.dumps(asdict(self._trial))
+
+    def _write(self) -> None:
+        """Claim the trial for `status`, and say its attempt lives (`attempt_alive`)."""
+        pipe = self._client.pipeline(transaction=False)
+        pipe.set(self._key(), self._value(), px=self._ttl_ms)
+        pipe.set(attempt_key(self._trial.task_id), self._trial.pid, px=self._ttl_ms)
+        pipe.execute()
+
+    def stop(self) -> None:
+        super().stop()
+        with contextlib.suppress(redis.RedisError):
+            self._client.delete(attempt_key(self._trial.task_id))
+
+
+def attempt_alive(client: redis.Redis, task_id: str) -> bool:
+    """Whether the trial process running attempt `task_id` still beats."""
+    return bool(client.exists(attempt_key(task_id)))
+
 
 def running_trials(client: redis.Redis) -> list[RunningTrial]:
     """Every trial whose process still claims it, by worker name then pid."""

@@ -42,6 +42,11 @@ WITHDRAWN_PREFIX = "trialq:withdrawn:"
 """+ a task id: the driver withdrew the task, a worker must not run it (revokes are not
 durable)."""
 
+ATTEMPT_PREFIX = "trialq:attempt:"
+"""+ a task id: present while the trial process running that attempt beats (its beacon, with
+the heartbeat's TTL), whatever its worker's parent does: the driver's word that an attempt
+lives when its worker's heartbeat is gone (a stalled parent, issue 26.3)."""
+
 POISON_PREFIX = "trialq:poison:"
 """+ a queue's name: entries popped from that queue that were no message (not JSON, or JSON
 of another shape), set aside by a worker instead of ending it; the newest 1000 are kept."""
@@ -70,6 +75,11 @@ def trial_key(study: str, number: int, attempt: int, part: str) -> str:
 def withdrawn_key(task_id: str) -> str:
     """The key that tells a worker not to run a task after all."""
     return f"{WITHDRAWN_PREFIX}{task_id}"
+
+
+def attempt_key(task_id: str) -> str:
+    """The key the trial process of attempt `task_id` renews while it runs."""
+    return f"{ATTEMPT_PREFIX}{task_id}"
 
 
 def poison_key(queue: str) -> str:
