@@ -240,6 +240,8 @@ def _trialq_parser() -> _Parser:
     worker = commands.add_parser("worker", help="run a Celery worker: one trial per process")
     worker.add_argument("--queue", "-Q", default=DEFAULT_QUEUE)
     worker.add_argument("--gpu", help="GPU index this worker's trials see (CUDA_VISIBLE_DEVICES)")
+    _add_gpu_slot_flags(worker)
+    worker.add_argument("--broker", help="broker URL (default: TRIALQ_BROKER_URL)")
     worker.add_argument("--concurrency", "-c", type=_positive_int, default=1)
     worker.add_argument("--hostname", "-n", help="Celery node name (default trialq-PID@HOST)")
     worker.add_argument("--loglevel", "-l", default="INFO")
@@ -272,6 +274,43 @@ def _trialq_parser() -> _Parser:
     return parser
 
 
+def _add_gpu_slot_flags(worker: argparse.ArgumentParser) -> None:
+    """`--gpus` and how the worker cuts them into trial slots (docs/design.md, "Workers")."""
+    worker.add_argument(
+        "--gpus",
+        help="the GPUs this worker owns: all, indices (0,1) or GPU-<uuid>/MIG-<uuid> names; "
+        "its concurrency is then its slots (default: TRIALQ_GPUS)",
+    )
+    worker.add_argument("--trials-per-gpu", type=_positive_int,
+                        help="trials run at once on each GPU (default 1)")  # fmt: skip
+    worker.add_argument("--gpus-per-trial", type=_positive_int,
+                        help="GPUs each trial gets ([trial] gpus it takes; default 1)")  # fmt: skip
+    worker.add_argument(
+        "--gpu-memory-mb",
+        type=_positive_int,
+        help="each trial's memory budget on each GPU (default: the card less a CUDA context "
+        "per trial, shared evenly)",
+    )
+
+
+_GPU_SLOT_FLAGS = {
+    "gpus": "TRIALQ_GPUS",
+    "trials_per_gpu": "TRIALQ_TRIALS_PER_GPU",
+    "gpus_per_trial": "TRIALQ_GPUS_PER_TRIAL",
+    "gpu_memory_mb": "TRIALQ_GPU_MEMORY_MB",
+    "broker": "TRIALQ_BROKER_URL",
+}
+
+
+def _gpu_slot_environment(args: argparse.Namespace) -> None:
+    """The GPU flags given, into the environment the worker's settings read."""
+    if args.gpu is not None and (args.gpus or os.environ.get("TRIALQ_GPUS")):
+        raise UsageError("trialq worker: --gpu (one GPU, one trial) and --gpus exclude each other")
+    for flag, variable in _GPU_SLOT_FLAGS.items():
+        if getattr(args, flag) is not None:
+            os.environ[variable] = str(getattr(args, flag))
+
+
 def _dispatch_trialq(args: argparse.Namespace, rest: list[str]) -> int:
     if args.command != "worker" and rest:
         raise UsageError(f"trialq {args.command}: unrecognized arguments: {' '.join(rest)}")
@@ -286,6 +325,7 @@ def _dispatch_trialq(args: argparse.Namespace, rest: list[str]) -> int:
 
 def _worker(args: argparse.Namespace, rest: list[str]) -> int:
     """Start the Celery worker in this process, with the design's settings pinned."""
+    _gpu_slot_environment(args)
     if args.gpu is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = args.gpu  # read by the trial's process only
     # Read by the worker module's settings, and inherited by a worker that Celery re-executes.

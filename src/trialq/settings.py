@@ -113,6 +113,30 @@ class Settings(BaseSettings):
     """`CUDA_VISIBLE_DEVICES` (no `TRIALQ_` prefix: CUDA reads it too), the GPUs a worker's
     trials see (`trialq worker --gpu` sets it); its heartbeat names them. Unset: all of them."""
 
+    gpus: str | None = None
+    """The GPUs a worker owns and cuts into trial slots (`trialq worker --gpus`): `all`,
+    indices (`0,1`), or `GPU-<uuid>`/`MIG-<uuid>` names. Unset: no slots of GPUs; the worker's
+    trials see `CUDA_VISIBLE_DEVICES` as it is (one worker per GPU)."""
+
+    trials_per_gpu: int = Field(default=1, ge=1)
+    """Trials run at once on each GPU (each group of `gpus_per_trial` GPUs) of `gpus`."""
+
+    gpus_per_trial: int = Field(default=1, ge=1)
+    """GPUs each of the worker's slots spans: it takes trials of `[trial] gpus` = this."""
+
+    gpu_memory_mb: int = Field(default=0, ge=0)
+    """Each trial's memory budget on each of its GPUs; 0: the card, less a CUDA context per
+    trial (`gpu_context_reserve_mb`), shared evenly among the trials on it."""
+
+    gpu_context_reserve_mb: int = Field(default=512, ge=0)
+    """What one trial process's CUDA context is taken to hold beside its framework's
+    allocations: set aside per trial from the card, and allowed over the budget by the GPU
+    memory guard."""
+
+    nvml_module: str = "pynvml"
+    """The NVML binding imported to read GPUs (nvidia-ml-py's `pynvml`). Tests on machines
+    without a GPU name a fake here; its readings are a fake's, never a GPU's."""
+
     @model_validator(mode="before")
     @classmethod
     def _passwords_from_files(cls, data: Any) -> Any:

@@ -4,6 +4,9 @@ The flags that carry the design (one trial per process, one message reserved at 
 read from the app's own settings (`celery_config`), so the command line and the app never
 disagree. Celery is imported only once the preload has passed: a refused preload is one line
 and exit code 2, before any of Celery starts.
+
+A worker that owns GPUs (`--gpus`) runs one trial per slot: its concurrency is its number of
+slots, and it consumes its queue and each GPU class its slots fit (`trialq.wire.routing`).
 """
 
 from __future__ import annotations
@@ -11,10 +14,12 @@ from __future__ import annotations
 import os
 import secrets
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from trialq.settings import Settings
+from trialq.trial.gpu_share import GpuShare
 from trialq.trial.prewarm import preload, preload_modules
+from trialq.wire.routing import slot_queues
 
 WORKER_APP = "trialq._celery.worker:app"
 """The app Celery's command loads: its task and signal handlers register on import."""
@@ -37,6 +42,16 @@ class WorkerOptions:
     hostname: str | None
     loglevel: str
     extra: Sequence[str] = ()
+    queues: tuple[str, ...] = ()
+    """Every queue consumed; empty: `queue` alone."""
+
+    def for_slots(self, shares: tuple[GpuShare, ...]) -> WorkerOptions:
+        """One trial per slot, from the queues its slots fit (unchanged without slots)."""
+        if not shares:
+            return self
+        budget, gpus = shares[0].budget_bytes, len(shares[0].devices)
+        queues = slot_queues(self.queue, gpus, budget)
+        return replace(self, concurrency=len(shares), queues=queues)
 
 
 def worker_argv(settings: Settings, options: WorkerOptions) -> list[str]:
@@ -47,7 +62,7 @@ def worker_argv(settings: Settings, options: WorkerOptions) -> list[str]:
     return [
         "--app", WORKER_APP,
         "worker",
-        "--queues", options.queue,
+        "--queues", ",".join(options.queues or (options.queue,)),
         "--concurrency", str(options.concurrency),
         "--max-tasks-per-child", str(config["worker_max_tasks_per_child"]),
         "--prefetch-multiplier", str(config["worker_prefetch_multiplier"]),
@@ -62,9 +77,9 @@ def run_worker(settings: Settings, options: WorkerOptions) -> int:
     preload(preload_modules(settings.preload))  # refused here: one line, exit code 2
     from celery.bin.celery import celery as celery_command
 
-    import trialq._celery.worker  # noqa: F401  (the app, its task and signal handlers)
+    from trialq._celery.worker import worker  # the app, its task and signal handlers
 
-    argv = worker_argv(settings, options)
+    argv = worker_argv(settings, options.for_slots(worker.plan_gpus()))
     # `app.worker_main` drops the worker's exit status; Celery's own command returns it.
     status = celery_command.main(args=argv, standalone_mode=False)
     return status if isinstance(status, int) else 0

@@ -12,7 +12,9 @@ to report ready. Measured here, that was 0.2 s a trial at best and 5 s at worst 
 - every trial holds a slot lock for the whole life of its process (`claim_trial_slot`) and
   takes it only once the previous holder's process has exited entirely, so a trial that
   starts in a spare still waits for its predecessor: the device is clean when a trial
-  starts, and no two trials of a worker ever share it. A process that never initialised a
+  starts, and no two trials of a worker ever share a slot. A worker that owns GPUs
+  (`--gpus`) gives each slot a share of them (`GpuShare`, set on the app as
+  `trialq_gpu_shares` before the pool starts), which the slot's trials run on. A process that never initialised a
   device hands its slot over as soon as its result is read (`hand_over_trial_slot`): its
   exit frees nothing the next trial needs. The slots themselves (`trialq.trial.slots`) know
   nothing of Celery; this pool creates them before it forks and removes them when it stops.
@@ -31,9 +33,10 @@ from billiard import pool as billiard_pool
 from celery.concurrency import asynpool
 from celery.concurrency.prefork import TaskPool
 
+from trialq.trial.gpu_share import GpuShare
 from trialq.trial.prewarm import device_in_use
 from trialq.trial.process_group import kill_group_of
-from trialq.trial.slots import POLL_S, TrialSlots, claim_for_trial
+from trialq.trial.slots import POLL_S, TrialSlot, TrialSlots, claim_for_trial
 
 logger = logging.getLogger("trialq.pool")  # the name log lines show; kept when the module moved
 
@@ -48,13 +51,13 @@ _slots: TrialSlots | None = None
 inherits them; process-wide because the child's task and its pool process both read them."""
 
 
-def claim_trial_slot() -> None:
-    """Wait until this trial may use the device: its predecessor's process has exited.
+def claim_trial_slot() -> TrialSlot | None:
+    """Wait until this trial may use the device: its predecessor's process has exited; the
+    slot taken, whose GPU share the trial runs on.
 
     A no-op outside `TrialPool` (e.g. `celery worker -P solo`), where nothing overlaps.
     """
-    if _slots is not None:
-        claim_for_trial(_slots)
+    return claim_for_trial(_slots) if _slots is not None else None
 
 
 def hand_over_trial_slot() -> None:
@@ -153,12 +156,22 @@ class TrialPool(TaskPool):  # type: ignore[misc]
         global _slots
         self._owner_pid = os.getpid()
         slots = self.limit
-        _slots = TrialSlots.create(slots)
+        _slots = TrialSlots.create(slots, self._gpu_shares(slots))
         self.limit = slots + self._spare_processes()
         try:
             super().on_start()
         finally:
             self.limit = slots
+
+    def _gpu_shares(self, slots: int) -> tuple[GpuShare, ...]:
+        """The worker's GPU shares, one a slot (set on the app before the pool starts)."""
+        shares: tuple[GpuShare, ...] = getattr(self.app.conf, "trialq_gpu_shares", None) or ()
+        if shares and len(shares) != slots:
+            logger.warning(
+                "%d trial slots for %d GPU shares: run `trialq worker --gpus`, which sets the "
+                "concurrency from them", slots, len(shares),
+            )  # fmt: skip
+        return shares
 
     def _spare_processes(self) -> int:
         settings = getattr(self.app.conf, "trialq_settings", None) if self.app else None

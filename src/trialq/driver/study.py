@@ -14,6 +14,7 @@ from typing import Any
 
 import optuna
 
+from trialq.driver._storage.engine import rdb_storage
 from trialq.driver._storage.mirror import mirrored
 from trialq.driver.distinct import DistinctFromRunning
 from trialq.driver.spec import CategoricalParam, FloatParam, IntParam, StudySpec, load_spec
@@ -45,7 +46,7 @@ def open_study(spec: StudySpec, url: str) -> optuna.Study:
     pruner = make_pruner(spec)
     with storage_errors(url):
         return optuna.create_study(
-            storage=mirrored(optuna.storages.get_storage(url)),
+            storage=mirrored(rdb_storage(url)),
             study_name=spec.study.name,
             directions=list(spec.study.objective_directions),
             sampler=sampler,
@@ -84,7 +85,7 @@ def load_study(study_name: str, storage: str | None, command: str) -> optuna.Stu
         )
     try:
         with storage_errors(storage):
-            return optuna.load_study(study_name=study_name, storage=storage)
+            return optuna.load_study(study_name=study_name, storage=rdb_storage(storage))
     except KeyError:
         raise UsageError(f"{command}: no study named {study_name!r} in {where}") from None
 

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import optuna
 import sqlalchemy
-from sqlalchemy.pool import NullPool
 
+from trialq.driver._storage.engine import lock_engine
 from trialq.driver._storage.mirror import rdb_under
 from trialq.errors import StudyInUse
 
@@ -80,9 +80,7 @@ class StudyLock:
             self._file = None
 
     def _take_on_server(self) -> None:
-        engine = sqlalchemy.create_engine(
-            self._url, poolclass=NullPool, connect_args=self._connect_args()
-        )
+        engine = lock_engine(self._url, _driver_name())
         connection = engine.connect().execution_options(isolation_level="AUTOCOMMIT")
         if not connection.execute(self._statement("take"), self._keys()).scalar():
             holder = connection.execute(self._statement("holder"), self._keys()).scalar()
@@ -95,11 +93,6 @@ class StudyLock:
             with contextlib.suppress(sqlalchemy.exc.SQLAlchemyError):
                 self._connection.close()
             self._connection = None
-
-    def _connect_args(self) -> dict[str, str]:
-        if self._url.get_backend_name() == "postgresql":
-            return {"application_name": _driver_name()}
-        return {}
 
     def _keys(self) -> dict[str, object]:
         return {"cls": _ADVISORY_CLASS, "study": self._study_id, "name": self._lock_name()}

@@ -7,8 +7,9 @@ device is clean when it starts and no two trials of a worker ever share it.
 
 The protocol is a lock file per slot, created by the worker's parent before it forks and held
 by a trial process for its whole life. No Celery here: the pool (`trialq._celery.pool`) only
-creates, hands over and removes the slots. A slot is a small value (`TrialSlot`) so that what
-a slot gives its trial (a GPU, a memory budget) can be added to it.
+creates, hands over and removes the slots. A slot is a small value (`TrialSlot`): what it gives
+its trial, a share of the worker's GPUs (`GpuShare`: which GPUs, the memory budget on each),
+rides on it, so whichever process claims the slot runs its trial on that share.
 """
 
 from __future__ import annotations
@@ -20,10 +21,13 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
+
+from trialq.trial.gpu_share import GpuShare
 
 logger = logging.getLogger("trialq.pool")  # the name log lines show; kept when the module moved
 
@@ -36,15 +40,17 @@ POLL_S = 0.001
 
 @dataclass(frozen=True)
 class TrialSlot:
-    """One of a worker's trial slots: its number and the lock file its holder keeps."""
+    """One of a worker's trial slots: its number, the lock file its holder keeps, and the
+    share of the worker's GPUs its trials get (None: a worker without `--gpus`)."""
 
     index: int
     lock_file: Path
+    gpu: GpuShare | None = None
 
     @classmethod
-    def in_folder(cls, directory: Path, index: int) -> TrialSlot:
+    def in_folder(cls, directory: Path, index: int, gpu: GpuShare | None = None) -> TrialSlot:
         """Slot `index` of the slots kept in `directory`."""
-        return cls(index, directory / f"slot{index}")
+        return cls(index, directory / f"slot{index}", gpu)
 
 
 @dataclass(frozen=True)
@@ -72,17 +78,21 @@ class TrialSlots:
     be gone entirely.
     """
 
-    def __init__(self, directory: Path, count: int) -> None:
+    def __init__(self, directory: Path, count: int, gpus: Sequence[GpuShare] = ()) -> None:
+        """`gpus`: slot i's share is `gpus[i]`; slots beyond them get none."""
         self.directory = directory
         self.count = count
-        self.slots = tuple(TrialSlot.in_folder(directory, index) for index in range(count))
+        self.slots = tuple(
+            TrialSlot.in_folder(directory, index, gpus[index] if index < len(gpus) else None)
+            for index in range(count)
+        )
         self.held: TrialSlot | None = None
         self._fd: int | None = None
 
     @classmethod
-    def create(cls, count: int) -> TrialSlots:
+    def create(cls, count: int, gpus: Sequence[GpuShare] = ()) -> TrialSlots:
         """Make the lock files in a fresh private folder (done by the parent, before forking)."""
-        slots = cls(Path(tempfile.mkdtemp(prefix="trialq-slots-")), count)
+        slots = cls(Path(tempfile.mkdtemp(prefix="trialq-slots-")), count, gpus)
         for slot in slots.slots:
             slot.lock_file.touch()
         return slots
@@ -138,14 +148,15 @@ class TrialSlots:
         shutil.rmtree(self.directory, ignore_errors=True)
 
 
-def claim_for_trial(slots: TrialSlots) -> None:
-    """Wait until this trial may use the device, saying so when it waited long or in vain."""
+def claim_for_trial(slots: TrialSlots) -> TrialSlot | None:
+    """Wait until this trial may use the device, saying so when it waited long or in vain;
+    the slot this process holds now (None where it runs without one)."""
     started = time.monotonic()
     try:
         claimed = slots.claim()
     except OSError as exc:  # the worker is stopping and removed its slots
         logger.warning("trial process %d: no slot to claim (%s); running anyway", os.getpid(), exc)
-        return
+        return None
     if not claimed:
         logger.warning(
             "trial process %d: the previous trial's process still holds the slot after %.0f s; "
@@ -156,6 +167,7 @@ def claim_for_trial(slots: TrialSlots) -> None:
     waited = time.monotonic() - started
     if waited > 1.0:
         logger.info("trial process %d waited %.1f s for its slot", os.getpid(), waited)
+    return slots.held
 
 
 def _read_holder(fd: int) -> SlotHolder:

@@ -2,20 +2,33 @@
 
 Both read only the `Device` seam, so CPU tests drive them with `FakeDevice`. Memory in use
 is the driver's view of the whole device (every process on it, CUDA contexts included):
-with one worker per GPU, as trialq is deployed, that is the trial's own footprint, and
+with one worker per GPU and one trial at a time, that is the trial's own footprint, and
 anything left above the worker's starting point once a trial process is gone was left by
 a process that outlived its trial.
+
+A worker that packs trials onto its GPUs (`trialq worker --gpus`) cannot read a device's
+total that way: its neighbours' memory is there by right. Its check (`NeighbourCheck`) reads
+NVML's processes on each of the trial's GPUs and refuses a GPU that a process holds which
+is none of this worker's live trial processes (nor one of theirs): a process a finished
+trial left behind, or anything else that is not the worker's.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from statistics import fmean
 from types import TracebackType
 
+import psutil
+
 from trialq.trial.device import Device
+from trialq.trial.gpu_inventory import Nvml
+from trialq.trial.gpu_share import GpuShare
 
 SAMPLE_INTERVAL_S = 0.5
 """How often the trial process reads its device; NVML's own utilisation window is ~1/6 s
@@ -126,6 +139,55 @@ class DeviceBaseline:
             time.sleep(min(0.25, self.settle_s))
             used = device.memory_used_bytes()
         return used
+
+
+@dataclass(frozen=True)
+class NeighbourCheck:
+    """Whether a trial's GPUs are clean to start on, per GPU, knowing its neighbours: no
+    process holds more than `tolerance_bytes` on them unless it is one of this worker's live
+    trial processes or their children (`worker_tree`, read in the trial process)."""
+
+    tolerance_bytes: int
+    settle_s: float = SETTLE_S
+
+    def refusal(
+        self, nvml: Nvml, share: GpuShare, worker_tree: Callable[[], set[int]] | None = None
+    ) -> str | None:
+        """Why the trial may not start on its GPUs now, or None; a stranger that goes within
+        `settle_s` (a finished trial's process still exiting) is waited for."""
+        deadline = time.monotonic() + self.settle_s
+        tree = worker_tree or worker_processes
+        strangers = self._strangers(nvml, share, tree())
+        while strangers and time.monotonic() < deadline:
+            time.sleep(min(0.25, self.settle_s))
+            strangers = self._strangers(nvml, share, tree())
+        if not strangers:
+            return None
+        held = ", ".join(
+            f"pid {pid} holds {_mib(used)} on GPU {gpu}" for gpu, pid, used in strangers
+        )
+        return (
+            f"GPU not clean: {held}, and is none of this worker's trial processes (a process "
+            "an earlier trial left behind?); the trial was not run"
+        )
+
+    def _strangers(self, nvml: Nvml, share: GpuShare, tree: set[int]) -> list[tuple[str, int, int]]:
+        found = []
+        for gpu in share.devices:
+            for pid, used in sorted(nvml.processes(gpu).items()):
+                if pid not in tree and used > self.tolerance_bytes:
+                    found.append((gpu, pid, used))
+        return found
+
+
+def worker_processes() -> set[int]:
+    """This trial process's worker's live trial processes and everything they started: the
+    worker parent's descendants (this process among them)."""
+    pids = {os.getpid()}
+    with contextlib.suppress(psutil.Error):
+        parent = psutil.Process(os.getppid())
+        pids.update(child.pid for child in parent.children(recursive=True))
+    return pids
 
 
 def _mib(n_bytes: int) -> str:

@@ -1,35 +1,73 @@
 """Turning what went wrong in a trial into an `Outcome` and a short error text.
 
 Classification happens in the trial's process: exception classes do not cross JSON as
-themselves, so the driver would see Celery's rebuilt class, not TensorFlow's.
+themselves, so the driver would see Celery's rebuilt class, not the framework's.
+
+Out of memory is recognised by each framework's own exception types and messages (no
+framework is imported here: a type is known by its name, its bases' included), anywhere in
+the exception's chain: Lightning, Keras and PyTorch's DataLoader re-raise an OOM as another
+exception, `raise ... from` it or while handling it (`__cause__`, `__context__`).
 """
 
 from __future__ import annotations
 
 import traceback
+from collections.abc import Iterator
 
 from trialq.wire.messages import Outcome
 
-_OOM_TYPE_NAMES = frozenset({"ResourceExhaustedError", "OutOfMemoryError"})
+_OOM_TYPE_NAMES = frozenset(
+    {
+        "ResourceExhaustedError",  # TensorFlow (`tf.errors`), Keras on TensorFlow
+        "OutOfMemoryError",  # PyTorch: torch.OutOfMemoryError is torch.cuda.OutOfMemoryError
+    }
+)
+_XLA_ERROR_NAMES = frozenset({"JaxRuntimeError", "XlaRuntimeError"})
+"""JAX's runtime errors (`jax.errors.JaxRuntimeError`; `XlaRuntimeError` before 0.5): an
+OOM only with XLA's status `RESOURCE_EXHAUSTED` in front of the message."""
 _OOM_MESSAGES = (
-    "oom when allocating",
-    "out of memory",
+    "oom when allocating",  # TensorFlow
+    "out of memory",  # CUDA, PyTorch ("CUDA out of memory"), XLA ("Out of memory while ...")
     "cuda_error_out_of_memory",
     "cudnn_status_alloc_failed",
     "cublas_status_alloc_failed",
     "resource exhausted",
 )
+_CHAIN_LIMIT = 32
 TRACEBACK_TAIL_LINES = 12
 
 
 def classify(exc: BaseException) -> Outcome:
-    """`oom` for any way a device or host runs out of memory, else `error`."""
-    if isinstance(exc, MemoryError) or type(exc).__name__ in _OOM_TYPE_NAMES:
-        return Outcome.OOM
+    """`oom` for any way a device or host runs out of memory, anywhere in the exception's
+    chain, else `error`."""
+    return Outcome.OOM if any(_is_oom(link) for link in chain(exc)) else Outcome.ERROR
+
+
+def chain(exc: BaseException) -> Iterator[BaseException]:
+    """`exc`, then what caused it or was being handled (`__cause__`, `__context__`) and the
+    members of an exception group, each once, breadth first, at most `_CHAIN_LIMIT`."""
+    seen: set[int] = set()
+    queue = [exc]
+    while queue and len(seen) < _CHAIN_LIMIT:
+        link = queue.pop(0)
+        if id(link) in seen:
+            continue
+        seen.add(id(link))
+        yield link
+        queue += [e for e in (link.__cause__, link.__context__) if e is not None]
+        queue += list(
+            getattr(link, "exceptions", ()) if isinstance(link, BaseExceptionGroup) else ()
+        )
+
+
+def _is_oom(exc: BaseException) -> bool:
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    if isinstance(exc, MemoryError) or names & _OOM_TYPE_NAMES:
+        return True
     message = str(exc).lower()
-    if any(sign in message for sign in _OOM_MESSAGES):
-        return Outcome.OOM
-    return Outcome.ERROR
+    if names & _XLA_ERROR_NAMES and message.lstrip().startswith("resource_exhausted"):
+        return True
+    return any(sign in message for sign in _OOM_MESSAGES)
 
 
 def headline(error: str | None) -> str | None:

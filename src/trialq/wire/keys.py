@@ -14,6 +14,11 @@ from __future__ import annotations
 WORKER_PREFIX = "trialq:worker:"
 """+ a worker's Celery node name: its heartbeat (a JSON `WorkerBeat`), with a TTL."""
 
+WORKER_GPUS_PREFIX = "trialq:worker-gpus:"
+"""+ a worker's Celery node name: its GPUs and trial slots (a JSON `GpuBeat`), written with
+its heartbeat and with the same TTL; a key apart, so that older readers of the heartbeat never
+meet a field they do not know."""
+
 RUNNING_PREFIX = "trialq:running:"
 """+ `WORKER:PID`: the trial a trial process runs (a JSON `RunningTrial`), with a TTL. A
 prefix apart from the workers', so that a reader of those never meets another kind of value."""
@@ -59,6 +64,11 @@ overwritten by a redelivery, which writes STARTED again)."""
 def worker_key(worker: str) -> str:
     """The heartbeat key of the worker named `worker` (Celery's node name)."""
     return f"{WORKER_PREFIX}{worker}"
+
+
+def worker_gpus_key(worker: str) -> str:
+    """The key of the named worker's GPUs and slots, beside its heartbeat."""
+    return f"{WORKER_GPUS_PREFIX}{worker}"
 
 
 def running_key(worker: str, pid: int) -> str:

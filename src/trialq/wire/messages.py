@@ -159,6 +159,12 @@ class TrialResult(_Message):
     """Peak of NVML's memory in use on the trial's device (None without NVML)."""
     gpu_utilization_mean: float | None = None
     """Mean of NVML's utilisation, percent, sampled while the trial ran."""
+    gpu_process_peak_bytes: dict[str, int] = Field(default_factory=dict)
+    """Per GPU of a worker's slot (as CUDA names it): the most NVML counted for the trial's
+    processes, its CUDA contexts included, while its GPU memory guard sampled."""
+    oom_caused_by_neighbour: bool = False
+    """An `oom` that the trial's neighbours on a shared GPU caused: the trial stayed within
+    its budget while they held part of it. Re-sent, never told to the sampler."""
     error: str | None = None
     last_step: int | None = None
     reports_dropped: int = 0

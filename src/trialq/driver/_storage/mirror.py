@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import copy
 import threading
+import time
 from collections.abc import Container, Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from datetime import datetime
@@ -48,6 +49,7 @@ from optuna.study import StudyDirection
 from optuna.study._frozen import FrozenStudy
 from optuna.trial import FrozenTrial, TrialState
 
+from trialq.driver._storage.engine import ANSWER_WITHIN_S
 from trialq.driver._storage.sql import (
     Batch,
     FinishedElsewhere,
@@ -59,9 +61,14 @@ from trialq.driver._storage.sql import (
     insert_trial,
     reserve_trial_ids,
 )
-from trialq.errors import ForeignWriter
+from trialq.errors import ForeignWriter, StorageUnreachable
 
 IDS_RESERVED_AT_ONCE = 32
+
+FLUSH_WAIT_S = 2 * ANSWER_WITHIN_S
+"""How long `flush` waits for its commit: one on its way before it, then its own, each
+bounded by the engine (`trialq.driver._storage.engine`); so the driver's main thread never
+waits unbounded on the writer thread, whatever the database's client library does."""
 
 
 class _StudyCopy:
@@ -362,16 +369,20 @@ class MirroredStorage(BaseStorage):
             self._replace(trial, **changes)
         return True
 
-    def flush(self) -> None:
+    def flush(self, wait_s: float = FLUSH_WAIT_S) -> None:
         """Write every pending write of every trial, new trials first, in one transaction, and
-        wait for it (and for any commit still on its way).
+        wait for it (and for any commit still on its way), `wait_s` at most.
 
         If it fails, nothing was written and all of it stays pending, to be written again.
-        The wait lets go of the copy's lock (callers may hold it), so the writer can commit."""
+        A commit not done in `wait_s` is `StorageUnreachable` (an outage), its writes still
+        on their way. The wait lets go of the copy's lock (callers may hold it), so the writer
+        can commit."""
         durable = self.flush_behind()
+        deadline = time.monotonic() + wait_s
         with self._lock:
             while not durable.done():
-                self._written.wait()
+                if not self._written.wait(max(0.0, deadline - time.monotonic())):
+                    raise StorageUnreachable(f"no commit done within {wait_s:g} s")
         durable.result()
 
     def flush_behind(self) -> Future[None]:

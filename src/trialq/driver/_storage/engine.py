@@ -1,0 +1,155 @@
+"""How the driver reaches its database: every connection bounded in time, in one place.
+
+A database that stops answering (a frozen server, a partition that drops packets without a
+reset) must look like one that went away: an error within a bound, which the driver rides
+out as an outage (`trialq.driver.outage`) and past `outage_limit_s` ends with exit 3. A
+frozen server, or anything between that stops forwarding, still acknowledges TCP, so
+keepalives and `tcp_user_timeout` never fire; only a bound kept by the client works:
+
+- psycopg2 (`postgresql+psycopg2://`): a wait callback (`_wait_answered`) waits on the socket
+  with `select`, at most `ANSWER_WITHIN_S` for each answer of a connect or a statement;
+  silence that long closes the connection with an `OperationalError`. Its `select` also lets
+  Ctrl-C through at once (psycopg2's own wait does not), without the cancel request that a
+  hung server would never answer either.
+- psycopg 3 (`postgresql://`, `postgresql+psycopg://`): connections of `_AnsweredConnection`,
+  whose waits end after `ANSWER_WITHIN_S` a connect or a statement, and which closes
+  itself on a timeout or Ctrl-C (psycopg's own Ctrl-C first sends a cancel, waiting 10 s).
+- both: libpq's `connect_timeout`, keepalives on idle connections, `tcp_user_timeout` (data
+  a silent partition leaves unacknowledged), and a pool that hands out a connection within
+  the same bound. No server-side `statement_timeout` is set: PgBouncer refuses the startup
+  option, and the client's bound ends a hung statement anyway.
+"""
+
+from __future__ import annotations
+
+import select
+from typing import Any
+
+import optuna
+import sqlalchemy
+from sqlalchemy.pool import NullPool
+
+ANSWER_WITHIN_S = 10.0
+"""How long the database may leave a connect or a statement unanswered before it counts as
+away. The driver's statements are small; a server that is up answers in milliseconds."""
+
+KEEPALIVE = {"keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5}
+"""An idle connection to a host that vanished is found dead within about half a minute."""
+
+
+def rdb_storage(url: str) -> optuna.storages.RDBStorage:
+    """Optuna's RDB storage at `url`, its connections bounded in time."""
+    rdb = optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs(url))
+    if _bound_psycopg3(rdb.engine):
+        rdb.engine.dispose()  # the connection that checked the schema was an unbounded one
+    return rdb
+
+
+def lock_engine(url: sqlalchemy.URL, application_name: str) -> sqlalchemy.Engine:
+    """An engine without a pool for the study lock's own connection, bounded as the rest."""
+    kwargs = engine_kwargs(url)
+    kwargs.pop("pool_timeout", None)
+    if url.get_backend_name() == "postgresql":
+        kwargs["connect_args"]["application_name"] = application_name
+    engine = sqlalchemy.create_engine(url, poolclass=NullPool, **kwargs)
+    _bound_psycopg3(engine)
+    return engine
+
+
+def engine_kwargs(url: str | sqlalchemy.URL) -> dict[str, Any]:
+    """`create_engine` arguments that bound every wait on a PostgreSQL server; nothing extra
+    for other databases."""
+    parsed = sqlalchemy.make_url(url)
+    if parsed.get_backend_name() != "postgresql":
+        return {}
+    driver = parsed.get_driver_name()
+    if driver == "psycopg2":
+        _bound_psycopg2()
+    connect_args: dict[str, Any] = {"connect_timeout": int(ANSWER_WITHIN_S), **KEEPALIVE}
+    if _libpq_version(driver) >= 120000:
+        connect_args["tcp_user_timeout"] = int(ANSWER_WITHIN_S * 1000)
+    return {"connect_args": connect_args, "pool_timeout": ANSWER_WITHIN_S}
+
+
+def _libpq_version(driver: str) -> int:
+    """The libpq the driver runs on (tcp_user_timeout needs 12); 0 where it cannot say."""
+    try:
+        if driver == "psycopg2":
+            import psycopg2  # type: ignore[import-untyped]
+
+            return int(psycopg2.extensions.libpq_version())
+        import psycopg
+
+        return int(psycopg.pq.version())
+    except ImportError:
+        return 0
+
+
+# --- psycopg2 ------------------------------------------------------------------------------
+
+
+def _bound_psycopg2() -> None:
+    """Every psycopg2 connection of this process waits through `_wait_answered`."""
+    import psycopg2.extensions  # type: ignore[import-untyped]
+
+    psycopg2.extensions.set_wait_callback(_wait_answered)
+
+
+def _wait_answered(connection: Any) -> None:
+    """psycopg2's wait for one connect or statement, answered within `ANSWER_WITHIN_S` each
+    time it waits on the server, or the connection is closed with an `OperationalError`."""
+    import psycopg2
+    import psycopg2.extensions as ext
+
+    while (state := connection.poll()) != ext.POLL_OK:
+        socket = [connection.fileno()]
+        reading, writing = (socket, []) if state == ext.POLL_READ else ([], socket)
+        if not any(select.select(reading, writing, [], ANSWER_WITHIN_S)):
+            raise psycopg2.OperationalError(
+                f"the database has not answered for {ANSWER_WITHIN_S:g} s"
+            )
+
+
+# --- psycopg 3 -----------------------------------------------------------------------------
+
+
+def _bound_psycopg3(engine: sqlalchemy.Engine) -> bool:
+    """The engine's psycopg 3 connections from now on are `_AnsweredConnection`s; False for
+    an engine of another driver."""
+    if engine.dialect.driver != "psycopg":
+        return False
+
+    @sqlalchemy.event.listens_for(engine, "do_connect")
+    def _connect(dialect: Any, record: Any, cargs: Any, cparams: Any) -> Any:
+        return _answered_connection_class().connect(*cargs, **cparams)
+
+    return True
+
+
+def _answered_connection_class() -> type[Any]:
+    """psycopg 3's connection with every wait bounded; made when first asked for (psycopg 3
+    is only imported where a URL names it)."""
+    global _ANSWERED
+    if _ANSWERED is None:
+        import psycopg
+        from psycopg import waiting
+
+        class _AnsweredConnection(psycopg.Connection[Any]):
+            """Waits at most `ANSWER_WITHIN_S` for an operation; closed on a timeout or
+            Ctrl-C, so no cancel request waits on a server that does not answer."""
+
+            def wait(self, gen: Any, interval: float = 0.1, timeout: float | None = None) -> Any:
+                try:
+                    return waiting.wait(
+                        gen, self.pgconn.socket, interval=interval,
+                        timeout=timeout or ANSWER_WITHIN_S,
+                    )  # fmt: skip
+                except (psycopg.OperationalError, KeyboardInterrupt):
+                    self.pgconn.finish()
+                    raise
+
+        _ANSWERED = _AnsweredConnection
+    return _ANSWERED
+
+
+_ANSWERED: type[Any] | None = None

@@ -1,0 +1,68 @@
+"""Cutting a host's GPUs into trial slots: the `GpuShare` each slot gives its trials.
+
+A worker that owns GPUs (`trialq worker --gpus`) groups them `gpus_per_trial` at a time and
+runs `trials_per_gpu` trials on each group at once, so it has `len(gpus) / gpus_per_trial *
+trials_per_gpu` slots. Each trial's budget on each of its GPUs is `--gpu-memory-mb` where
+given, else the card shared evenly after every trial's CUDA context is set aside
+(`context_reserve_bytes` each: a context takes memory no framework cap counts).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trialq.errors import UsageError
+from trialq.trial.gpu_inventory import Gpu
+from trialq.trial.gpu_share import GpuShare
+
+MIB = 2**20
+
+CONTEXT_RESERVE_MB = 512
+"""What one process's CUDA context is taken to hold beside its framework's allocations."""
+
+
+@dataclass(frozen=True)
+class GpuPlan:
+    """How a worker cuts its GPUs: what `trialq worker` was asked for."""
+
+    trials_per_gpu: int = 1
+    gpus_per_trial: int = 1
+    gpu_memory_mb: int = 0
+    """Each trial's budget on each of its GPUs; 0: the card shared evenly."""
+    context_reserve_mb: int = CONTEXT_RESERVE_MB
+
+    def shares(self, gpus: tuple[Gpu, ...]) -> tuple[GpuShare, ...]:
+        """One share per slot: for each group of GPUs, `trials_per_gpu` of them."""
+        if not gpus:
+            raise UsageError("--gpus: NVML found no such GPU on this host")
+        if len(gpus) % self.gpus_per_trial:
+            raise UsageError(
+                f"--gpus-per-trial {self.gpus_per_trial}: {len(gpus)} GPUs do not split into "
+                f"groups of {self.gpus_per_trial}"
+            )
+        groups = [
+            gpus[i : i + self.gpus_per_trial] for i in range(0, len(gpus), self.gpus_per_trial)
+        ]
+        return tuple(self._share(group) for group in groups for _ in range(self.trials_per_gpu))
+
+    def _share(self, group: tuple[Gpu, ...]) -> GpuShare:
+        total = min(gpu.total_bytes for gpu in group)
+        return GpuShare(
+            devices=tuple(gpu.id for gpu in group),
+            budget_bytes=self.budget_bytes(group[0].id, total),
+            model=group[0].model,
+            total_bytes=total,
+        )
+
+    def budget_bytes(self, gpu_id: str, total_bytes: int) -> int:
+        """One trial's budget on a GPU of `total_bytes`; refused where it cannot fit."""
+        reserve = self.context_reserve_mb * MIB
+        room = total_bytes - self.trials_per_gpu * reserve
+        budget = self.gpu_memory_mb * MIB if self.gpu_memory_mb else room // self.trials_per_gpu
+        if budget <= 0 or budget * self.trials_per_gpu > room:
+            raise UsageError(
+                f"GPU {gpu_id} ({total_bytes // MIB} MiB) cannot hold {self.trials_per_gpu} "
+                f"trials of {budget // MIB} MiB each beside their CUDA contexts "
+                f"({self.context_reserve_mb} MiB each)"
+            )
+        return budget

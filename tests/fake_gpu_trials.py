@@ -1,0 +1,75 @@
+"""Trials for a worker on FAKE GPUs (`tests/fake_nvml.py`): each says what it holds by writing
+the fake's files, never touching a GPU. Their figures are a fake's, never a GPU's."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import fake_nvml
+
+from trialq.trial.context import TrialContext
+
+MIB = 2**20
+
+
+def records_its_gpu(params: dict[str, Any], trial: TrialContext) -> float:
+    """Holds `hold_mb` on its GPUs for `sleep_s`, and records what its slot gave it."""
+    fake_nvml.hold(int(params.get("hold_mb", 100)) * MIB)
+    record = {
+        "pid": os.getpid(),
+        "visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "budget": os.environ.get("TRIALQ_GPU_BUDGET_BYTES"),
+        "started": time.time(),
+    }
+    time.sleep(float(params.get("sleep_s", 1.0)))
+    record["ended"] = time.time()
+    Path(str(params["log"]), f"{os.getpid()}.json").write_text(json.dumps(record))
+    return 1.0
+
+
+def overruns_its_budget(params: dict[str, Any], trial: TrialContext) -> float:
+    """Holds twice its budget, as a trial whose framework cap was bypassed would."""
+    budget = int(os.environ["TRIALQ_GPU_BUDGET_BYTES"])
+    fake_nvml.hold(2 * budget)
+    time.sleep(30)
+    return 1.0
+
+
+_STRANGER = """
+import os, sys, time
+sys.path.insert(0, {tests!r})
+os.environ["CUDA_VISIBLE_DEVICES"] = {visible!r}
+import fake_nvml
+if os.fork():
+    os._exit(0)
+fake_nvml.hold({n_bytes})
+time.sleep({live_s})
+"""
+
+
+def crowded_out_once(params: dict[str, Any], trial: TrialContext) -> float:
+    """Attempt 1: a process that is no trial's fills the GPU, and the trial's next allocation
+    fails with CUDA's message while it holds a tenth of its budget. Later attempts return."""
+    if trial.attempt > 1:
+        return 1.0
+    budget = int(os.environ["TRIALQ_GPU_BUDGET_BYTES"])
+    total = int(os.environ["TRIALQ_GPU_TOTAL_BYTES"])
+    fake_nvml.hold(budget // 10)
+    _start_stranger(total - budget // 10, live_s=2.0)
+    time.sleep(0.5)  # the guard samples every 0.05 s
+    raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB (fake GPU)")
+
+
+def _start_stranger(n_bytes: int, live_s: float) -> None:
+    """A process outside the worker's tree (forked twice, in a session of its own)."""
+    code = _STRANGER.format(
+        tests=str(Path(__file__).parent), visible=os.environ["CUDA_VISIBLE_DEVICES"],
+        n_bytes=n_bytes, live_s=live_s,
+    )  # fmt: skip
+    subprocess.run([sys.executable, "-c", code], check=True, start_new_session=True)

@@ -1,0 +1,147 @@
+"""GPU slots, their routing, the per-GPU start check and the GPU memory guard, on FAKE GPUs
+(`tests/fake_nvml.py`, loaded in this process): a fake's figures, never a GPU's."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import fake_nvml
+import pytest
+
+from trialq.errors import UsageError
+from trialq.trial.gpu_guard import GpuGuard, GpuOverrun
+from trialq.trial.gpu_inventory import Gpu, Nvml
+from trialq.trial.gpu_plan import GpuPlan
+from trialq.trial.gpu_share import GpuShare
+from trialq.trial.telemetry import NeighbourCheck
+from trialq.wire.heartbeat import GpuBeat, WorkerBeat
+from trialq.wire.routing import slot_queues, trial_queue
+
+GIB, MIB = 2**30, 2**20
+CARD = Gpu("0", fake_nvml.FAKE_NAME, 16 * GIB)
+
+
+@pytest.fixture
+def nvml(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Nvml]:
+    """Two fake GPUs of 16 GiB, GPU 0 visible to this process."""
+    fake_nvml.describe(tmp_path, 2, 16 * GIB)
+    monkeypatch.setenv("FAKE_NVML_DIR", str(tmp_path))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    opened = Nvml.open("fake_nvml")
+    assert opened is not None
+    with opened:
+        yield opened
+
+
+def test_a_trial_goes_to_its_class_queue_and_a_slot_consumes_only_classes_it_holds() -> None:
+    assert trial_queue("gpu") == "gpu"
+    assert trial_queue("gpu", 1, 12000) == "gpu@1x16g"
+    assert trial_queue("gpu", 2) == "gpu@2x"
+    assert slot_queues("gpu", 1, 15 * GIB) == (
+        "gpu",
+        "gpu@1x1g",
+        "gpu@1x2g",
+        "gpu@1x4g",
+        "gpu@1x8g",
+    )
+    assert slot_queues("gpu", 2, 3 * GIB) == ("gpu@2x", "gpu@2x1g", "gpu@2x2g")
+    assert trial_queue("gpu", 1, 12000) not in slot_queues("gpu", 1, 15 * GIB)
+
+
+def test_slots_share_the_card_after_one_cuda_context_each() -> None:
+    shares = GpuPlan(trials_per_gpu=2).shares((CARD, Gpu("1", CARD.model, CARD.total_bytes)))
+
+    assert [share.devices for share in shares] == [("0",), ("0",), ("1",), ("1",)]
+    assert {share.budget_bytes for share in shares} == {(16 * GIB - 2 * 512 * MIB) // 2}
+
+
+def test_a_slot_spans_its_gpus_and_a_budget_that_cannot_fit_is_refused() -> None:
+    two = GpuPlan(gpus_per_trial=2, gpu_memory_mb=4000).shares((CARD, Gpu("1", "x", 8 * GIB)))
+
+    assert two == (GpuShare(("0", "1"), 4000 * MIB, CARD.model, 8 * GIB),)
+    with pytest.raises(UsageError, match="cannot hold 4 trials of 5000 MiB"):
+        GpuPlan(trials_per_gpu=4, gpu_memory_mb=5000).shares((CARD,))
+    with pytest.raises(UsageError, match="do not split"):
+        GpuPlan(gpus_per_trial=2).shares((CARD,))
+
+
+def test_the_start_check_refuses_a_stranger_on_the_gpu_but_not_a_neighbour(nvml: Nvml) -> None:
+    share = GpuShare(("0",), 7 * GIB, CARD.model, 16 * GIB)
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        fake_nvml.hold(2 * GIB, pid=holder.pid)  # a process a finished trial left behind
+        check = NeighbourCheck(tolerance_bytes=256 * MIB, settle_s=0.2)
+
+        refused = check.refusal(nvml, share, lambda: {os.getpid()})
+        as_neighbour = check.refusal(nvml, share, lambda: {os.getpid(), holder.pid})
+    finally:
+        holder.kill()
+        holder.wait()
+
+    assert refused is not None and f"pid {holder.pid} holds 2048 MiB on GPU 0" in refused
+    assert as_neighbour is None
+    assert check.refusal(nvml, share, lambda: {os.getpid()}) is None  # gone: clean again
+
+
+def test_the_guard_ends_its_own_overrun_and_tells_a_neighbours_oom_apart(nvml: Nvml) -> None:
+    share = GpuShare(("0",), 7 * GIB, CARD.model, 16 * GIB)
+    seen: list[GpuOverrun] = []
+    guard = GpuGuard(nvml, share, 512 * MIB, seen.append)
+    fake_nvml.hold(GIB)
+    assert not guard.neighbour_caused()  # nothing crowds it
+    neighbour = _outside_this_tree()
+    try:
+        fake_nvml.hold(14 * GIB, pid=neighbour)
+        assert guard.neighbour_caused()
+        fake_nvml.hold(8 * GIB)
+        assert guard._sample() == GpuOverrun("0", 8 * GIB, 7 * GIB + 512 * MIB)
+        assert not guard.neighbour_caused()  # it went past its own share: its own OOM
+    finally:
+        os.kill(neighbour, signal.SIGKILL)
+    assert guard.peaks() == {"0": 8 * GIB} and not seen
+
+
+def _outside_this_tree() -> int:
+    """A process that is not this one's descendant (its parent exited): a neighbour's."""
+    run = subprocess.run(
+        ["sh", "-c", "sleep 30 >/dev/null 2>&1 & echo $!"], capture_output=True, text=True
+    )
+    return int(run.stdout)
+
+
+def test_a_guard_kills_its_process_past_its_share(tmp_path: Path) -> None:
+    code = f"""
+import os, sys, time
+sys.path.insert(0, {str(Path(__file__).parent.parent)!r})
+import fake_nvml
+from trialq.trial.gpu_guard import GpuGuard
+from trialq.trial.gpu_inventory import Nvml
+from trialq.trial.gpu_share import GpuShare
+fake_nvml.describe(__import__("pathlib").Path({str(tmp_path)!r}), 1, 16 * 2**30)
+with Nvml.open("fake_nvml") as nvml, GpuGuard(nvml, GpuShare(("0",), 2**30, None, 16 * 2**30),
+                                              0, lambda o: print(o.text(), flush=True)):
+    fake_nvml.hold(2 * 2**30)
+    time.sleep(10)
+print("not stopped")
+"""
+    env = {**os.environ, "FAKE_NVML_DIR": str(tmp_path), "CUDA_VISIBLE_DEVICES": "0"}
+    started = time.monotonic()
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+
+    assert run.returncode == -9 and time.monotonic() - started < 8, run.stderr
+    assert "held 2048 MiB on GPU 0, over its share of 1024 MiB" in run.stdout
+
+
+def test_gpus_beat_under_a_key_of_their_own_so_older_readers_parse_the_heartbeat() -> None:
+    gpus = GpuBeat(("0", "1"), "FakeGPU", 16 * GIB, 8, 1, 3 * GIB + GIB // 2)
+    beat = WorkerBeat("w@h", "h", 1, ("gpu",), None, 0.0, gpus=gpus)
+
+    assert "gpus" not in beat.heartbeat_json()
+    assert WorkerBeat.from_json({**beat.heartbeat_json(), "later": 1}, gpus) == beat
+    assert gpus.describe() == "2 x FakeGPU (16.0 GiB), 8 slots of 1 GPU x 3.5 GiB"
