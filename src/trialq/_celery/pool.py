@@ -14,10 +14,11 @@ to report ready. Measured here, that was 0.2 s a trial at best and 5 s at worst 
   starts in a spare still waits for its predecessor: the device is clean when a trial
   starts, and no two trials of a worker ever share a slot. A worker that owns GPUs
   (`--gpus`) gives each slot a share of them (`GpuShare`, set on the app as
-  `trialq_gpu_shares` before the pool starts), which the slot's trials run on. A process that never initialised a
-  device hands its slot over as soon as its result is read (`hand_over_trial_slot`): its
-  exit frees nothing the next trial needs. The slots themselves (`trialq.trial.slots`) know
-  nothing of Celery; this pool creates them before it forks and removes them when it stops.
+  `trialq_gpu_shares` before the pool starts), which the slot's trials run on. A process
+  that never initialised a device hands its slot over as soon as its result is read
+  (`hand_over_trial_slot`): its exit frees nothing the next trial needs. The slots
+  themselves (`trialq.trial.slots`) know nothing of Celery; this pool creates them before it
+  forks and removes them when it stops.
 - it reaps an exited child as soon as the child can be reaped, not at the next 5 s timer,
   and without Celery's 10 ms wait on the reaped child's pipe.
 """
