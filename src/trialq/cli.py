@@ -88,6 +88,7 @@ def _raise_keyboard_interrupt(signum: int, frame: Any) -> None:
 
 def _submit_parser() -> _Parser:
     parser = _Parser(prog="submit-study", description="Run an Optuna study as a queue of trials.")
+    _add_version(parser)
     parser.add_argument("spec", type=Path, help="the study spec (TOML, or YAML with the same keys)")
     parser.add_argument("--local", action="store_true", help="start Redis and workers here")
     parser.add_argument("--workers", type=_positive_int, help="local workers (with --local)")
@@ -141,6 +142,12 @@ def _budget_overrides(args: argparse.Namespace) -> dict[str, Any]:
     """The budget flags given on the command line, as `Budget` fields."""
     given = {field: getattr(args, flag) for flag, field in _BUDGET_FLAGS.items()}
     return {field: value for field, value in given.items() if value is not None}
+
+
+def _add_version(parser: _Parser) -> None:
+    from trialq import __version__
+
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
 
 
 def _positive_int(text: str) -> int:
@@ -236,6 +243,7 @@ def _print_outcome(summary: dict[str, Any]) -> None:
 
 def _trialq_parser() -> _Parser:
     parser = _Parser(prog="trialq", description="trialq workers, status, reports and health.")
+    _add_version(parser)
     commands = parser.add_subparsers(dest="command", required=True)
     worker = commands.add_parser("worker", help="run a Celery worker: one trial per process")
     worker.add_argument("--queue", "-Q", default=DEFAULT_QUEUE)

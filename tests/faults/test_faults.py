@@ -17,9 +17,6 @@ import psutil
 import pytest
 import redis
 import sqlalchemy
-from outage_proxy import OutageProxy
-from waiting import wait_for_redis, wait_until
-
 from faults.harness import (
     FAST_HEARTBEAT,
     DriverRun,
@@ -29,6 +26,9 @@ from faults.harness import (
     grid,
     worker_parent_running_a_trial,
 )
+from outage_proxy import OutageProxy
+from waiting import wait_for_redis, wait_until
+
 from trialq.local import LocalCluster, free_port, redis_server_binary
 
 pytestmark = [pytest.mark.faults, pytest.mark.integration]
@@ -315,6 +315,7 @@ def test_a_trial_failed_from_outside_is_stopped_and_not_retried(
     stopped = run.study().trials[0]
     assert stopped.state.name == "FAIL" and stopped.user_attrs["outcome"] == "stopped"
     assert stopped.user_attrs["attempts"] == 1, "a stopped trial is not retried"
+    assert stopped.user_attrs["duration_s"] > 0 and stopped.user_attrs["worker_host"]
     assert "#0 finished from outside as FAIL" in err, err
 
 

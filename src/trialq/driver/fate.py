@@ -163,7 +163,7 @@ def _lost(known: Known, limits: Limits, detail: str) -> Action:
     preempted; anything else was its worker's loss, retried up to `max_retries`."""
     if known.oom_rss is not None:
         limit = f"memory_limit_mb = {limits.memory_limit_mb}"
-        over = f"killed at {known.oom_rss} bytes RSS, over {limit}"
+        over = f"killed at {_mib(known.oom_rss)} RSS, over {limit}"
         result = synthetic(known.request, Outcome.OOM, over)
         return Tell(result.model_copy(update={"peak_rss_bytes": known.oom_rss}))
     if known.stop_requested:
@@ -204,6 +204,12 @@ def synthetic(request: TrialRequest, outcome: Outcome, detail: str) -> TrialResu
         outcome=outcome,
         error=detail,
     )
+
+
+def _mib(n_bytes: int) -> str:
+    """`612 MiB`, or `2.5 GiB` past 10 GiB: what a person reads, not a count of bytes."""
+    mib = n_bytes / 2**20
+    return f"{mib / 1024:.1f} GiB" if mib >= 10 * 1024 else f"{mib:.0f} MiB"
 
 
 def may_be_lost(status: TaskStatus, worker_alive: bool) -> bool:

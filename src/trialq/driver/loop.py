@@ -65,6 +65,9 @@ class InFlight:
     prune_requested_at: float | None = None
     terminated: bool = False
     unseen_checks: int = 0
+    worker: str | None = None
+    """The worker running it, as its status last said (for a trial stopped from outside)."""
+    sent_at: float = field(default_factory=time.time)
 
     @property
     def address(self) -> TrialAddress:
@@ -358,6 +361,7 @@ class StudyDriver:
         queued = self._queued_ids() if self._lost_check_due() else None
         for task_id, status in statuses.items():
             entry = self.in_flight[task_id]
+            entry.worker = status.worker or entry.worker
             self._apply(entry, fate.decide(self._known(entry, status, queued), self.limits))
 
     def _queued_ids(self) -> set[str]:
@@ -365,7 +369,7 @@ class StudyDriver:
 
     def _known(self, entry: InFlight, status: TaskStatus, queued: set[str] | None) -> Known:
         """What the queue and the report channel say of one attempt in this pass."""
-        alive = self._worker_alive(status) or self.dispatcher.attempt_alive(entry.task_id)
+        alive = self._worker_alive(status)
         lost = fate.may_be_lost(status, alive)
         return Known(
             request=entry.request,
@@ -442,6 +446,8 @@ class StudyDriver:
                 "error": note,
                 "attempts": entry.request.attempt,
                 "task_id": entry.task_id,
+                "duration_s": round(time.time() - entry.sent_at, 3),
+                "worker_host": _host_of(entry.worker),
             },
         )
         self.counts.record(counted_state(frozen))
@@ -685,6 +691,11 @@ def _gpu_hours(attrs: dict[str, Any]) -> float:
     """GPU-hours a finished trial used, from its own record (duration x GPUs)."""
     duration = attrs.get("duration_s") or 0.0
     return float(duration) * int(attrs.get("gpus", 1)) / 3600
+
+
+def _host_of(worker: str | None) -> str | None:
+    """`gpu-node-3` from Celery's worker name `trialq-12@gpu-node-3`."""
+    return worker.rsplit("@", 1)[-1] if worker else None
 
 
 def _resend_attrs(resends: Resends) -> dict[str, int]:

@@ -60,17 +60,23 @@ class NoProgress:
 
 
 class RichProgress:
-    """A progress bar on stderr: done / running / failed, best value, elapsed time."""
+    """A progress bar on stderr: done / running / failed, best value, elapsed time. Where
+    stderr is no terminal (a log file, CI), a plain line each time the counts change
+    instead: a bar there is cut at 80 columns and redrawn into the file."""
 
     def __init__(self, study_name: str, n_trials: int) -> None:
+        self._console = Console(file=sys.stderr)
+        self._plain = not self._console.is_terminal
+        self._study, self._n_trials, self._last_line = study_name, n_trials, ""
         self._progress = Progress(
             TextColumn("[bold]{task.description}"),
             BarColumn(),
             TextColumn("{task.completed}/{task.total} done"),
             TextColumn("{task.fields[detail]}"),
             TimeElapsedColumn(),
-            console=Console(file=sys.stderr),
+            console=self._console,
             transient=False,
+            disable=self._plain,
         )
         self._task = self._progress.add_task(study_name, total=n_trials, detail="")
 
@@ -93,3 +99,7 @@ class RichProgress:
             f"| best {best_text}"
         )
         self._progress.update(self._task, completed=counts.finished, detail=detail)
+        line = f"{self._study}: {counts.finished}/{self._n_trials} done | {detail}"
+        if self._plain and line != self._last_line:
+            print(line, file=sys.stderr, flush=True)
+            self._last_line = line
