@@ -285,6 +285,7 @@ class StudyDriver:
             checkpoint_key=checkpoint_key,
             keep_checkpoints=self.spec.trial.keep_checkpoints,
             preemptions=preemptions,
+            framework=self.spec.trial.framework,
         )
 
     def _send(

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from trialq.errors import SpecError
 from trialq.wire.entrypoint import EntrypointRef
+from trialq.wire.frameworks import FrameworkChoice
 from trialq.wire.keys import DEFAULT_QUEUE
 
 Direction = Literal["maximize", "minimize"]
@@ -164,6 +165,9 @@ class TrialSection(_Frozen):
     """Seconds between the soft time limit (seen by the trial) and the kill of its process."""
     prune_grace_s: float = Field(default=30, gt=0)
     """Seconds a trial has to honour `should_prune()` before its process is killed."""
+    framework: FrameworkChoice = "auto"
+    """`auto` | `torch` | `tensorflow` | `jax`: whose memory settings, cap and peaks the trial
+    process uses (docs/frameworks.md); `auto` finds it from the entrypoint's imports."""
 
     @property
     def hard_limit_s(self) -> float:

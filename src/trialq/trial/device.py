@@ -1,9 +1,10 @@
 """The GPU seam: how a trial process prepares its device and measures what it used.
 
-Everything that touches a device goes through `Device`: the runner, the telemetry sampler
+Everything that reads a device goes through `Device`: the runner, the telemetry sampler
 and the worker's baseline check read nothing else, so CPU tests drive them all with
-`FakeDevice`. The real one asks TensorFlow for its allocator's peak (only if the trial
-imported TensorFlow) and NVML (nvidia-ml-py) for the memory in use and how busy the GPU is.
+`FakeDevice`. The real one, `GpuDevice`, asks NVML (nvidia-ml-py) for the memory in use and
+how busy the GPU is. What a framework sets, caps and reads (its allocator's peaks) is its
+adapter's, behind the framework seam (`trialq.trial.frameworks`): the runner asks both.
 NVML is the driver's view, not CUDA's: reading it creates no CUDA context, so the worker's
 parent may read it once before it forks trial processes, provided it lets go (`close`).
 """
@@ -11,7 +12,6 @@ parent may read it once before it forks trial processes, provided it lets go (`c
 from __future__ import annotations
 
 import os
-import sys
 from types import ModuleType
 from typing import Any, Protocol
 
@@ -31,7 +31,8 @@ class Device(Protocol):
         """Called before the entrypoint is imported; must not initialise the device."""
 
     def peak_bytes(self) -> int | None:
-        """Peak device memory the trial's allocator used, or None where there is no GPU."""
+        """Peak memory the trial's allocator used, where the device itself knows it (a fake
+        does); the real device leaves it to the framework's adapter (None)."""
 
     def memory_used_bytes(self) -> int | None:
         """Memory in use on the device now, by every process on it (NVML's `used`)."""
@@ -115,8 +116,8 @@ def _describe(nvml: ModuleType, handle: Any) -> str:
         return "GPU (unnamed)"
 
 
-class TensorFlowDevice:
-    """The real device: memory growth before first use, the allocator's peak, NVML readings."""
+class GpuDevice:
+    """The real device: NVML's readings of the trial's first visible GPU."""
 
     def __init__(self, visible: str | None = None) -> None:
         self._visible = visible if visible is not None else os.environ.get("CUDA_VISIBLE_DEVICES")
@@ -130,21 +131,12 @@ class TensorFlowDevice:
         return gpu.name if gpu is not None else "no GPU"
 
     def prepare(self) -> None:
-        """Let TensorFlow grow its GPU memory instead of taking the whole card at once."""
-        os.environ.setdefault("TF_FORCE_GPU_ALLOW_GROWTH", "true")
-        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        """Nothing of its own: each framework's settings are its adapter's
+        (`trialq.trial.frameworks`), set by the runner before the entrypoint's import."""
 
     def peak_bytes(self) -> int | None:
-        """The TensorFlow allocator's peak on GPU:0, if the trial used TensorFlow on a GPU."""
-        tf = sys.modules.get("tensorflow")
-        if tf is None:
-            return None
-        try:
-            if not tf.config.list_physical_devices("GPU"):
-                return None
-            return int(tf.config.experimental.get_memory_info("GPU:0")["peak"])
-        except (RuntimeError, ValueError, AttributeError):
-            return None
+        """None: the allocator's peaks are the framework adapter's (`gpu_peaks_bytes`)."""
+        return None
 
     def memory_used_bytes(self) -> int | None:
         """NVML's memory in use on the visible device, or None without NVML or a GPU."""
@@ -167,6 +159,10 @@ class TensorFlowDevice:
         if not self._opened:
             self._gpu, self._opened = NvmlGpu.open(self._visible), True
         return self._gpu
+
+
+TensorFlowDevice = GpuDevice
+"""The name `GpuDevice` had while it was TensorFlow's (kept for callers not yet renamed)."""
 
 
 class FakeDevice:

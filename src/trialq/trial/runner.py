@@ -11,6 +11,7 @@ import logging
 import os
 import resource
 import socket
+import sys
 import time
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
@@ -23,6 +24,8 @@ from trialq.trial import checkpoints, process_group
 from trialq.trial.artifacts import Saver, artifact_saver
 from trialq.trial.context import Reports, TrialContext
 from trialq.trial.device import Device
+from trialq.trial.frameworks.session import FrameworkRecord, FrameworkSession
+from trialq.trial.gpu_share import GpuShare
 from trialq.trial.memory_guard import MemoryGuard
 from trialq.trial.report_sender import ReportSender
 from trialq.trial.telemetry import DeviceBaseline, Sampler
@@ -45,6 +48,7 @@ def run_trial(
     checkpoint_root: Path | str | None = None,
     artifact_root: Path | str | None = None,
     own_process_group: bool = False,
+    gpu: GpuShare | None = None,
 ) -> TrialResult:
     """Run the request's entrypoint once and describe how it ended, in the trial's logs too.
 
@@ -56,7 +60,12 @@ def run_trial(
     With `own_process_group` (a worker's trial process, never a test's own), the process
     leads a process group of its own, and every other process in it is ended when the
     trial has (`trialq.trial.process_group`).
+    With `gpu` (a worker's slot), the trial's GPUs and budget are set in this process's
+    environment before anything imports CUDA; without, the environment's are read
+    (`GpuShare.from_environment`). Either goes to the framework's adapter
+    (`trialq.trial.frameworks`): its settings before the import, its cap before the first op.
     """
+    share = _gpu_share(gpu)
     group = process_group.own_group() if own_process_group else nullcontext()
     with logs.trial_context(request), group:
         _log.info("trial started entrypoint=%s", request.entrypoint)
@@ -68,8 +77,9 @@ def run_trial(
                 used = folder if ckpt is not None else None  # None: the trial runs without
                 save = _save_quietly(used) if used is not None else None
                 result = _attempt(
-                    request, channel, device, allowed_modules, timeout_errors, ckpt, saver, save
-                )
+                    request, channel, device, allowed_modules, timeout_errors, ckpt, saver, save,
+                    share,
+                )  # fmt: skip
                 if used is not None:
                     result = _settle_checkpoint(request, result, used)
         else:
@@ -87,6 +97,7 @@ def _attempt(
     checkpoint_dir: Path | None = None,
     artifact_saver: Saver | None = None,
     checkpoint_sync: Callable[[], None] | None = None,
+    share: GpuShare | None = None,
 ) -> TrialResult:
     address = TrialAddress(request.study, request.number, request.attempt)
     reports = _reports(channel)
@@ -94,14 +105,16 @@ def _attempt(
         address, request.params, reports, checkpoint_dir, artifact_saver, checkpoint_sync
     )
     started = time.monotonic()
+    framework = FrameworkSession(request.framework, share)
     try:
         with Sampler(device) as sampler, _memory_cap(request, address, channel):
             outcome, metrics, error = _outcome(
-                request, context, device, allowed_modules, timeout_errors
+                request, context, device, allowed_modules, timeout_errors, framework
             )
     finally:
         _flush(reports, timeout_errors)
     gpu = sampler.result()
+    record = framework.record()
     dropped = reports.dropped if isinstance(reports, ReportSender) else 0
     return TrialResult(
         study=request.study,
@@ -113,7 +126,13 @@ def _attempt(
         worker_host=socket.gethostname(),
         duration_s=round(time.monotonic() - started, 6),
         peak_rss_bytes=_peak_rss_bytes(),
-        gpu_peak_bytes=device.peak_bytes(),
+        gpu_peak_bytes=_largest_peak(record, device),
+        framework=record.framework,
+        gpu_peaks_bytes=record.peaks,
+        gpu_budget_bytes=record.budget_bytes,
+        gpu_cap_applied=record.cap_applied,
+        gpu_cap_note=record.cap_note,
+        gpu_model=record.model,
         gpu_memory_used_peak_bytes=gpu.memory_used_peak_bytes,
         gpu_utilization_mean=gpu.utilization_mean,
         error=error,
@@ -130,10 +149,11 @@ def _outcome(
     device: Device,
     allowed_modules: tuple[str, ...],
     timeout_errors: tuple[type[BaseException], ...],
+    framework: FrameworkSession,
 ) -> tuple[Outcome, dict[str, float], str | None]:
     """Every way the entrypoint can end, as (outcome, metrics, error)."""
     try:
-        metrics = _call_entrypoint(request, context, device, allowed_modules)
+        metrics = _call_entrypoint(request, context, device, allowed_modules, framework)
     except TrialPruned:
         return Outcome.PRUNED, {}, None
     except timeout_errors:
@@ -207,6 +227,20 @@ def _settle_checkpoint(
     return result.model_copy(update={"checkpoint_removed": removed})
 
 
+def _gpu_share(gpu: GpuShare | None) -> GpuShare | None:
+    """The trial's GPUs: the worker's share, set in this process's environment (before any
+    import of CUDA, and for the trial's own children), else what the environment carries."""
+    if gpu is None:
+        return GpuShare.from_environment(os.environ)
+    os.environ.update(gpu.environment())
+    return gpu
+
+
+def _largest_peak(record: FrameworkRecord, device: Device) -> int | None:
+    """`gpu_peak_bytes`: the largest of the framework's peaks, else the device's own reading."""
+    return record.largest_peak if record.peaks else device.peak_bytes()
+
+
 def _refused(request: TrialRequest, reason: str) -> TrialResult:
     """The result of a trial this process would not run: nothing was measured."""
     return TrialResult(
@@ -237,7 +271,9 @@ def _call_entrypoint(
     context: TrialContext,
     device: Device,
     allowed_modules: tuple[str, ...],
+    framework: FrameworkSession,
 ) -> dict[str, float]:
+    """Allowed, then: the framework's environment, the import, its cap, the call."""
     entrypoint = request.entrypoint
     if not entrypoint.is_allowed(allowed_modules):
         raise EntrypointRefused(
@@ -246,7 +282,10 @@ def _call_entrypoint(
         )
     device.prepare()
     with importable_from(*(Path(p) for p in request.search_paths)):
+        framework.before_import(entrypoint.source(Path.cwd()))
+        before = set(sys.modules)
         train = _load(entrypoint)
+    framework.after_import(before)
     returned = _call(train, request.params, context)
     return numeric_metrics(returned)
 

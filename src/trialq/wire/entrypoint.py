@@ -94,6 +94,15 @@ class Entrypoint:
         if kind == "value":
             raise EntrypointError(f"{where}: {self} is not callable")
 
+    def source(self, base: Path) -> str | None:
+        """The target's source text, read without running it; None where there is none to
+        read (a compiled module, a missing file): what `[trial] framework = "auto"` scans."""
+        try:
+            path = self._source_path(base, "entrypoint")
+            return path.read_text(encoding="utf-8") if path is not None else None
+        except (EntrypointError, OSError, UnicodeDecodeError):
+            return None
+
     def _source_path(self, base: Path, where: str) -> Path | None:
         if self.is_file:
             path = (base / self.target).resolve()

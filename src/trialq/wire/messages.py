@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, model_validator
 
 from trialq.wire.entrypoint import EntrypointRef
+from trialq.wire.frameworks import FrameworkChoice
 
 CHECKPOINT_KEY_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,199}/[0-9]{1,12}-[0-9a-f]{6,32}$"
 """`<study>/<number>-<token>`: a path under a worker's checkpoint root, never outside it
@@ -131,6 +132,9 @@ class TrialRequest(_Message):
     """The spec's `[trial] keep_checkpoints`: the final attempt leaves its folder in place."""
     preemptions: int = Field(default=0, ge=0)
     """How many earlier attempts of this trial were preempted (the driver's count)."""
+    framework: FrameworkChoice = "auto"
+    """The spec's `[trial] framework`: whose environment, memory cap and peaks the trial
+    process sets and reads (`trialq.trial.frameworks`); `auto` finds it from the entrypoint."""
 
     @model_validator(mode="after")
     def _killed_after_the_soft_limit(self) -> TrialRequest:
@@ -155,6 +159,20 @@ class TrialResult(_Message):
     duration_s: float = 0.0
     peak_rss_bytes: int | None = None
     gpu_peak_bytes: int | None = None
+    """The largest of `gpu_peaks_bytes` (before frameworks: TensorFlow's peak on GPU:0)."""
+    framework: str | None = None
+    """The framework the trial ran on (`torch`, `tensorflow`, `jax`), or None if none found."""
+    gpu_peaks_bytes: tuple[int, ...] | None = None
+    """The framework allocator's peak on each of the trial's GPUs, in CUDA's order (None
+    without a GPU, or before the framework's runtime ran). The CUDA context is not in it."""
+    gpu_budget_bytes: int | None = None
+    """What the trial might hold on each of its GPUs (its share), or None: no budget."""
+    gpu_cap_applied: bool = False
+    """Whether the framework was held to the budget before the trial's first op."""
+    gpu_cap_note: str | None = None
+    """Why the cap was not applied (or came late in part), in words; None when it held."""
+    gpu_model: str | None = None
+    """The model of the trial's GPUs, as NVML names it, where the worker knew it."""
     gpu_memory_used_peak_bytes: int | None = None
     """Peak of NVML's memory in use on the trial's device (None without NVML)."""
     gpu_utilization_mean: float | None = None

@@ -1,0 +1,67 @@
+"""The framework seam: what trialq does for each framework around a trial, in three moments.
+
+An `Adapter` (one module per framework: `pytorch`, `tensorflow`, `jax`) gives the variables
+to set before the framework's runtime starts (`environment`), applies the trial's memory cap
+after the import and before the first op (`cap`), reads the peaks per GPU after the trial
+(`peaks`), and says, without starting anything, whether its runtime has started in this
+process (`started`: the worker parent's fork guard asks it too). No adapter imports its
+framework at module level: importing this package costs nothing.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+from trialq.trial.gpu_share import GpuShare
+from trialq.wire.frameworks import NAMES
+
+MIB = 2**20
+
+
+@dataclass(frozen=True)
+class Cap:
+    """Whether a trial's memory cap holds, and why not where it does not."""
+
+    applied: bool
+    note: str | None = None
+
+
+class Adapter(Protocol):
+    """What trialq does for one framework in a trial process."""
+
+    name: str
+
+    def environment(self, share: GpuShare | None, env: Mapping[str, str]) -> dict[str, str | None]:
+        """Variables to set (None: to remove) before the runtime starts; `env` is the
+        process's environment now (a variable the user set is theirs)."""
+
+    def started(self) -> str | None:
+        """Why this process holds the framework's device state (its runtime started), or
+        None; never starts anything, never imports the framework."""
+
+    def cap(self, share: GpuShare, environment_in_time: bool) -> Cap:
+        """Hold the trial to `share.budget_bytes` on each of its GPUs, before its first op;
+        `environment_in_time`: the variables were set before the runtime started."""
+
+    def peaks(self) -> tuple[int, ...] | None:
+        """The allocator's peak on each visible GPU, or None where there is none to read."""
+
+
+def adapter(name: str) -> Adapter:
+    """The adapter of a framework trialq knows (`trialq.wire.frameworks.NAMES`)."""
+    if name not in NAMES:
+        raise ValueError(f"unknown framework {name!r}; known: {', '.join(NAMES)}")
+    module = importlib.import_module(f"{__name__}.{_MODULES[name]}")
+    found: Adapter = module.ADAPTER
+    return found
+
+
+def adapters() -> tuple[Adapter, ...]:
+    """Every framework's adapter (the fork guard asks each)."""
+    return tuple(adapter(name) for name in NAMES)
+
+
+_MODULES = {"torch": "pytorch", "tensorflow": "tensorflow", "jax": "jax"}
