@@ -17,6 +17,9 @@ import psutil
 import pytest
 import redis
 import sqlalchemy
+from outage_proxy import OutageProxy
+from waiting import wait_for_redis, wait_until
+
 from faults.harness import (
     FAST_HEARTBEAT,
     DriverRun,
@@ -26,9 +29,6 @@ from faults.harness import (
     grid,
     worker_parent_running_a_trial,
 )
-from outage_proxy import OutageProxy
-from waiting import wait_for_redis, wait_until
-
 from trialq.local import LocalCluster, free_port, redis_server_binary
 
 pytestmark = [pytest.mark.faults, pytest.mark.integration]
