@@ -60,6 +60,7 @@ WAITING = TaskPhase.WAITING
 LOST = Outcome.WORKER_LOST
 USED_UP = Resends(retries=2)
 PREEMPTED_OUT = Resends(preemptions=3)
+CROWDED_OUT = _result(Outcome.OOM, oom_caused_by_neighbour=True)
 
 # (case, known, expected action type, expected outcome told or resends after)
 TABLE: list[tuple[str, Known, type, Any]] = [
@@ -89,6 +90,18 @@ TABLE: list[tuple[str, Known, type, Any]] = [
         _known(FINISHED, result=_result(Outcome.REFUSED, error="not allowed"), resends=USED_UP),
         Resend,
         USED_UP,
+    ),
+    (
+        "oom caused by a neighbour: re-sent, no retry used",
+        _known(FINISHED, result=CROWDED_OUT, resends=USED_UP),
+        Resend,
+        Resends(retries=2, preemptions=1),
+    ),
+    (
+        "oom caused by neighbours past max_preemptions: error, never oom",
+        _known(FINISHED, result=CROWDED_OUT, resends=PREEMPTED_OUT),
+        Tell,
+        Outcome.ERROR,
     ),
     (
         "preempted: a preemption, not a retry",

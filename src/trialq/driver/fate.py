@@ -119,6 +119,8 @@ def _finished(known: Known, limits: Limits) -> Action:
         return _lost(known, limits, result.error or "the worker's device was not clean")
     if result.outcome is Outcome.PREEMPTED:
         return _preempted(known, limits, result)
+    if result.outcome is Outcome.OOM and result.oom_caused_by_neighbour:
+        return _crowded_out(known, limits, result)
     if result.outcome is Outcome.REFUSED:  # not the trial's doing: another worker may take it
         reason = result.error or "refused by its worker"
         return Resend(known.resends, reason, new_attempt=False, refusal=reason)
@@ -193,6 +195,19 @@ def _preempted(known: Known, limits: Limits, result: TrialResult) -> Action:
         return Resend(resends, reason, keep_artifacts=result)
     given_up = f"gave up after {known.resends.preemptions} preemptions"
     return Tell(result.model_copy(update={"error": f"{result.error or 'preempted'}; {given_up}"}))
+
+
+def _crowded_out(known: Known, limits: Limits, result: TrialResult) -> Action:
+    """Out of memory on a GPU its neighbours filled while it kept within its budget: not the
+    trial's doing, so re-sent using no retry (counted with the preemptions, bounded by
+    `max_preemptions`); past that, told `error`, never `oom`, which teaches a sampler
+    (`oom_as_constraint`) that the params do not fit."""
+    if known.resends.preemptions < limits.max_preemptions:
+        resends = replace(known.resends, preemptions=known.resends.preemptions + 1)
+        return Resend(resends, f"re-sent: a neighbour's out of memory: {result.error or ''}")
+    given_up = f"out of memory caused by neighbours, {known.resends.preemptions} times"
+    update = {"outcome": Outcome.ERROR, "error": f"{given_up}: {result.error or ''}"}
+    return Tell(result.model_copy(update=update))
 
 
 def synthetic(request: TrialRequest, outcome: Outcome, detail: str) -> TrialResult:
