@@ -4,8 +4,8 @@ the driver, and summarise. Everything that can be refused is refused before a tr
 
 from __future__ import annotations
 
-import shutil
 import os
+import shutil
 import sys
 from collections.abc import Mapping
 from contextlib import ExitStack
@@ -18,7 +18,7 @@ import optuna
 
 from trialq._celery.dispatcher import CeleryDispatcher
 from trialq.driver.drift import check_spec_against_study
-from trialq.driver.loop import DriverOptions, StudyDriver, budget_for, search_paths_for
+from trialq.driver.loop import DriverOptions, StudyDriver, budget_for
 from trialq.driver.progress import NoProgress, ProgressSink, RichProgress
 from trialq.driver.search_space import load_search_space
 from trialq.driver.spec import StudySpec, load_spec
@@ -96,7 +96,6 @@ def submit_study(
             )
         options = DriverOptions(
             max_in_flight=spec.study.max_in_flight or max(1, workers),
-            search_paths=search_paths_for(spec) if local_workers is not None else (),
             outage_limit_s=outage_limit_s or spec.study.outage_limit_s,
         )
         budget = replace(budget_for(spec, target), **(budget_overrides or {}))
@@ -142,6 +141,12 @@ def local_logs(spec: StudySpec, now: datetime | None = None) -> Path:
     for old in earlier[: max(0, len(earlier) - (LOCAL_RUNS_KEPT - 1))]:
         shutil.rmtree(old, ignore_errors=True)
     return root / stamp
+
+
+def search_paths_for(spec: StudySpec) -> tuple[str, ...]:
+    """Folders a local worker imports entrypoints from (its own `TRIALQ_IMPORT_PATHS`, never
+    a message's): the spec's and the current directory."""
+    return (str(spec.directory), str(Path.cwd()))
 
 
 def local_folders(spec: StudySpec, settings: Settings) -> dict[str, str]:

@@ -18,7 +18,6 @@ import uuid
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import optuna
@@ -97,7 +96,6 @@ class DriverOptions:
     """How often the storage is asked whether someone else finished a trial in flight."""
     outage_limit_s: float = 300.0
     """How long a lost broker or storage is waited for before the run gives up (exit 3)."""
-    search_paths: tuple[str, ...] = ()
     clock: Callable[[], float] = time.monotonic
     """The loop's one clock: pacing, deadlines and prune grace all read it."""
 
@@ -281,7 +279,6 @@ class StudyDriver:
             timeout_s=self.spec.trial.timeout_s,
             hard_limit_s=self.spec.trial.hard_limit_s,
             memory_limit_mb=self.spec.trial.memory_limit_mb,
-            search_paths=self.options.search_paths,
             checkpoint_key=checkpoint_key,
             keep_checkpoints=self.spec.trial.keep_checkpoints,
             preemptions=preemptions,
@@ -715,8 +712,3 @@ def _recorded_resends(frozen: FrozenTrial) -> Resends:
 
 def _failed(future: Future[None]) -> bool:
     return future.done() and future.exception() is not None
-
-
-def search_paths_for(spec: StudySpec) -> tuple[str, ...]:
-    """Folders a local worker needs on sys.path: the spec's and the current directory."""
-    return (str(spec.directory), str(Path.cwd()))
