@@ -41,7 +41,9 @@ SCHEMAS = Path(__file__).resolve().parent / "schemas"
 GPU_OVERLAYS = ("gke", "eks", "aks")
 # Each cloud's overlay with its components/spot-<cloud> (GPU workers on spot capacity).
 SPOT_OVERLAYS = {f"{cloud}-spot": cloud for cloud in GPU_OVERLAYS}
-OVERLAYS = (*GPU_OVERLAYS, "cpu", *SPOT_OVERLAYS)
+# Workers per GPU class, chosen by GPU Feature Discovery's labels (k8s/gpu-classes/).
+CLASS_OVERLAY = "gpu-classes"
+OVERLAYS = (*GPU_OVERLAYS, "cpu", *SPOT_OVERLAYS, CLASS_OVERLAY)
 TARGETS = ("base", *(f"overlays/{name}" for name in OVERLAYS))
 # Where the worker's grace period must outlast a whole trial (spot ones follow the notice).
 ON_DEMAND_TARGETS = tuple(t for t in TARGETS if t.removeprefix("overlays/") not in SPOT_OVERLAYS)
@@ -181,10 +183,46 @@ def command_line(container: Obj) -> list[str]:
     return [*container.get("command", []), *container.get("args", [])]
 
 
-def worker_queue(objs: list[Obj]) -> str:
-    queue = option(command_line(worker_container(objs)), "--queue", "-Q")
+def expand(value: str, env: dict[str, str]) -> str:
+    """Kubernetes' $(VAR) expansion of a container's args from its environment."""
+    match = ENV_REFERENCE.match(value)
+    return env[match.group(1)] if match else value
+
+
+def worker_args(deployment: Obj, objs: list[Obj]) -> list[str]:
+    """A worker Deployment's command line as its container runs it ($(VAR) expanded)."""
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    env = env_values(container, objs)
+    return [expand(arg, env) for arg in command_line(container)]
+
+
+def worker_deployments(objs: list[Obj]) -> list[Obj]:
+    return [
+        o
+        for o in find_all(objs, "Deployment")
+        if o["spec"]["template"]["metadata"]["labels"].get("app.kubernetes.io/name") == WORKER
+    ]
+
+
+def deployment_queue(deployment: Obj, objs: list[Obj]) -> str:
+    queue = option(worker_args(deployment, objs), "--queue", "-Q")
     assert queue, "the worker's command line names no queue (--queue)"
     return queue
+
+
+def worker_queue(objs: list[Obj]) -> str:
+    return deployment_queue(find(objs, "Deployment", WORKER), objs)
+
+
+def pod_slots(deployment: Obj, objs: list[Obj]) -> int:
+    """The trials one pod of a worker Deployment runs at once: its GPUs (or MIG instances)
+    times its trials per GPU; one for a CPU worker's --concurrency 1."""
+    args = worker_args(deployment, objs)
+    if option(args, "--gpus") is None:
+        return int(option(args, "--concurrency", "-c") or 1)
+    limits = deployment["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
+    gpus = sum(int(v) for k, v in limits.items() if k.startswith("nvidia.com/"))
+    return gpus * int(option(args, "--trials-per-gpu") or 1)
 
 
 def triggers_by_name(scaled_object: Obj) -> dict[str, Obj]:
@@ -298,7 +336,8 @@ def test_every_object_validates_offline(target: str) -> None:
     objs = render(target)
     counts = validate_all(objs)
     assert counts["kubernetes"] + counts["keda"] == len(objs)
-    assert counts["keda"] == 2, "expected the ScaledObject and its TriggerAuthentication"
+    workers = len(worker_deployments(objs))
+    assert counts["keda"] == 1 + workers, "a ScaledObject a worker, one TriggerAuthentication"
     print(
         f"{target}: {len(objs)} objects validated: {counts['kubernetes']} with "
         f"kubernetes-validate --strict against {', '.join(KUBERNETES_VERSIONS)}, "
@@ -394,6 +433,9 @@ def test_cpu_overlay_needs_no_gpu() -> None:
     worker = worker_container(objs)
     assert worker["image"].endswith("-cpu")
     assert "TF_FORCE_GPU_ALLOW_GROWTH" not in env_values(worker, objs)
+    args = worker_args(find(objs, "Deployment", WORKER), objs)
+    assert option(args, "--gpus") is None and option(args, "--trials-per-gpu") is None
+    assert option(args, "--concurrency", "-c") == "1"
 
 
 # --- one trial per process; grace periods that outlast a trial ------------------------------
@@ -402,10 +444,14 @@ def test_cpu_overlay_needs_no_gpu() -> None:
 @pytest.mark.parametrize("target", TARGETS)
 def test_workers_run_one_trial_per_process_on_the_spec_queue(target: str) -> None:
     objs = render(target)
-    args = command_line(worker_container(objs))
-    assert args[:2] == ["trialq", "worker"]
-    assert option(args, "--concurrency", "-c") == "1"
-    assert option(args, "--max-tasks-per-child") in (None, "1")
+    for deployment in worker_deployments(objs):
+        args = worker_args(deployment, objs)
+        assert args[:2] == ["trialq", "worker"]
+        assert option(args, "--max-tasks-per-child") == "1"
+        if target != "overlays/cpu":  # every GPU the pod has, slots on each
+            assert option(args, "--gpus") == "all"
+            assert int(option(args, "--trials-per-gpu") or 0) >= 1
+            assert option(args, "--concurrency", "-c") is None, "the slots set concurrency"
     assert worker_queue(objs) == study_spec(objs)["trial"].get("queue", "gpu")
 
 
@@ -544,7 +590,7 @@ def test_scale_down_counts_running_trials(target: str) -> None:
     modifiers = spec["advanced"]["scalingModifiers"]
     terms = [term.strip() for term in modifiers["formula"].split("+")]
     assert sorted(terms) == ["queued", "running"], modifiers["formula"]
-    assert float(modifiers["target"]) == 1.0  # one trial a worker
+    assert float(modifiers["target"]) == 1.0  # one trial slot a pod
     assert modifiers.get("metricType", "AverageValue") == "AverageValue"
 
 
@@ -1069,3 +1115,232 @@ def test_spot_component_changes_only_the_worker_placement_and_grace(overlay: str
     env = pod_spec["containers"][0]["env"]
     env[:] = [e for e in env if e["name"] != "TRIALQ_STOP_GRACE_S"]
     assert worker == expected
+
+
+# --- GPU classes (k8s/gpu-classes/, overlays/gpu-classes): a worker and a queue per class ----
+
+GFD_LABELS = {"nvidia.com/gpu.product", "nvidia.com/gpu.memory"}
+# Nodes as GPU Feature Discovery labels them (memory in MiB).
+NODES = {
+    "h100": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3", "nvidia.com/gpu.memory": "81559"},
+    "a100-40": {
+        "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB",
+        "nvidia.com/gpu.memory": "40960",
+    },
+    "l4": {"nvidia.com/gpu.product": "NVIDIA-L4", "nvidia.com/gpu.memory": "23034"},
+    "t4": {"nvidia.com/gpu.product": "Tesla-T4", "nvidia.com/gpu.memory": "15360"},
+}
+CLASS_NODES = {"trialq-worker-large": {"h100", "a100-40"}, "trialq-worker-l4": {"l4"}}
+
+
+def schedules_on(pod_spec: Obj, labels: dict[str, str]) -> bool:
+    """Whether a pod's nodeSelector and required node affinity admit a node with these labels
+    (In, NotIn, Exists, DoesNotExist, Gt, Lt, as the scheduler reads them)."""
+    if any(labels.get(k) != v for k, v in pod_spec.get("nodeSelector", {}).items()):
+        return False
+    required = (
+        pod_spec.get("affinity", {})
+        .get("nodeAffinity", {})
+        .get("requiredDuringSchedulingIgnoredDuringExecution")
+    )
+    if not required:
+        return True
+
+    def term_matches(term: Obj) -> bool:
+        for expression in term.get("matchExpressions", []):
+            key, operator, values = (
+                expression["key"],
+                expression["operator"],
+                expression.get("values", []),
+            )
+            if operator in ("Gt", "Lt"):
+                if key not in labels or not labels[key].isdigit():
+                    return False
+                number, bound = int(labels[key]), int(values[0])
+                if not (number > bound if operator == "Gt" else number < bound):
+                    return False
+            elif not selector_matches({"matchExpressions": [expression]}, labels):
+                return False
+        return True
+
+    return any(term_matches(term) for term in required["nodeSelectorTerms"])
+
+
+def test_node_affinity_reading_follows_the_scheduler() -> None:
+    gt = {"key": "nvidia.com/gpu.memory", "operator": "Gt", "values": ["40000"]}
+    spec = {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [gt]}]}}}}  # fmt: skip
+    assert schedules_on(spec, NODES["h100"]) and not schedules_on(spec, NODES["l4"])
+    assert not schedules_on(spec, {})
+    assert schedules_on({"nodeSelector": {"a": "b"}}, {"a": "b"})
+    assert not schedules_on({"nodeSelector": {"a": "b"}}, {"a": "c"})
+
+
+def test_each_gpu_class_selects_its_nodes_by_gpu_feature_discovery_labels() -> None:
+    objs = render(f"overlays/{CLASS_OVERLAY}")
+    classes = {d["metadata"]["name"]: d for d in worker_deployments(objs)}
+    assert set(classes) == {WORKER, *CLASS_NODES}
+    for name, nodes in CLASS_NODES.items():
+        pod_spec = classes[name]["spec"]["template"]["spec"]
+        keys = set(pod_spec.get("nodeSelector", {})) | {
+            e["key"]
+            for term in pod_spec.get("affinity", {})
+            .get("nodeAffinity", {})
+            .get("requiredDuringSchedulingIgnoredDuringExecution", {})
+            .get("nodeSelectorTerms", [])
+            for e in term.get("matchExpressions", [])
+        }
+        assert keys and keys <= GFD_LABELS, f"{name} selects by {keys}"
+        admitted = {node for node, labels in NODES.items() if schedules_on(pod_spec, labels)}
+        assert admitted == nodes, name
+        # Every class keeps the base's GPU toleration and request.
+        assert any(t.get("key") == "nvidia.com/gpu" for t in pod_spec["tolerations"])
+        assert str(pod_spec["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]) == "1"
+
+
+def test_each_queue_has_one_worker_and_one_scaled_object() -> None:
+    objs = render(f"overlays/{CLASS_OVERLAY}")
+    deployments = {d["metadata"]["name"]: d for d in worker_deployments(objs)}
+    queues = {name: deployment_queue(d, objs) for name, d in deployments.items()}
+    assert len(set(queues.values())) == len(queues), f"two workers share a queue: {queues}"
+    assert queues[WORKER] == "gpu"
+    scaled = find_all(objs, "ScaledObject")
+    assert sorted(s["spec"]["scaleTargetRef"]["name"] for s in scaled) == sorted(deployments)
+    for scaled_object in scaled:
+        target = scaled_object["spec"]["scaleTargetRef"]["name"]
+        triggers = triggers_by_name(scaled_object)
+        assert triggers["queued"]["type"] == "redis"
+        assert triggers["queued"]["metadata"]["listName"] == queues[target], target
+        assert triggers["running"]["metadata"]["listName"] == "unacked"
+        # Pods wanted = trials / the slots of one pod.
+        slots = pod_slots(deployments[target], objs)
+        assert float(scaled_object["spec"]["advanced"]["scalingModifiers"]["target"]) == slots
+    assert {n: pod_slots(d, objs) for n, d in deployments.items()} == {
+        WORKER: 1,
+        "trialq-worker-large": 4,
+        "trialq-worker-l4": 2,
+    }
+
+
+def test_gpu_classes_never_share_pods_or_disruption_budgets() -> None:
+    """Overlapping selectors: Deployments fight over pods, and a pod under two budgets cannot
+    be evicted at all."""
+    objs = render(f"overlays/{CLASS_OVERLAY}")
+    deployments = worker_deployments(objs)
+    budgets = find_all(objs, "PodDisruptionBudget")
+    for deployment in deployments:
+        labels = deployment["spec"]["template"]["metadata"]["labels"]
+        owners = [d for d in deployments if selector_matches(d["spec"]["selector"], labels)]
+        assert owners == [deployment], deployment["metadata"]["name"]
+        covering = [b for b in budgets if selector_matches(b["spec"]["selector"], labels)]
+        assert len(covering) == 1, deployment["metadata"]["name"]
+        # Still a trialq worker for the NetworkPolicy that lets workers reach Redis.
+        assert may_reach(policy_for(objs, "redis"), labels)
+        assert not may_reach(policy_for(objs, "postgres"), labels)
+
+
+def test_gpu_classes_change_nothing_but_their_workers() -> None:
+    base = {(o["kind"], o["metadata"]["name"]): o for o in render("base")}
+    classes = {(o["kind"], o["metadata"]["name"]): o for o in render(f"overlays/{CLASS_OVERLAY}")}
+    for key, obj in base.items():
+        assert classes[key] == obj, key
+    added = {key for key in classes if key not in base}
+    assert {kind for kind, _ in added} == {"Deployment", "PodDisruptionBudget", "ScaledObject"}
+
+
+# --- sharing a GPU through the device plugin (components/gpu-sharing-*) ---------------------
+
+SHARING = ("time-slicing", "mps", "mig")
+DEVICE_PLUGIN_CONFIG = "trialq-device-plugin"
+SMALLEST_CARD_MIB = 24576  # the time-slicing budget is set for a 24 GB card (L4, A10)
+CUDA_CONTEXT_MIB = 500  # about what one process's CUDA context takes on the card
+
+
+@cache
+def _render_sharing(mode: str) -> tuple[Obj, ...]:
+    """overlays/gpu-classes with components/gpu-sharing-<mode>, from a copy of k8s/."""
+    import tempfile
+
+    root = Path(tempfile.mkdtemp(prefix=f"k8s-{mode}-")) / "k8s"
+    shutil.copytree(K8S, root)
+    overlay = root / "overlays" / f"sharing-{mode}"
+    overlay.mkdir()
+    (overlay / "kustomization.yaml").write_text(
+        f"resources: [../{CLASS_OVERLAY}]\ncomponents: [../../components/gpu-sharing-{mode}]\n"
+    )
+    return tuple(render_dir(overlay))
+
+
+def render_sharing(mode: str) -> list[Obj]:
+    return copy.deepcopy(list(_render_sharing(mode)))
+
+
+def device_plugin_config(objs: list[Obj]) -> tuple[Obj, str, dict[str, Any]]:
+    """The device plugin's ConfigMap, its one key, and that key's configuration."""
+    config_map = find(objs, "ConfigMap", DEVICE_PLUGIN_CONFIG)
+    ((key, text),) = config_map["data"].items()
+    config: dict[str, Any] = yaml.safe_load(text)
+    return config_map, key, config
+
+
+@pytest.mark.parametrize("mode", SHARING)
+def test_sharing_components_render_and_validate(mode: str) -> None:
+    objs = render_sharing(mode)
+    counts = validate_all(objs)
+    assert counts["kubernetes"] + counts["keda"] == len(objs)
+    config_map, key, config = device_plugin_config(objs)
+    # The device plugin's own ConfigMap, in its namespace; everything else stays in trialq's.
+    assert config_map["metadata"]["namespace"] == "gpu-operator"
+    assert key == {"time-slicing": "time-slicing", "mps": "mps", "mig": "mig-mixed"}[mode]
+    assert config["version"] == "v1"
+    for obj in objs:
+        if obj is not config_map and obj["kind"] != "Namespace":
+            assert obj["metadata"]["namespace"] == NAMESPACE, obj["metadata"]["name"]
+    check_secrets([o for o in objs if o is not config_map])
+    for scaled_object in find_all(objs, "ScaledObject"):
+        # One trial a pod: a pod is a slice of a GPU now.
+        assert float(scaled_object["spec"]["advanced"]["scalingModifiers"]["target"]) == 1.0
+    for deployment in worker_deployments(objs):
+        assert pod_slots(deployment, objs) == 1, deployment["metadata"]["name"]
+
+
+def test_time_slicing_gives_each_pod_a_fixed_share_of_the_card() -> None:
+    objs = render_sharing("time-slicing")
+    _, _, config = device_plugin_config(objs)
+    assert config["flags"]["migStrategy"] == "none"
+    slicing = config["sharing"]["timeSlicing"]
+    assert slicing["renameByDefault"] is False, "the workers keep asking for nvidia.com/gpu"
+    assert slicing["failRequestsGreaterThanOne"] is True
+    ((resource,),) = [slicing["resources"]]
+    assert resource["name"] == "nvidia.com/gpu" and resource["replicas"] >= 2
+    for deployment in worker_deployments(objs):
+        # Time-slicing isolates no memory: each worker is told its share.
+        budget = int(option(worker_args(deployment, objs), "--gpu-memory-mb") or 0)
+        assert budget > 0, deployment["metadata"]["name"]
+        assert resource["replicas"] * (budget + CUDA_CONTEXT_MIB) <= SMALLEST_CARD_MIB
+
+
+def test_mps_shares_by_replicas_and_the_readme_states_its_fault_domain() -> None:
+    objs = render_sharing("mps")
+    _, _, config = device_plugin_config(objs)
+    ((resource,),) = [config["sharing"]["mps"]["resources"]]
+    assert resource["name"] == "nvidia.com/gpu" and resource["replicas"] >= 2
+    for deployment in worker_deployments(objs):
+        # MPS enforces each pod's memory itself; the worker budgets within what it sees.
+        assert option(worker_args(deployment, objs), "--gpu-memory-mb") is None
+    for text in (
+        (K8S / "README.md").read_text(encoding="utf-8"),
+        (K8S / "components" / "gpu-sharing-mps" / "kustomization.yaml").read_text(),
+    ):
+        assert "shared fault domain" in text.lower()
+
+
+def test_mig_workers_request_a_mig_instance_not_a_gpu() -> None:
+    objs = render_sharing("mig")
+    _, _, config = device_plugin_config(objs)
+    assert config["flags"]["migStrategy"] == "mixed"
+    for deployment in worker_deployments(objs):
+        limits = deployment["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
+        assert "nvidia.com/gpu" not in limits
+        assert str(limits["nvidia.com/mig-1g.10gb"]) == "1"
+        assert re.fullmatch(r"nvidia\.com/mig-\d+g\.\d+gb", next(k for k in limits if "mig" in k))
