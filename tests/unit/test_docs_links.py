@@ -18,6 +18,7 @@ DOCS = sorted(
         ROOT / "docker" / "README.md",
         ROOT / "k8s" / "README.md",
         *(ROOT / "docs").glob("*.md"),
+        *(ROOT / "docs" / "frameworks").glob("*.md"),
     ]
 )
 README_MAX_LINES = 200
