@@ -1,0 +1,171 @@
+"""A real GPU worker for `python -m benchmarks.gpu`: an embedded Redis, one
+`trialq worker --gpus all --trials-per-gpu N` process, studies run against it from this
+process, and NVML sampled beside them."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import redis
+
+from trialq.local import LocalCluster
+from trialq.settings import Settings
+from trialq.submit import submit_study
+from trialq.wire import heartbeat
+
+ROOT = Path(__file__).resolve().parents[1]
+STARTUP_S = 120.0
+METRIC = {
+    "small": ("val_accuracy", "maximize"),
+    "mid": ("loss", "minimize"),
+    "hog_or_train": ("val_accuracy", "maximize"),
+    "jax_over_budget": ("value", "maximize"),
+    "tiny_torch": ("value", "maximize"),
+}
+"""Each benchmark trial's objective, as its spec names it."""
+
+
+class GpuWorker:
+    """An embedded Redis and one worker owning every GPU with `per_gpu` trial slots each."""
+
+    def __init__(self, per_gpu: int, env: dict[str, str] | None = None) -> None:
+        self.per_gpu = per_gpu
+        self.folder = Path(tempfile.mkdtemp(prefix="trialq-gpu-bench-"))
+        self._redis = LocalCluster(0, "gpu", (), log_dir=self.folder / "logs")
+        self._env = env or {}
+        self._process: subprocess.Popen[bytes] | None = None
+        self.gpu_count = _gpu_count()
+
+    def __enter__(self) -> GpuWorker:
+        self._redis.__enter__()
+        command = [
+            sys.executable, "-m", "trialq", "worker", "--queue", "gpu",
+            "--gpus", "all", "--trials-per-gpu", str(self.per_gpu), "--loglevel", "INFO",
+        ]  # fmt: skip
+        with (self.folder / "worker.log").open("wb") as log:
+            self._process = subprocess.Popen(
+                command, stdout=log, stderr=subprocess.STDOUT, env=self._environment(),
+                cwd=ROOT, start_new_session=True,
+            )  # fmt: skip
+        self._wait_until_live()
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._process is not None and self._process.poll() is None:
+            os.killpg(self._process.pid, signal.SIGQUIT)
+            try:
+                self._process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self._process.pid, signal.SIGKILL)
+        self._redis.stop()
+
+    @property
+    def broker_url(self) -> str:
+        return self._redis.broker_url
+
+    def _environment(self) -> dict[str, str]:
+        return {
+            **os.environ, **self._env,
+            "TRIALQ_BROKER_URL": self.broker_url, "TRIALQ_RESULT_BACKEND": self.broker_url,
+            "TRIALQ_ALLOWED_MODULES": "benchmarks,trialq.examples",
+            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        }  # fmt: skip
+
+    def _wait_until_live(self) -> None:
+        client = redis.Redis.from_url(self.broker_url)
+        deadline = time.monotonic() + STARTUP_S
+        while not heartbeat.live_workers(client):
+            if self._process is None or self._process.poll() is not None:
+                raise RuntimeError(f"the GPU worker exited; see {self.folder / 'worker.log'}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"the GPU worker did not start; see {self.folder / 'worker.log'}"
+                )
+            time.sleep(0.2)
+
+
+def run_study(
+    worker: GpuWorker, entry: str, trials: int, space: dict[str, tuple[float, float]]
+) -> dict[str, Any]:
+    """A study of `trials` trials of `benchmarks.gpu_trials:<entry>` on the worker, all its
+    slots busy; `submit-study --json`'s summary, with the wall time as `wall_s`."""
+    spec = worker.folder / f"{entry}-{time.monotonic_ns()}.toml"
+    spec.write_text(_spec(worker, entry, trials, space, spec.stem))
+    started = time.monotonic()
+    summary = submit_study(spec, Settings(broker_url=worker.broker_url), None, None, None, False)
+    return {**summary, "wall_s": time.monotonic() - started}
+
+
+def _spec(
+    worker: GpuWorker, entry: str, trials: int, space: dict[str, tuple[float, float]], name: str
+) -> str:
+    metric, direction = METRIC[entry]
+    text = textwrap.dedent(f"""
+        [study]
+        name = "{name}"
+        direction = "{direction}"
+        metric = "{metric}"
+        n_trials = {trials}
+        max_in_flight = {worker.per_gpu * worker.gpu_count}
+        sampler = "random"
+        pruner = "none"
+        storage = "sqlite:///{worker.folder / name}.db"
+        [trial]
+        entrypoint = "benchmarks.gpu_trials:{entry}"
+        timeout_s = 900
+        """)
+    for key, (low, high) in space.items():
+        kind = "int" if isinstance(low, int) and isinstance(high, int) else "float"
+        text += f'[space.{key}]\ntype = "{kind}"\nlow = {low}\nhigh = {high}\n'
+    return text
+
+
+class NvmlSampler(threading.Thread):
+    """NVML's memory in use on every GPU, every 50 ms, while the block runs."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.max_used = 0
+        self.total = 0
+        self._done = threading.Event()
+
+    def __enter__(self) -> NvmlSampler:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        self.join()
+
+    def run(self) -> None:
+        import pynvml
+
+        pynvml.nvmlInit()
+        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(_gpu_count())]
+        while not self._done.wait(0.05):
+            for handle in handles:
+                info = pynvml.nvmlDeviceGetMemoryInfo(handle)
+                self.max_used, self.total = max(self.max_used, int(info.used)), int(info.total)
+
+    def never_over(self) -> bool:
+        """The device's memory in use stayed below its total (NVML's own reading)."""
+        return 0 < self.max_used < self.total
+
+
+def _gpu_count() -> int:
+    import pynvml
+
+    pynvml.nvmlInit()
+    return int(pynvml.nvmlDeviceGetCount())

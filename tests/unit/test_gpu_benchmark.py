@@ -1,0 +1,73 @@
+"""`python -m benchmarks.gpu` without a GPU: one line, a non-zero status, nothing written; and
+its writer and table, fed MADE-UP figures (labelled as such below, never shipped as results:
+the real ones come only from a run on a GPU)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks import gpu, gpu_report
+
+MADE_UP = 999  # every figure below is invented for the writer's test; none was measured
+
+
+def test_without_a_gpu_it_says_so_in_one_line_and_writes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "last_gpu.json"
+    monkeypatch.setattr(gpu, "OUT", out)
+    monkeypatch.setattr(gpu.shutil, "which", lambda name: None)  # no nvidia-smi: no GPU
+    assert gpu.main([]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err == gpu.NO_GPU + "\n"
+    assert not out.exists()
+
+
+def _made_up_record() -> dict[str, object]:
+    """A record shaped as `gpu.measure` returns it; the numbers are MADE UP."""
+    mib = 1024 * 1024
+    return {
+        "date": "2000-01-01",
+        "device": {"name": "MADE-UP GPU", "driver": "0.0", "memory_mib": MADE_UP, "count": 1},
+        "versions": {"torch": "0.0-made-up", "jax": None},
+        "quick": True,
+        "memory_over_trials": {"in_process": [1 * mib, 5 * mib, 9 * mib], "trialq": [1 * mib] * 3},
+        "throughput": [
+            {
+                "model": "small",
+                "per_gpu": 4,
+                "trials_per_hour_per_gpu": 1234.5,
+                "peaks_within_budget": True,
+                "device_never_over": False,
+            },
+        ],
+        "overrun": {"hog": "oom", "others": ["ok", "ok", "ok"]},
+        "contexts": {
+            "cost": {"torch": 500 * mib, "jax": None},
+            "jax_cap": {"held": True, "peak": 90 * mib, "budget": 100 * mib},
+        },
+        "start_cost": {"torch preloaded": 0.0641, "nothing preloaded": 1.9},
+    }
+
+
+def test_the_writer_keeps_the_record_and_the_table_names_every_figure(tmp_path: Path) -> None:
+    record = _made_up_record()
+    path = tmp_path / "made_up.json"
+    gpu_report.write_json(record, path)
+    assert json.loads(path.read_text()) == record
+    text = gpu_report.table(record)
+    assert text.startswith("2000-01-01, 1 x MADE-UP GPU (999 MiB), driver 0.0, torch 0.0-made-up\n")
+    for expected in [
+        "| (a) GPU memory in use over 3 trials, one process (Optuna) | 1 MiB -> 9 MiB (last 9 MiB) |",
+        "| (a) GPU memory in use over 3 trials, trialq | 1 MiB -> 1 MiB (last 1 MiB) |",
+        "| (b) small, 4 trials per GPU | 1,234 trials/h per GPU; all within budget; DEVICE OVER ITS MEMORY |",
+        "| (c) one trial at 2x its budget beside 3 | it: oom; the 3: ok, ok, ok |",
+        "| (d) CUDA context, torch | 500 MiB |",
+        "| (d) CUDA context, jax | n/a |",
+        "| (d) JAX's cap | held: peak 90 MiB of 100 MiB |",
+        "| (e) trial start, torch preloaded | 0.064 s (median) |",
+    ]:
+        assert expected in text.splitlines(), expected
