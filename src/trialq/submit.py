@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+import redis
 
 from trialq._celery.dispatcher import CeleryDispatcher
 from trialq.driver.drift import check_spec_against_study
@@ -28,6 +29,7 @@ from trialq.errors import SpecError, UsageError
 from trialq.local import LocalCluster
 from trialq.settings import Settings
 from trialq.views.summary import study_summary
+from trialq.wire import heartbeat, routing
 
 VISIBILITY_MARGIN_S = 300
 """How much longer than a trial's hard limit the broker must wait before redelivering."""
@@ -58,6 +60,7 @@ def submit_study(
     _check_time_limits(spec, settings)
     if local_workers is None:
         CeleryDispatcher(settings).check_reachable()  # before the study is created
+        check_a_worker_fits(spec, settings.broker_url)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     url = storage_url(spec, storage_override, settings.storage)
     study = open_study(spec, url)
@@ -83,6 +86,8 @@ def submit_study(
             settings = settings.model_copy(
                 update={"broker_url": cluster.broker_url, "result_backend": cluster.broker_url}
             )
+            check_a_worker_fits(spec, cluster.broker_url)
+        spec = routed(spec)  # from here, the queue is the trial's GPU class's
         dispatcher = CeleryDispatcher(settings)
         progress: ProgressSink = NoProgress(show_failures=True)
         if show_progress:
@@ -107,6 +112,37 @@ def submit_study(
         _say(driver.stop.line)
     stopped_by = driver.stop.budget if driver.stop is not None else "n_trials"
     return {**study_summary(study), "stopped_by": stopped_by, "budgets": driver.usage()}
+
+
+def routed(spec: StudySpec) -> StudySpec:
+    """The spec with its queue the one its trials go to: `[trial] queue`, or its class
+    queue where `[trial] gpus` or `gpu_memory_mb` say what a trial needs (wire/routing.py)."""
+    trial = spec.trial
+    queue = routing.trial_queue(trial.queue, trial.gpus, trial.gpu_memory_mb)
+    return spec.model_copy(update={"trial": trial.model_copy(update={"queue": queue})})
+
+
+def check_a_worker_fits(spec: StudySpec, broker_url: str) -> None:
+    """Refuse, exit 2, a study whose trials no live worker on its queue can fit; with no
+    worker on the queue yet (scaled from zero, not started), the trials wait for one."""
+    trial = spec.trial
+    needed = routing.trial_queue(trial.queue, trial.gpus, trial.gpu_memory_mb)
+    client = redis.Redis.from_url(broker_url, socket_timeout=10)
+    workers = [w for w in heartbeat.live_workers(client) if _consumes(w, trial.queue)]
+    if not workers or any(needed in worker.queues for worker in workers):
+        return
+    slots = "; ".join(
+        f"{w.name}: {w.gpus.describe() if w.gpus else 'no GPU slots'}" for w in workers
+    )
+    raise UsageError(
+        f"submit-study: no live worker on queue {trial.queue!r} can fit a trial of "
+        f"{routing.need_text(trial.gpus, trial.gpu_memory_mb)} ([trial] gpus, gpu_memory_mb); "
+        f"workers: {slots}"
+    )
+
+
+def _consumes(worker: heartbeat.WorkerBeat, queue: str) -> bool:
+    return any(routing.base_queue(consumed) == queue for consumed in worker.queues)
 
 
 def _announce_progress(study: optuna.Study, target: int) -> bool:

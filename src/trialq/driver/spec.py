@@ -161,6 +161,11 @@ class TrialSection(_Frozen):
     """Leave each trial's `checkpoint_dir` on the workers' volume after it finished."""
     queue: str = Field(default=DEFAULT_QUEUE, min_length=1, pattern=r"^[A-Za-z0-9_.:-]+$")
     memory_limit_mb: int = Field(default=0, ge=0)
+    gpus: int = Field(default=1, ge=1)
+    """GPUs each trial gets, of its own: only a worker whose slots span this many takes it."""
+    gpu_memory_mb: int = Field(default=0, ge=0)
+    """GPU memory one trial needs on each of its GPUs; a worker slot with less never takes
+    it (docs/design.md, "Routing by GPU"). 0: any slot."""
     kill_grace_s: float = Field(default=60, gt=0)
     """Seconds between the soft time limit (seen by the trial) and the kill of its process."""
     prune_grace_s: float = Field(default=30, gt=0)

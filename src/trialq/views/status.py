@@ -180,7 +180,8 @@ def _gpu_cells(row: TrialRow) -> list[str]:
 
 
 def workers_table(workers: list[LiveWorker]) -> Table:
-    """The workers that beat now, with the trial each of their processes runs."""
+    """The workers that beat now, their GPUs and slots, and the trial each of their
+    processes runs."""
     table = Table(title=f"live workers: {len(workers)}", box=box.SIMPLE_HEAD)
     for column in ("worker", "host", "gpu", "queues", "running", "last beat"):
         table.add_column(column, no_wrap=column == "running")
@@ -189,7 +190,8 @@ def workers_table(workers: list[LiveWorker]) -> Table:
         beat = worker.beat
         running = "\n".join(_running_text(trial, now) for trial in worker.running) or "idle"
         since = f"{max(0.0, now - beat.beat_at):.0f} s ago"
-        table.add_row(beat.name, beat.host, beat.gpu or "-", ",".join(beat.queues), running, since)
+        gpu = beat.gpus.describe() if beat.gpus is not None else beat.gpu or "-"
+        table.add_row(beat.name, beat.host, gpu, ",".join(beat.queues), running, since)
     return table
 
 
