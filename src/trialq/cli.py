@@ -279,6 +279,7 @@ def _trialq_parser() -> _Parser:
     )
     health = commands.add_parser("health", help="exit 0 if a worker on this host beats")
     health.add_argument("--max-age", type=float, help="seconds since the last beat")
+    health.add_argument("--broker", help="broker URL (default: TRIALQ_BROKER_URL)")
     return parser
 
 
@@ -351,25 +352,32 @@ def _worker(args: argparse.Namespace, rest: list[str]) -> int:
 def _health(args: argparse.Namespace) -> int:
     import redis
 
+    from trialq.views.status import redacted_url
     from trialq.wire.heartbeat import local_worker_alive
 
-    client = redis.Redis.from_url(Settings().broker_url, socket_timeout=5)
+    broker = args.broker or Settings().broker_url
+    client = redis.Redis.from_url(broker, socket_timeout=5)
+    asked = f"asked {redacted_url(broker)}"
     try:
         alive = local_worker_alive(client, args.max_age)
     except redis.RedisError as exc:
-        print(f"unhealthy: broker unreachable: {type(exc).__name__}", file=sys.stderr)
+        print(f"unhealthy: broker unreachable ({asked}): {type(exc).__name__}", file=sys.stderr)
         return 1
-    print("healthy" if alive else "unhealthy: no worker heartbeat on this host", file=sys.stderr)
+    verdict = "healthy" if alive else "unhealthy: no worker heartbeat on this host"
+    print(f"{verdict} ({asked})", file=sys.stderr)
     return 0 if alive else 1
 
 
 def _status(args: argparse.Namespace) -> int:
     from trialq.driver.study import find_study
-    from trialq.views.status import show_status
+    from trialq.views.status import LOCAL_BROKER, show_status
+    from trialq.wire.messages import BROKER_ATTR
 
     settings = Settings()
     study = find_study(args.study, args.storage, settings.storage, "trialq status")
-    return show_status(study, args.broker or settings.broker_url, as_json=args.json)
+    ran_local = study.user_attrs.get(BROKER_ATTR) == LOCAL_BROKER and not args.broker
+    broker = None if ran_local else args.broker or settings.broker_url
+    return show_status(study, broker, as_json=args.json)
 
 
 def _report(args: argparse.Namespace) -> int:

@@ -28,8 +28,10 @@ from trialq.driver.study_lock import holding_study
 from trialq.errors import SpecError, UsageError
 from trialq.local import LocalCluster
 from trialq.settings import Settings
+from trialq.views.status import redacted_url
 from trialq.views.summary import study_summary
-from trialq.wire import heartbeat, routing
+from trialq.wire import frameworks, heartbeat, routing
+from trialq.wire.messages import BROKER_ATTR
 
 VISIBILITY_MARGIN_S = 300
 """How much longer than a trial's hard limit the broker must wait before redelivering."""
@@ -88,6 +90,9 @@ def submit_study(
             )
             check_a_worker_fits(spec, cluster.broker_url)
         spec = routed(spec)  # from here, the queue is the trial's GPU class's
+        study.set_user_attr(
+            BROKER_ATTR, "local" if local_workers is not None else redacted_url(settings.broker_url)
+        )
         dispatcher = CeleryDispatcher(settings)
         progress: ProgressSink = NoProgress(show_failures=True)
         if show_progress:

@@ -94,7 +94,7 @@ def test_an_unreachable_broker_leaves_the_workers_out_not_the_trials(
 ) -> None:
     finished_study(storage)
     out = _status(capsys, "built", "--storage", storage, "--broker", "redis://127.0.0.1:1/0")
-    assert "live workers: unknown (the broker did not answer)" in out
+    assert "live workers: unknown (the broker did not answer: asked redis://127.0.0.1:1/0)" in out
     assert "outcomes: error 1, ok 4, oom 1, pruned 2" in out
 
 

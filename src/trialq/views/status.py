@@ -53,15 +53,22 @@ class LiveWorker:
         return {**asdict(self.beat), "running": [asdict(trial) for trial in self.running]}
 
 
-def show_status(study: optuna.Study, broker: str, as_json: bool) -> int:
-    """Print the study's tables (or JSON); 0 when shown."""
-    workers = live_workers(broker)
+LOCAL_BROKER = "local"
+"""`trialq:broker`'s value for a study run with `--local`: its Redis and workers stop with
+each run, so no broker is asked for its live workers."""
+
+
+def show_status(study: optuna.Study, broker: str | None, as_json: bool) -> int:
+    """Print the study's tables (or JSON); 0 when shown. `broker`: where to ask for live
+    workers (named in the output); None for a `--local` study, which has none after its run."""
+    workers = live_workers(broker) if broker is not None else []
     running = [trial for worker in workers or [] for trial in worker.running]
     rows = with_running(trial_rows(study), study.study_name, running)
+    asked = _broker_text(broker)
     if as_json:
-        _print_json(study, rows, workers)
+        _print_json(study, rows, workers, asked)
     else:
-        _print_tables(study, rows, workers)
+        _print_tables(study, rows, workers, asked)
     return 0
 
 
@@ -73,6 +80,23 @@ def last_run_line(record: Any) -> str | None:
         f"{name} {row.get('used')}/{row.get('limit')}" for name, row in record["budgets"].items()
     )
     return f"last run: stopped by {record.get('stopped_by')}; {used}"
+
+
+def _broker_text(broker: str | None) -> str:
+    if broker is None:
+        return "the study runs with --local: its workers stop with each run"
+    return f"asked {redacted_url(broker)}"
+
+
+def redacted_url(url: str) -> str:
+    """A broker URL with any password replaced, fit for a message."""
+    if "@" not in url or "://" not in url:
+        return url
+    scheme, rest = url.split("://", 1)
+    credentials, host = rest.rsplit("@", 1)
+    if not credentials.partition(":")[2]:
+        return f"{scheme}://{host}"
+    return f"{scheme}://{credentials.split(':', 1)[0]}:***@{host}"
 
 
 def live_workers(broker: str) -> list[LiveWorker] | None:
@@ -90,13 +114,14 @@ def live_workers(broker: str) -> list[LiveWorker] | None:
 
 
 def _print_json(
-    study: optuna.Study, rows: list[TrialRow], workers: list[LiveWorker] | None
+    study: optuna.Study, rows: list[TrialRow], workers: list[LiveWorker] | None, asked: str
 ) -> None:
     """`submit-study --json`'s summary, plus outcome counts and the live workers."""
     document = {
         **study_summary(study),
         "outcomes": outcome_counts(rows),
         "last_run": study.user_attrs.get(LAST_RUN_ATTR),
+        "broker": asked,
         "workers": None if workers is None else [worker.as_json() for worker in workers],
     }
     json.dump(document, sys.stdout, default=str)
@@ -104,7 +129,7 @@ def _print_json(
 
 
 def _print_tables(
-    study: optuna.Study, rows: list[TrialRow], workers: list[LiveWorker] | None
+    study: optuna.Study, rows: list[TrialRow], workers: list[LiveWorker] | None, asked: str
 ) -> None:
     console = Console()
     console.print(trials_table(study.study_name, rows))
@@ -116,9 +141,9 @@ def _print_tables(
     for row in [r for r in rows if r.error][-MAX_FAILURES_SHOWN:]:
         console.print(f"  [red]#{row.number} {row.outcome}[/red]: {row.error}", markup=True)
     if workers is None:
-        console.print("live workers: unknown (the broker did not answer)")
+        console.print(f"live workers: unknown (the broker did not answer: {asked})")
     elif not workers:
-        console.print("live workers: none")
+        console.print(f"live workers: none ({asked})")
     else:
         console.print(workers_table(workers))
 

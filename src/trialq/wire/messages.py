@@ -90,6 +90,10 @@ LAST_RUN_ATTR = "trialq:last_run"
 """The study user attr where the driver records what ended its last run and what each
 budget used (`trialq status` reads it)."""
 
+BROKER_ATTR = "trialq:broker"
+"""The study user attr naming the broker its last run used (`local` for `--local`), so that
+`trialq status` asks that one, or none, for live workers."""
+
 ARTIFACTS_ATTR_PREFIX = "artifacts:"
 """The trial system attr key prefix `optuna.artifacts.upload_artifact` links a file with."""
 
