@@ -30,7 +30,7 @@ from trialq.local import LocalCluster
 from trialq.settings import Settings
 from trialq.views.status import redacted_url
 from trialq.views.summary import study_summary
-from trialq.wire import frameworks, heartbeat, routing
+from trialq.wire import heartbeat, routing
 from trialq.wire.messages import BROKER_ATTR
 
 VISIBILITY_MARGIN_S = 300
