@@ -30,7 +30,7 @@ from trialq.local import LocalCluster
 from trialq.settings import Settings
 from trialq.views.status import redacted_url
 from trialq.views.summary import study_summary
-from trialq.wire import heartbeat, routing
+from trialq.wire import frameworks, heartbeat, routing
 from trialq.wire.messages import BROKER_ATTR
 
 VISIBILITY_MARGIN_S = 300
@@ -79,7 +79,7 @@ def submit_study(
                 local_workers,
                 spec.trial.queue,
                 local_allow_list(spec),
-                extra_env=local_folders(spec, settings),
+                extra_env={**local_folders(spec, settings), **local_preload(spec)},
                 log_dir=local_logs(spec),
                 log_level="DEBUG" if verbose else "INFO",
             )
@@ -205,6 +205,20 @@ def local_folders(spec: StudySpec, settings: Settings) -> dict[str, str]:
         ),
         "TRIALQ_IMPORT_PATHS": os.pathsep.join(search_paths_for(spec)),
     }
+
+
+def local_preload(spec: StudySpec) -> dict[str, str]:
+    """`--local`'s workers preload the spec's framework (`[trial] framework`, or the one its
+    entrypoint's source imports), unless `TRIALQ_PRELOAD` says otherwise: a PyTorch study
+    never gets TensorFlow because TensorFlow is installed (docs/frameworks.md, "Preloading")."""
+    if "TRIALQ_PRELOAD" in os.environ:
+        return {}
+    framework: str | None = spec.trial.framework
+    if framework == frameworks.AUTO:
+        source = spec.trial.entrypoint.source(spec.directory)
+        framework = frameworks.framework_in_source(source, os.environ.get("KERAS_BACKEND"))
+    modules = frameworks.PRELOAD.get(framework or "")
+    return {"TRIALQ_PRELOAD": ",".join(modules)} if modules else {}
 
 
 def local_allow_list(spec: StudySpec) -> tuple[str, ...]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -34,6 +35,7 @@ def test_an_open_cuda_driver_file_means_the_device_is_in_use(tmp_path: Path) -> 
 
 
 GUARD_PROBE = """
+import importlib.util
 import json
 from trialq.trial.prewarm import device_in_use
 seen = {"before": device_in_use()}
@@ -164,3 +166,80 @@ def test_the_worker_preloads_nothing_where_it_cannot_check_tensorflow(tmp_path: 
     assert len(warning) == 1, probe.stderr
     assert "not preloading tensorflow" in warning[0]
     assert "Context._context_handle" in warning[0] and "Context._physical_devices" in warning[0]
+
+
+def test_auto_preloads_the_one_framework_installed_and_nothing_among_several(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Never TensorFlow for a PyTorch study because TensorFlow happens to be installed."""
+    import importlib.util as util
+
+    from trialq.trial import prewarm
+
+    installed = {"torch"}
+    monkeypatch.setattr(util, "find_spec", lambda name: object() if name in installed else None)
+    assert preload_modules("auto") == ("torch", "torch._dynamo")
+    installed = {"torch", "tensorflow"}
+    assert preload_modules("auto") == ()
+    installed = set()
+    assert preload_modules("auto") == ()
+    assert prewarm.PRELOAD["jax"] == ("jax",)
+
+
+JAX_PARENT = """
+import jax
+from trialq.trial.prewarm import device_in_use
+print("imported:", device_in_use())
+jax.numpy.ones(2).block_until_ready()
+print("ran:", device_in_use())
+"""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="no JAX")
+def test_the_guard_tells_an_imported_jax_from_one_whose_backends_started() -> None:
+    probe = subprocess.run(
+        [sys.executable, "-c", JAX_PARENT], capture_output=True, text=True, timeout=120
+    )
+    assert probe.returncode == 0, probe.stderr
+    imported, ran = probe.stdout.strip().splitlines()[-2:]
+    assert imported == "imported: None"
+    assert ran == "ran: JAX initialised its backends (an op ran)"
+
+
+def test_the_guard_asks_pytorch_whether_cuda_started(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A fake torch whose CUDA started (no GPU here to start a real one)."""
+    fake = SimpleNamespace(cuda=SimpleNamespace(is_initialized=lambda: True))
+    monkeypatch.setitem(sys.modules, "torch", fake)
+    assert device_in_use(tmp_path) == "PyTorch initialised CUDA"
+
+
+@pytest.mark.parametrize(
+    ("framework", "source", "preload"),
+    [
+        ("auto", "import torch\n", "torch,torch._dynamo"),
+        ("auto", "import jax.numpy as jnp\n", "jax"),
+        ("auto", "import math\n", None),
+        ("tensorflow", "import torch\n", "tensorflow"),
+    ],
+)
+def test_local_workers_preload_the_specs_framework(
+    framework: str, source: str, preload: str | None, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """`--local` knows the study: its workers preload its framework, read from the spec or
+    from the entrypoint's source (never imported in the driver)."""
+    from trialq.driver.spec import load_spec
+    from trialq.submit import local_preload
+
+    monkeypatch.delenv("TRIALQ_PRELOAD", raising=False)
+    (tmp_path / "model.py").write_text(source + "def train(params):\n    return 1.0\n")
+    (tmp_path / "spec.toml").write_text(
+        '[study]\nname = "s"\nn_trials = 1\n[trial]\nentrypoint = "model.py:train"\n'
+        f'framework = "{framework}"\n[space.x]\ntype = "float"\nlow = 0\nhigh = 1\n'
+    )
+    expected = {} if preload is None else {"TRIALQ_PRELOAD": preload}
+    assert local_preload(load_spec(tmp_path / "spec.toml")) == expected
+    monkeypatch.setenv("TRIALQ_PRELOAD", "none")
+    assert local_preload(load_spec(tmp_path / "spec.toml")) == {}

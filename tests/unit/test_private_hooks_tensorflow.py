@@ -1,8 +1,8 @@
 """The private names of TensorFlow that the fork guard reads are still there, with the meaning
 it gives them (docs/design.md, "Private hooks we lean on").
 
-`trialq.trial.prewarm.device_in_use` tells a worker parent that may fork trials (TensorFlow
-imported, never initialised) from one that may not, by reading TensorFlow's eager context
+`trialq.trial.prewarm.device_in_use`, through the TensorFlow adapter's `started`, tells a
+worker parent that may fork trials (TensorFlow imported, never initialised) from one that may not, by reading TensorFlow's eager context
 without creating it. Where it cannot read it, the guard fails closed: the worker preloads
 nothing, and a parent holding TensorFlow refuses to fork. TensorFlow is imported once, in a
 process of its own (seconds; and the test process must not hold it).
@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from private_hooks import Hook
 
-from trialq.trial.prewarm import (
+from trialq.trial.frameworks.tensorflow import (
     TF_CONTEXT_MODULE,
     TF_DEVICE_LIST,
     TF_RUNTIME_HANDLE,
@@ -32,7 +32,7 @@ pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("tensorflow") is None, reason="TensorFlow is not installed"
 )
 
-PREWARM = "src/trialq/trial/prewarm.py"
+PREWARM = "src/trialq/trial/frameworks/tensorflow.py"
 LOSS = (
     "the fork guard cannot tell an imported TensorFlow from an initialised one: the worker "
     "preloads nothing (each trial imports TensorFlow itself, seconds a trial), and a parent "

@@ -1,21 +1,27 @@
 """Warm trial processes: the framework imported once in the worker's parent, never initialised.
 
 Celery forks every trial's process from the worker's parent, so a trial starts with whatever
-the parent has imported: importing TensorFlow there once saves every trial the seconds its
-own import would cost. What must never cross a fork is device state (docs/design.md): a TensorFlow
-runtime or a CUDA context made in the parent leaves forked children hanging. `device_in_use`
-tells, without initialising anything itself, whether this process holds such state; the
-worker asks it after preloading, in the parent before every fork, and in every new child.
+the parent has imported: importing the study's framework there once saves every trial the
+seconds its own import would cost (docs/frameworks.md, "Preloading"). What must never cross a
+fork is device state (docs/design.md): a TensorFlow runtime, JAX's backends or a CUDA context
+made in the parent leaves forked children hanging or broken. `device_in_use` tells, without
+initialising anything itself, whether this process holds such state, asking each framework's
+adapter (`trialq.trial.frameworks`); the worker asks it after preloading, in the parent
+before every fork, and in every new child.
 
-TensorFlow's state is read from its private eager context (docs/design.md, "Private hooks we
-lean on"). Where that cannot be done (a TensorFlow that renamed what is read, or a read that
+`auto` preloads the framework the worker's image has: the one of PyTorch, TensorFlow and JAX
+that is installed; where several are, nothing (one line says so: name the modules in
+`TRIALQ_PRELOAD`, as `submit-study --local` does from the spec). Never TensorFlow for a
+PyTorch study because TensorFlow happens to be installed.
+
+TensorFlow's and JAX's states are read from private names (docs/design.md, "Private hooks we
+lean on"). Where that cannot be done (a release that renamed what is read, or a read that
 fails), the guard fails closed: `device_in_use` takes the state for initialised, and `preload`
 imports nothing in the parent (each trial imports its framework itself, a slower start).
 """
 
 from __future__ import annotations
 
-import ast
 import functools
 import gc
 import importlib
@@ -26,9 +32,13 @@ import sys
 from pathlib import Path
 
 from trialq.errors import DeviceInParent, PreloadError
+from trialq.trial.frameworks import adapters
+from trialq.trial.frameworks.jax import jax_guard_gap
+from trialq.trial.frameworks.tensorflow import TF_CONTEXT_MODULE, tensorflow_guard_gap
+from trialq.wire.frameworks import NAMES, PRELOAD
 
 AUTO = "auto"
-"""Preload TensorFlow when it is installed, nothing otherwise (the default)."""
+"""Preload the framework installed here, when exactly one of them is (the default)."""
 
 NOTHING = "none"
 """Preload nothing: every trial imports its framework itself."""
@@ -36,15 +46,7 @@ NOTHING = "none"
 _CUDA_DRIVER_FILE = "/dev/nvidia-uvm"
 """Opened by the CUDA driver when it initialises (cuInit), and not by NVML's queries."""
 
-TF_CONTEXT_MODULE = "tensorflow.python.eager.context"
-"""TensorFlow's eager context module, whose `context_safe()` returns the context, or None,
-without creating one."""
-
-TF_RUNTIME_HANDLE = "_context_handle"
-"""The context's runtime: None until an op ran (or anything else initialised it)."""
-
-TF_DEVICE_LIST = "_physical_devices"
-"""The context's physical devices: None until listed (on a GPU build, listing inits CUDA)."""
+__all__ = ["TF_CONTEXT_MODULE", "device_in_use", "preload", "preload_modules"]
 
 logger = logging.getLogger("trialq.prewarm")
 
@@ -55,7 +57,7 @@ def preload_modules(choice: str) -> tuple[str, ...]:
     if words in ((), (NOTHING,)):
         return ()
     if words == (AUTO,):
-        return ("tensorflow",) if importlib.util.find_spec("tensorflow") else ()
+        return installed_framework_modules()
     if AUTO in words or NOTHING in words:
         raise PreloadError(f"--preload: {AUTO!r} and {NOTHING!r} stand alone, got {choice!r}")
     return words
@@ -65,15 +67,15 @@ def preload(modules: tuple[str, ...]) -> None:
     """Import `modules` here, check they left no device state, then freeze the heap for forks.
 
     `gc.freeze()` moves everything imported so far out of the collector's sight: the parent's
-    collection before each fork stops walking TensorFlow's objects (0.2 s a fork), and the
-    children's collections stop writing to, and so copying, the pages they share.
+    collection before each fork stops walking the framework's objects (0.2 s a fork with
+    TensorFlow), and the children's collections stop writing to, and so copying, the pages
+    they share.
 
-    Where TensorFlow is installed but the guard could not read its state
-    (`tensorflow_guard_gap`), nothing is imported: any of `modules` may import TensorFlow.
-    One warning line says so.
+    Where a framework is installed but the guard could not read its state (`guard_gap`),
+    nothing is imported: any of `modules` may import it. One warning line says so.
     """
     _quiet_tensorflow_logs()
-    gap = tensorflow_guard_gap() if modules and "tensorflow" not in sys.modules else None
+    gap = guard_gap() if modules else None
     if gap is not None:
         _warn_preloading_nothing(modules, gap)
         modules = ()
@@ -94,88 +96,40 @@ def preload(modules: tuple[str, ...]) -> None:
 
 def device_in_use(fd_dir: Path = Path("/proc/self/fd")) -> str | None:
     """Why this process may not fork trials (it initialised a device), or None if it may."""
-    tensorflow = _tensorflow_runtime_state()
-    if tensorflow is not None:
-        return tensorflow
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_initialized():
-        return "PyTorch initialised CUDA"
+    for framework in adapters():
+        reason = framework.started()
+        if reason is not None:
+            return reason
     if _holds_file(fd_dir, _CUDA_DRIVER_FILE):
         return f"the CUDA driver was initialised ({_CUDA_DRIVER_FILE} is open)"
     return None
 
 
-def _tensorflow_runtime_state() -> str | None:
-    """TensorFlow's eager context, read without creating it (context_safe); where it cannot
-    be read, TensorFlow is taken as initialised (fail closed)."""
-    if "tensorflow" not in sys.modules and TF_CONTEXT_MODULE not in sys.modules:
-        return None
-    try:
-        return tensorflow_context_state(sys.modules[TF_CONTEXT_MODULE].context_safe())
-    except Exception as exc:
-        return f"TensorFlow's state cannot be checked ({_described(exc)}), so taken as initialised"
+def installed_framework_modules() -> tuple[str, ...]:
+    """What `auto` preloads: the modules of the one framework installed here, else nothing."""
+    installed = [name for name in NAMES if importlib.util.find_spec(name) is not None]
+    if len(installed) == 1:
+        return PRELOAD[installed[0]]
+    if installed:
+        _say_once(
+            f"--preload auto: {', '.join(installed)} are installed, so none is preloaded; "
+            "name the study's in TRIALQ_PRELOAD (e.g. torch,torch._dynamo)"
+        )
+    return ()
 
 
-def tensorflow_context_state(context: object) -> str | None:
-    """What TensorFlow's eager context `context` (or None: no context yet) has initialised;
-    raises AttributeError where it lacks what is read."""
-    if context is None:
-        return None
-    if getattr(context, TF_RUNTIME_HANDLE) is not None:
-        return "TensorFlow's runtime was initialised (an op ran)"
-    if getattr(context, TF_DEVICE_LIST) is not None:
-        return "TensorFlow listed the physical devices (on a GPU build this initialises CUDA)"
-    return None
+def guard_gap() -> str | None:
+    """Why the fork guard cannot read an installed framework that is not imported yet, or None.
 
-
-@functools.cache
-def tensorflow_guard_gap() -> str | None:
-    """Why `device_in_use` could not read an installed TensorFlow's state, found in its source
-    without importing it; None where it can, or where TensorFlow is not installed.
-
-    Read once: the answer holds for as long as the process runs.
+    Found in the framework's source, without importing it; TensorFlow's and JAX's states are
+    read from private names, PyTorch's through its public `torch.cuda.is_initialized()`.
     """
-    try:
-        spec = importlib.util.find_spec("tensorflow")
-        if spec is None:
-            return None
-        package = Path(next(iter(spec.submodule_search_locations or ())))
-        *folders, name = TF_CONTEXT_MODULE.split(".")[1:]
-        source = package.joinpath(*folders, f"{name}.py")
-        tree = ast.parse(source.read_bytes(), str(source))
-    except Exception as exc:
-        return f"its {TF_CONTEXT_MODULE} cannot be read: {_described(exc)}"
-    functions = {node.name for node in tree.body if isinstance(node, ast.FunctionDef)}
-    assigned = {
-        attribute
-        for node in tree.body
-        if isinstance(node, ast.ClassDef) and node.name == "Context"
-        for attribute in _set_on_self(node)
-    }
-    missing = [] if "context_safe" in functions else [f"{TF_CONTEXT_MODULE}.context_safe"]
-    missing += [f"Context.{a}" for a in (TF_RUNTIME_HANDLE, TF_DEVICE_LIST) if a not in assigned]
-    return f"it has no {', no '.join(missing)}" if missing else None
-
-
-def _set_on_self(cls: ast.ClassDef) -> set[str]:
-    """The attributes that a class's methods assign to `self`."""
-    names: set[str] = set()
-    for node in ast.walk(cls):
-        if isinstance(node, ast.Assign):
-            targets = node.targets
-        elif isinstance(node, ast.AnnAssign):
-            targets = [node.target]
-        else:
-            continue
-        for target in targets:
-            names.update(
-                part.attr
-                for part in ast.walk(target)
-                if isinstance(part, ast.Attribute)
-                and isinstance(part.value, ast.Name)
-                and part.value.id == "self"
-            )
-    return names
+    gaps = {"tensorflow": tensorflow_guard_gap, "jax": jax_guard_gap}
+    for name, gap_of in gaps.items():
+        gap = gap_of() if name not in sys.modules else None
+        if gap is not None:
+            return f"{name}: {gap}"
+    return None
 
 
 _warned = False
@@ -187,15 +141,17 @@ def _warn_preloading_nothing(modules: tuple[str, ...], gap: str) -> None:
     if not _warned:
         _warned = True
         logger.warning(
-            "not preloading %s: trialq cannot check this TensorFlow for device state in the "
-            "worker's parent (%s); each trial imports its framework itself",
+            "not preloading %s: trialq cannot check a framework installed here for device "
+            "state in the worker's parent (%s); each trial imports its framework itself",
             ",".join(modules),
             gap,
         )
 
 
-def _described(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"
+@functools.cache
+def _say_once(line: str) -> None:
+    """One line a process (`trialq worker` preloads before Celery does it again)."""
+    logger.warning("%s", line)
 
 
 def _holds_file(fd_dir: Path, target: str) -> bool:

@@ -83,8 +83,11 @@ def imported_modules(source: str) -> Iterator[str]:
             yield from (f"{node.module}.{alias.name}" for alias in node.names)
 
 
-def framework_in_source(source: str, keras_backend: str | None = None) -> str | None:
-    """The first framework `source` imports, or None (no framework, or unreadable source)."""
+def framework_in_source(source: str | None, keras_backend: str | None = None) -> str | None:
+    """The first framework `source` imports, or None (no framework, no source, or source
+    that is not Python)."""
+    if source is None:
+        return None
     try:
         for module in imported_modules(source):
             found = framework_of(module, keras_backend)
