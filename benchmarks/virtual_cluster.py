@@ -138,6 +138,10 @@ class VirtualCluster:
     def live_worker_count(self, queue: str) -> int:
         return 1
 
+    def wait_for_results(self, timeout_s: float) -> bool:
+        """No real waiting on a virtual clock: the benchmark moves it to the next event."""
+        return False
+
     # --- the clock -------------------------------------------------------------------------
 
     def next_event(self, after: float) -> float | None:

@@ -3,6 +3,7 @@ the driver's loop."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 
 from trialq.wire.channel import Report, TrialAddress
@@ -60,6 +61,9 @@ class StandInDispatcher:
         self.channel = StandInReports()
         self._polled: set[str] = set()
         self._finished: set[str] = set()
+        self.waits: list[tuple[float, bool]] = []
+        """Each `wait_for_results`: the timeout the driver gave, and whether a result woke
+        it (every sent attempt's result is there at once, so one sent wakes it at once)."""
 
     def submit(self, request: TrialRequest, queue: str, task_id: str | None = None) -> str:
         assert task_id is not None, "the driver names each attempt before sending it"
@@ -114,6 +118,13 @@ class StandInDispatcher:
 
     def live_worker_count(self, queue: str) -> int:
         return 1
+
+    def wait_for_results(self, timeout_s: float) -> bool:
+        woken = bool(self.sent)
+        self.waits.append((timeout_s, woken))
+        if not woken:
+            time.sleep(timeout_s)
+        return woken
 
 
 def _address(request: TrialRequest) -> TrialAddress:

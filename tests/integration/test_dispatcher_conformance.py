@@ -121,3 +121,17 @@ def test_a_live_worker_is_counted_on_its_queue(subject: Subject) -> None:
         lambda: subject.dispatcher.live_worker_count(subject.queue), 60, "a worker to beat"
     )
     assert count == 1
+
+
+def test_a_wait_for_results_is_woken_by_a_trial_s_result(subject: Subject) -> None:
+    """The driver's pause: it ends when a trial sent through the dispatcher stores its
+    result, long before its timeout (returning True), and the result is there to read."""
+    dispatcher = subject.dispatcher
+    task_id = dispatcher.submit(
+        trial_request(study="conformance", number=3), subject.queue, task_id=str(uuid.uuid4())
+    )
+
+    woken = dispatcher.wait_for_results(90)
+
+    assert woken, "waited out the whole timeout: no result announced"
+    assert _until_finished(dispatcher, task_id)[-1].phase is TaskPhase.FINISHED

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import textwrap
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -267,3 +268,24 @@ def test_a_curve_whose_last_steps_come_with_its_result_is_told_whole(tmp_path: P
     assert trials[1].intermediate_values[3] == pytest.approx(3.6)
     assert [t.state.name for t in trials] == ["COMPLETE"] * 3
     assert dispatcher.channel.prune_requested == set()
+
+
+def test_the_loop_makes_its_next_pass_when_a_result_arrives_not_after_its_poll_interval(
+    tmp_path: Path,
+) -> None:
+    """Between passes the driver waits on the dispatcher for results, not on a fixed sleep:
+    with an hour between passes, a study of three trials ends as each result comes in."""
+    script: list[dict[str, object]] = [{"outcome": Outcome.OK, "metrics": {"value": v}}
+                                       for v in (0.1, 0.2, 0.3)]  # fmt: skip
+    driver, dispatcher = _driver(tmp_path, script, n_trials=3)
+    driver.options.poll_interval_s = 3600.0
+    finished = threading.Event()
+    runner = threading.Thread(target=lambda: (driver.run(3), finished.set()), daemon=True)
+
+    runner.start()
+    runner.join(timeout=60)  # a hang guard only: the pause would last an hour
+
+    assert finished.is_set(), "the loop slept out its poll interval instead of waking"
+    assert [t.state for t in driver.study.trials] == [optuna.trial.TrialState.COMPLETE] * 3
+    assert dispatcher.waits, "the loop never waited on the dispatcher"
+    assert all(woken and timeout > 3000 for timeout, woken in dispatcher.waits)

@@ -14,6 +14,7 @@ def test_trialqs_own_keys_keep_their_strings() -> None:
     assert keys.withdrawn_key("t-1") == "trialq:withdrawn:t-1"
     assert keys.result_key("t-1") == "trialq:result:t-1"
     assert keys.poison_key("gpu") == "trialq:poison:gpu"
+    assert keys.results_channel("s") == "trialq:results:s"
     address = TrialAddress("s", 3, 2)
     assert address.key(keys.REPORTS) == "trialq:trial:s:3:2:reports"
     assert address.key(keys.PRUNE) == "trialq:trial:s:3:2:prune"

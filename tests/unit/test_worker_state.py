@@ -15,7 +15,7 @@ from trialq._celery import worker as worker_module
 from trialq._celery.worker import WorkerState
 from trialq.settings import Settings
 from trialq.wire.entrypoint import Entrypoint
-from trialq.wire.keys import result_key
+from trialq.wire.keys import result_key, results_channel
 from trialq.wire.messages import TrialRequest
 
 REQUEST = TrialRequest(
@@ -34,12 +34,16 @@ class FlakyRedis:
     def __init__(self, failures: int) -> None:
         self.failures = failures
         self.stored: dict[str, str] = {}
+        self.published: list[tuple[str, str]] = []
 
     def set(self, key: str, value: str, ex: int) -> None:
         if self.failures > 0:
             self.failures -= 1
             raise redis.ConnectionError("Connection refused")
         self.stored[key] = value
+
+    def publish(self, channel: str, message: str) -> None:
+        self.published.append((channel, message))
 
 
 def _state(client: FlakyRedis) -> WorkerState:
@@ -53,6 +57,7 @@ def test_a_result_is_stored_once_redis_is_back(caplog: pytest.LogCaptureFixture)
     client = FlakyRedis(failures=2)
     _state(client).keep_result(REQUEST, "task-1", '{"outcome": "ok"}')
     assert client.stored == {result_key("task-1"): '{"outcome": "ok"}'}
+    assert client.published == [(results_channel("digits"), "task-1")], "a driver waits on it"
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
 
 
@@ -63,6 +68,7 @@ def test_giving_up_on_a_result_is_an_error_naming_the_trial_and_why(
     with caplog.at_level(logging.ERROR, logger="trialq.worker"):
         _state(client).keep_result(REQUEST, "task-1", '{"outcome": "ok"}')
     assert client.stored == {}
+    assert client.published == [], "nothing stored, nothing announced"
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert len(errors) == 1, "gave up on a trial's result without an error line"
     line = errors[0].getMessage()

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import time
 import uuid
 from collections.abc import Iterable
 from typing import Any
@@ -17,7 +19,13 @@ from trialq.settings import Settings
 from trialq.wire import heartbeat
 from trialq.wire.channel import ReportChannel
 from trialq.wire.dispatch import TaskPhase, TaskStatus
-from trialq.wire.keys import KOMBU_UNACKED, kombu_queue_key, result_key, withdrawn_key
+from trialq.wire.keys import (
+    KOMBU_UNACKED,
+    kombu_queue_key,
+    result_key,
+    results_channel,
+    withdrawn_key,
+)
 from trialq.wire.messages import Outcome, TrialRequest, TrialResult
 
 _WITHDRAWN_TTL_S = 7 * 24 * 3600
@@ -39,6 +47,9 @@ class CeleryDispatcher:
         self._app = app or create_app(settings)
         self._broker = redis.Redis.from_url(settings.broker_url, socket_timeout=10)
         self._backend = self._app.backend
+        self._studies: set[str] = set()
+        """The studies this dispatcher sent trials of: it listens for their results."""
+        self._results: redis.client.PubSub | None = None
 
     def check_reachable(self) -> None:
         """Raise `BrokerUnreachable` unless Redis answers a PING."""
@@ -50,6 +61,7 @@ class CeleryDispatcher:
     def submit(self, request: TrialRequest, queue: str, task_id: str | None = None) -> str:
         """Publish the request on the queue with its soft and hard time limits."""
         task_id = task_id or str(uuid.uuid4())
+        self._listen(request.study)  # before the trial is sent: its result is not missed
         try:
             self._app.send_task(
                 TASK_NAME,
@@ -122,6 +134,63 @@ class CeleryDispatcher:
     def live_worker_count(self, queue: str) -> int:
         """Workers whose heartbeat is fresh and who consume the queue."""
         return sum(queue in beat.queues for beat in heartbeat.live_workers(self._broker))
+
+    def wait_for_results(self, timeout_s: float) -> bool:
+        """Wait for a trial of a study sent through here to announce its stored result
+        (`keys.results_channel`), or `timeout_s`. Without a subscription (nothing sent yet,
+        or Redis away) this is a plain sleep: the driver's next pass asks Redis itself."""
+        deadline = time.monotonic() + timeout_s
+        try:
+            if self._subscribed() and self._next_result(deadline):
+                self._drain_results()
+                return True
+        except redis.RedisError:
+            self._drop_subscription()  # the pass that follows meets the outage, if it lasts
+        time.sleep(max(0.0, deadline - time.monotonic()))
+        return False
+
+    def _listen(self, study: str) -> None:
+        """Subscribe to the study's results channel, once (best effort: without it the
+        driver's pause is a sleep)."""
+        if study in self._studies:
+            return
+        self._studies.add(study)
+        if self._results is not None:
+            with contextlib.suppress(redis.RedisError):
+                self._results.subscribe(results_channel(study))
+            return
+        with contextlib.suppress(redis.RedisError):
+            self._subscribed()
+
+    def _subscribed(self) -> bool:
+        """Whether the results subscription is up (made, or made again after an outage)."""
+        if self._results is None and self._studies:
+            quiet = {"ignore_subscribe_messages": True}
+            results = self._broker.pubsub(**quiet)  # type: ignore[no-untyped-call]
+            results.subscribe(*(results_channel(study) for study in self._studies))
+            self._results = results
+        return self._results is not None
+
+    def _next_result(self, deadline: float) -> bool:
+        """Whether a result was announced before `deadline` (subscribe confirmations are
+        skipped)."""
+        assert self._results is not None
+        while (left := deadline - time.monotonic()) > 0:
+            if self._results.get_message(timeout=left) is not None:
+                return True
+        return False
+
+    def _drain_results(self) -> None:
+        """Take every announcement already here: one pass collects all of them."""
+        assert self._results is not None
+        while self._results.get_message(timeout=0) is not None:
+            pass
+
+    def _drop_subscription(self) -> None:
+        if self._results is not None:
+            with contextlib.suppress(redis.RedisError, OSError):
+                self._results.close()
+        self._results = None
 
 
 def _finished(raw: bytes | str) -> TaskStatus:

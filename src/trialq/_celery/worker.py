@@ -54,7 +54,7 @@ from trialq.trial.runner import run_trial
 from trialq.trial.telemetry import MIB, DeviceBaseline, NeighbourCheck
 from trialq.wire.channel import ReportChannel, TrialAddress
 from trialq.wire.heartbeat import GpuBeat, Heartbeat, RunningTrial, TrialBeacon, WorkerBeat
-from trialq.wire.keys import DEFAULT_QUEUE, result_key, withdrawn_key
+from trialq.wire.keys import DEFAULT_QUEUE, result_key, results_channel, withdrawn_key
 from trialq.wire.messages import Outcome, TrialRequest, TrialResult
 
 EX_SOFTWARE = 70
@@ -186,12 +186,14 @@ class WorkerState:
         )
 
     def keep_result(self, request: TrialRequest, task_id: str, message: str) -> None:
-        """Store the result under trialq's own key, waiting out a Redis restart if needed."""
+        """Store the result under trialq's own key, waiting out a Redis restart if needed,
+        then announce it on the study's results channel: a driver waiting wakes at once."""
         error: redis.RedisError | None = None
         for delay in self.result_retry_delays_s:
             time.sleep(delay)
             try:
                 self.trial_redis().set(result_key(task_id), message, ex=RESULT_TTL_S)
+                self._announce_result(request, task_id)
                 return
             except redis.RedisError as exc:
                 error = exc
@@ -201,6 +203,12 @@ class WorkerState:
             request.number, request.study, request.attempt, task_id,
             len(self.result_retry_delays_s), sum(self.result_retry_delays_s), error,
         )  # fmt: skip
+
+    def _announce_result(self, request: TrialRequest, task_id: str) -> None:
+        """Publish the stored result's task id (best effort: a driver that misses it finds
+        the result at its next pass anyway)."""
+        with contextlib.suppress(redis.RedisError):
+            self.trial_redis().publish(results_channel(request.study), task_id)
 
     def bounded_json(self, result: TrialResult) -> str:
         """The result as JSON; one too large to store keeps the outcome's facts, not the

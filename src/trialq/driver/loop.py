@@ -206,14 +206,16 @@ class StudyDriver:
         return bool(more or self._outstanding)
 
     def _pause(self, seconds: float, outages: Outages) -> None:
-        """Wait for the next pass, sending each trial the moment its record is written."""
+        """Wait for the next pass, sending each trial the moment its record is written; the
+        pass comes as soon as a trial's result does (`Dispatcher.wait_for_results`), at the
+        latest `seconds` on (what else a pass looks at: reports, starts, lost workers)."""
         clock = self.options.clock
         deadline = clock() + seconds
         while self.recording and clock() < deadline:
             with outages.tolerated():
                 if not self._send_recorded(deadline):
                     break
-        time.sleep(max(0.0, deadline - clock()))
+        self.dispatcher.wait_for_results(max(0.0, deadline - clock()))
 
     def _write_all(self, outages: Outages) -> None:
         """The run is done once every tell is in the database, outage or not."""

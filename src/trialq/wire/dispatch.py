@@ -92,3 +92,9 @@ class Dispatcher(Protocol):
 
     def live_worker_count(self, queue: str) -> int:
         """How many workers consuming `queue` beat right now."""
+
+    def wait_for_results(self, timeout_s: float) -> bool:
+        """Wait until a trial sent through this dispatcher may have ended, or `timeout_s`
+        has passed; True when woken early by a result. The driver's pause between passes:
+        a pass follows each result at once instead of a fixed sleep later. A dispatcher
+        that cannot tell waits the whole `timeout_s` (a sleep, or its own clock)."""

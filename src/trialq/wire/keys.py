@@ -60,6 +60,10 @@ RESULT_PREFIX = "trialq:result:"
 """+ a task id: the trial's own result, written once when it ended (Celery's meta can be
 overwritten by a redelivery, which writes STARTED again)."""
 
+RESULTS_CHANNEL_PREFIX = "trialq:results:"
+"""+ a study's name: a pub/sub channel on which a trial process publishes its task id once it
+has stored its result (`RESULT_PREFIX`), so a driver waiting for results wakes at once."""
+
 
 def worker_key(worker: str) -> str:
     """The heartbeat key of the worker named `worker` (Celery's node name)."""
@@ -100,6 +104,11 @@ def poison_key(queue: str) -> str:
 def result_key(task_id: str) -> str:
     """Where a trial's own result is kept."""
     return f"{RESULT_PREFIX}{task_id}"
+
+
+def results_channel(study: str) -> str:
+    """The channel on which the trials of `study` announce their stored results."""
+    return f"{RESULTS_CHANNEL_PREFIX}{study}"
 
 
 # --- kombu's keys that trialq reads (kombu's Redis transport owns them) -------------------
