@@ -24,6 +24,7 @@ DISTRIBUTIONS_OF_MODULE = {
     "pynvml": {"nvidia-ml-py"},
     "pydantic_settings": {"pydantic-settings"},
     "tensorflow": {"tensorflow", "tensorflow-cpu"},
+    "psycopg2": {"psycopg2-binary", "psycopg2"},
 }
 """Top-level modules whose distribution has another name (the rest are named alike)."""
 
