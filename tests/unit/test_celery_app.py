@@ -6,11 +6,11 @@ import os
 import ssl
 from typing import Any
 
+from trial_requests import trial_request
+
 from trialq._celery.app import create_app
 from trialq._celery.dispatcher import CeleryDispatcher
 from trialq.settings import Settings
-from trialq.wire.entrypoint import Entrypoint
-from trialq.wire.messages import TrialRequest
 
 
 def test_the_design_settings_are_pinned() -> None:
@@ -80,10 +80,7 @@ class _SendingApp:
 def test_the_dispatcher_sends_the_requests_own_soft_and_hard_limits() -> None:
     app = _SendingApp()
     dispatcher = CeleryDispatcher(Settings(broker_url="redis://127.0.0.1:1/0"), app=app)  # type: ignore[arg-type]
-    request = TrialRequest(
-        study="limits", number=0, attempt=1, params={"x": 1.0},
-        entrypoint=Entrypoint("trials", "quadratic"), timeout_s=60, hard_limit_s=90,
-    )  # fmt: skip
+    request = trial_request(study="limits", timeout_s=60, hard_limit_s=90)
 
     assert dispatcher.submit(request, "gpu", task_id="t-1") == "t-1"
 

@@ -10,6 +10,7 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
+from trial_requests import trial_request
 
 from trialq.driver.fate import (
     Known,
@@ -23,18 +24,10 @@ from trialq.driver.fate import (
     may_be_lost,
 )
 from trialq.wire.dispatch import TaskPhase, TaskStatus
-from trialq.wire.entrypoint import Entrypoint
-from trialq.wire.messages import Outcome, TrialRequest, TrialResult
+from trialq.wire.messages import Outcome, TrialResult
 
 LIMITS = Limits(max_retries=2, max_preemptions=3, memory_limit_mb=512)
-REQUEST = TrialRequest(
-    study="s",
-    number=7,
-    attempt=1,
-    params={"x": 0.5},
-    entrypoint=Entrypoint.parse("trials:quadratic"),
-    timeout_s=60,
-)
+REQUEST = trial_request(number=7, params={"x": 0.5})
 
 
 def _result(outcome: Outcome, **fields: Any) -> TrialResult:

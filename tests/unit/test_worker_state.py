@@ -10,22 +10,14 @@ from typing import Any
 import pytest
 import redis
 from celery import signals
+from trial_requests import trial_request
 
 from trialq._celery import worker as worker_module
 from trialq._celery.worker import WorkerState
 from trialq.settings import Settings
-from trialq.wire.entrypoint import Entrypoint
 from trialq.wire.keys import result_key, results_channel
-from trialq.wire.messages import TrialRequest
 
-REQUEST = TrialRequest(
-    study="digits",
-    number=7,
-    attempt=2,
-    params={"x": 0.5},
-    entrypoint=Entrypoint.parse("trials:quadratic"),
-    timeout_s=60,
-)
+REQUEST = trial_request(study="digits", number=7, attempt=2, params={"x": 0.5})
 
 
 class FlakyRedis:
