@@ -59,6 +59,13 @@ class Settings(BaseSettings):
     heartbeat_ttl_s: float = Field(default=20.0, gt=0)
     """A worker whose key is older than this is taken as gone; its trial is lost."""
 
+    key_ttl_s: int = Field(default=7 * 24 * 3600, gt=0)
+    """How long Redis keeps the keys each trial leaves behind once written: its result
+    (trialq's `trialq:result:<task id>` and Celery's result meta) and the driver's
+    `trialq:withdrawn:<task id>` mark. A week by default: a driver re-run after longer finds
+    the results of the trials it had in flight gone, and sends those trials again. Give the
+    driver and the workers the same value."""
+
     heartbeat_file: Path | None = None
     """A file the worker touches after each heartbeat that reached Redis: the container
     images' health check reads its age (a shell `stat`, cheap enough to run every few

@@ -15,7 +15,6 @@ from trialq.settings import Settings
 from trialq.wire.keys import DEFAULT_QUEUE
 
 TASK_NAME = "trialq.run_trial"
-RESULT_TTL_S = 7 * 24 * 3600
 
 
 def celery_config(settings: Settings) -> dict[str, Any]:
@@ -32,7 +31,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "accept_content": ["json"],
         "result_accept_content": ["json"],
         "task_track_started": True,
-        "result_expires": RESULT_TTL_S,
+        "result_expires": settings.key_ttl_s,
         "broker_transport_options": transport,
         "result_backend_transport_options": transport,
         "visibility_timeout": settings.visibility_timeout_s,

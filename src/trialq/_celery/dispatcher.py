@@ -28,7 +28,6 @@ from trialq.wire.keys import (
 )
 from trialq.wire.messages import Outcome, TrialRequest, TrialResult
 
-_WITHDRAWN_TTL_S = 7 * 24 * 3600
 _FAILURE_OUTCOMES = {
     # Recorded by the worker's parent, alive, on seeing its trial process end with no result
     # (a signal, sys.exit, os._exit): the trial's own end. A worker that is lost records
@@ -47,6 +46,7 @@ class CeleryDispatcher:
         self._app = app or create_app(settings)
         self._broker = redis.Redis.from_url(settings.broker_url, socket_timeout=10)
         self._backend = self._app.backend
+        self._key_ttl_s = settings.key_ttl_s
         self._studies: set[str] = set()
         """The studies this dispatcher sent trials of: it listens for their results."""
         self._results: redis.client.PubSub | None = None
@@ -114,7 +114,7 @@ class CeleryDispatcher:
             return
         pipe = self._broker.pipeline(transaction=False)
         for task_id in ids:
-            pipe.set(withdrawn_key(task_id), 1, ex=_WITHDRAWN_TTL_S)
+            pipe.set(withdrawn_key(task_id), 1, ex=self._key_ttl_s)
         pipe.execute()
         self._app.control.revoke(list(ids))
         queued: list[Any] = self._broker.lrange(kombu_queue_key(queue), 0, -1)
@@ -124,7 +124,7 @@ class CeleryDispatcher:
 
     def terminate(self, task_id: str) -> None:
         """Revoke a running task and kill its process (SIGKILL: the GPU is freed at once)."""
-        self._broker.set(withdrawn_key(task_id), 1, ex=_WITHDRAWN_TTL_S)
+        self._broker.set(withdrawn_key(task_id), 1, ex=self._key_ttl_s)
         self._app.control.revoke(task_id, terminate=True, signal="SIGKILL")
 
     def reports(self) -> ReportChannel:

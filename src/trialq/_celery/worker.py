@@ -38,7 +38,7 @@ from celery.exceptions import Ignore, SoftTimeLimitExceeded, WorkerShutdown
 from celery.worker import state as worker_state
 
 from trialq import logs
-from trialq._celery.app import RESULT_TTL_S, TASK_NAME, create_app
+from trialq._celery.app import TASK_NAME, create_app
 from trialq._celery.pool import claim_trial_slot
 from trialq.errors import TrialqError, UsageError
 from trialq.lifeline import die_with_parent
@@ -164,7 +164,7 @@ class WorkerState:
             )  # fmt: skip
             with contextlib.suppress(redis.RedisError):
                 self.trial_redis().set(
-                    result_key(task_id), result.model_dump_json(), ex=RESULT_TTL_S
+                    result_key(task_id), result.model_dump_json(), ex=self.settings.key_ttl_s
                 )
 
         return leave
@@ -192,7 +192,7 @@ class WorkerState:
         for delay in self.result_retry_delays_s:
             time.sleep(delay)
             try:
-                self.trial_redis().set(result_key(task_id), message, ex=RESULT_TTL_S)
+                self.trial_redis().set(result_key(task_id), message, ex=self.settings.key_ttl_s)
                 self._announce_result(request, task_id)
                 return
             except redis.RedisError as exc:
