@@ -17,6 +17,18 @@ def spec_text(**tables: str) -> str:
 
 
 BAD_SPECS = {
+    "study name leaving the spec's folder": (
+        spec_text(study='name = "../../escape"\nn_trials = 3'),
+        "study.name: '../../escape': use letters, digits",
+    ),
+    "study name with a path separator": (
+        spec_text(study='name = "a/b"\nn_trials = 3'),
+        "study.name: 'a/b': use letters, digits",
+    ),
+    "study name that is no file name": (
+        spec_text(study=f'name = "{"x" * 300}"\nn_trials = 3'),
+        "study.name: String should have at most 128 characters",
+    ),
     "unknown key": (spec_text(study=GOOD["study"] + "\nbogus = 1"), "study.bogus: unknown key"),
     "misspelt key": (
         spec_text(study='name = "s"\nn_trails = 3'),

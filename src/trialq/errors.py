@@ -95,6 +95,21 @@ class StudyInUse(TrialqError):
         )
 
 
+class StudyDeleted(TrialqError):
+    """Raised when the study was deleted from its storage (`optuna.delete_study`, the
+    dashboard) while its driver ran: nothing more can be written to it."""
+
+    exit_code = 2
+
+    @classmethod
+    def named(cls, study: str) -> StudyDeleted:
+        """The one line for study `study`."""
+        return cls(
+            f"study {study!r} deleted while it ran: its queued trials were withdrawn and "
+            "nothing more is written to it"
+        )
+
+
 class LocalClusterError(TrialqError):
     """Raised when `--local` cannot start its embedded Redis or its workers."""
 

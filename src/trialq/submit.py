@@ -24,7 +24,7 @@ from trialq.driver.progress import NoProgress, ProgressSink, RichProgress
 from trialq.driver.search_space import load_search_space
 from trialq.driver.spec import StudySpec, load_spec
 from trialq.driver.study import open_study, redacted, storage_url
-from trialq.driver.study_lock import holding_study
+from trialq.driver.study_lock import holding_study, holding_study_file
 from trialq.errors import SpecError, UsageError
 from trialq.local import LocalCluster
 from trialq.settings import Settings
@@ -65,9 +65,10 @@ def submit_study(
         check_a_worker_fits(spec, settings.broker_url)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     url = storage_url(spec, storage_override, settings.storage)
-    study = open_study(spec, url)
     target = n_trials or spec.study.n_trials
     with ExitStack() as stack:
+        stack.enter_context(holding_study_file(url, spec.study.name))  # SQLite: before opening
+        study = open_study(spec, url)
         study_lock = stack.enter_context(holding_study(study))  # before anything is written
         for note in check_spec_against_study(spec, study):
             _say(f"note: {note}")

@@ -3,15 +3,17 @@ machine's real PostgreSQL (an advisory lock), taken, refused, lost with a restar
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import optuna
 import pytest
 import sqlalchemy
 
-from trialq.driver.study_lock import StudyLock
-from trialq.errors import StudyInUse
+from trialq.driver.study_lock import StudyLock, holding_study, holding_study_file
+from trialq.errors import StudyInUse, UsageError
 
 
 @pytest.fixture
@@ -27,17 +29,45 @@ def _lock(study: optuna.Study) -> StudyLock:
     return StudyLock(rdb, study._study_id, study.study_name)
 
 
+@contextlib.contextmanager
+def _driving(study: optuna.Study, url: str) -> Iterator[None]:
+    """Both locks, as submit-study takes them: SQLite's file, then the server's."""
+    with holding_study_file(url, study.study_name), holding_study(study):
+        yield
+
+
 def test_a_second_driver_is_refused_while_the_first_holds_the_study(
-    study: optuna.Study,
+    study: optuna.Study, storage_url: str
 ) -> None:
-    first = _lock(study)
-    first.acquire()
-    with pytest.raises(StudyInUse, match=r"has a driver already \(trialq-driver .* pid"):
-        _lock(study).acquire()
-    first.release()
-    second = _lock(study)
-    second.acquire()  # free again once the first let go
-    second.release()
+    with (
+        _driving(study, storage_url),
+        pytest.raises(StudyInUse, match=r"has a driver already \(trialq-driver .* pid"),
+        _driving(study, storage_url),
+    ):
+        pass
+    with _driving(study, storage_url):
+        pass  # free again once the first let go
+
+
+def test_a_sqlite_study_is_locked_before_its_database_exists(tmp_path: Path) -> None:
+    """Taken before the database is opened: a second driver is refused before it creates a
+    database (beside one moved away) or races the first on Optuna's schema (issue 26.13)."""
+    url = f"sqlite:///{tmp_path / 'new.db'}"
+    with holding_study_file(url, "s"):
+        with pytest.raises(StudyInUse, match="has a driver already"), holding_study_file(url, "s"):
+            pass
+        with holding_study_file(url, "another study"):
+            pass  # a lock per study, as on a server
+    assert list(tmp_path.iterdir()) == [], "no database, and the lock file removed"
+
+
+def test_a_lock_beside_no_folder_is_a_usage_error(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'no-such-folder' / 'study.db'}"
+    with (
+        pytest.raises(UsageError, match="cannot create the study's lock"),
+        holding_study_file(url, "s"),
+    ):
+        pass
 
 
 def test_a_lock_lost_with_the_server_connection_is_taken_again(postgres_url: str) -> None:

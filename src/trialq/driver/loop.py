@@ -39,7 +39,7 @@ from trialq.driver.search_space import DefineSpace, load_search_space
 from trialq.driver.spec import StudySpec
 from trialq.driver.study import distributions
 from trialq.driver.study_lock import StudyLock
-from trialq.errors import BrokerUnreachable, FailingTrials, Interrupted, SpecError
+from trialq.errors import BrokerUnreachable, FailingTrials, Interrupted, SpecError, StudyDeleted
 from trialq.oom_stand_ins import counted_state
 from trialq.wire.channel import Report, TrialAddress
 from trialq.wire.dispatch import Dispatcher, TaskPhase, TaskStatus, TrialReports
@@ -175,6 +175,11 @@ class StudyDriver:
         except (SpecError, FailingTrials):
             self._withdraw_waiting()
             raise
+        except Exception as exc:
+            if not self._store.lost_to_deletion(exc):
+                raise
+            self._withdraw_waiting()
+            raise StudyDeleted.named(self.study.study_name) from None
         finally:
             self._write_told()
 
@@ -660,7 +665,8 @@ class StudyDriver:
         try:
             self._store.flush(LAST_WRITE_WAIT_S)
         except Exception as exc:  # the error that stops the run is already on its way
-            _log.warning("told trials not written (the next run tells them again): %s", exc)
+            if not self._store.lost_to_deletion(exc):  # a deleted study takes no more tells
+                _log.warning("told trials not written (the next run tells them again): %s", exc)
 
     def _withdraw_waiting(self) -> None:
         """On interrupt: trials not yet started never will; running ones stay re-attachable.

@@ -7,13 +7,21 @@ the file, the key and what was expected.
 from __future__ import annotations
 
 import difflib
+import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from trialq.errors import SpecError
 from trialq.wire.entrypoint import EntrypointRef
@@ -80,10 +88,18 @@ def _check_low_high(low: float, high: float) -> None:
         raise ValueError(f"low ({low}) must not be greater than high ({high})")
 
 
+STUDY_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+STUDY_NAME_MAX = 128
+
+
 class StudySection(_Frozen):
     """`[study]`: what to optimise and how to search."""
 
-    name: str = Field(min_length=1)
+    name: str = Field(min_length=1, max_length=STUDY_NAME_MAX)
+    """Letters, digits, `_`, `.` and `-`, not starting with `.` or `-` (`STUDY_NAME`): it
+    names the SQLite file beside the spec and its lock, and is part of Redis keys, so it can
+    neither leave the spec's folder (`../x`, `a/b`, `a%2Fb`, `a?b` in a URL) nor fail to be
+    a file's name (issue 26.13)."""
     direction: Direction | None = None
     directions: tuple[Direction, ...] | None = Field(default=None, min_length=1)
     metric: str | None = None
@@ -112,6 +128,16 @@ class StudySection(_Frozen):
     """Stop once the best value reaches it (one objective only)."""
     max_failed_trials: int | None = Field(default=None, ge=1)
     """The study's failed trials at which the run stops (exit 5), the rest kept."""
+
+    @field_validator("name")
+    @classmethod
+    def _safe_name(cls, name: str) -> str:
+        if not STUDY_NAME.fullmatch(name):
+            raise ValueError(
+                f"{name!r}: use letters, digits, '_', '.' and '-', not starting with '.' or "
+                "'-' (the name is a file's beside the spec)"
+            )
+        return name
 
     @model_validator(mode="after")
     def _check_objectives(self) -> StudySection:

@@ -6,7 +6,11 @@ trials twice. It is refused with one line and exit 2 before it writes anything. 
 with the driver's process or with its connection, so a crashed driver never blocks the next run:
 - PostgreSQL: a session advisory lock, on a connection of its own that names the driver;
 - MySQL: `GET_LOCK`, likewise;
-- SQLite: an exclusive `flock` on a file beside the database, removed when the run ends;
+- SQLite: an exclusive `flock` on a file beside the database, named after the study and
+  removed when the run ends. It is taken before the database is opened (`holding_study_file`),
+  so a second driver is refused before it creates anything: not a database beside one moved
+  away under the first driver, nor Optuna's schema, which two drivers starting at once on a
+  new file would both create (the loser failed on `alembic_version`, issue 26.13);
 - an in-memory database has one process by nature: no lock.
 A restarted PostgreSQL forgets the lock with the connection; `ensure_held` takes it again
 once the server is back (an error meanwhile is a storage outage, ridden out as any other),
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import os
 import socket
 from collections.abc import Iterator
@@ -27,7 +32,7 @@ import sqlalchemy
 
 from trialq.driver._storage.engine import lock_engine
 from trialq.driver._storage.mirror import rdb_under
-from trialq.errors import StudyInUse
+from trialq.errors import StudyInUse, UsageError
 
 _ADVISORY_CLASS = 0x74716C6B  # "tqlk": trialq's class of PostgreSQL advisory locks
 _IN_MEMORY = (None, "", ":memory:")
@@ -46,23 +51,18 @@ class StudyLock:
         self._study_name = study_name
         self._on_server = self._url.get_backend_name() in ("postgresql", "mysql", "mariadb")
         self._connection: sqlalchemy.Connection | None = None
-        self._file: _LockFile | None = None
 
     def acquire(self) -> None:
-        """Take the lock, or raise `StudyInUse` naming who holds it."""
+        """Take the server's lock, or raise `StudyInUse` naming who holds it (a SQLite study's
+        lock is `holding_study_file`'s, taken before the database was opened)."""
         if self._on_server:
             self._take_on_server()
-        elif self._url.get_backend_name() == "sqlite" and self._url.database not in _IN_MEMORY:
-            self._file = _LockFile(Path(f"{self._url.database}-driver-{self._study_id}.lock"))
-            holder = self._file.take(_driver_name())
-            if holder is not None:
-                raise StudyInUse.held_by(self._study_name, holder)
 
     def ensure_held(self) -> None:
         """Check the server still holds the lock for this driver; take it again after the
         server lost it (a restart). Raises the database's error while it is away."""
         if not self._on_server:
-            return  # a file lock cannot be lost
+            return  # a file lock (SQLite's) cannot be lost
         if self._connection is None:
             self._take_on_server()
             return
@@ -75,9 +75,6 @@ class StudyLock:
     def release(self) -> None:
         """Let the next driver in."""
         self._drop_connection()
-        if self._file is not None:
-            self._file.release()
-            self._file = None
 
     def _take_on_server(self) -> None:
         engine = lock_engine(self._url, _driver_name())
@@ -156,9 +153,44 @@ class _LockFile:
 
 
 @contextlib.contextmanager
+def holding_study_file(url: str, study_name: str) -> Iterator[None]:
+    """A SQLite study's lock, for as long as the block runs: taken before its database is
+    opened or created. Nothing for another storage (its lock is `holding_study`'s)."""
+    path = sqlite_lock_path(url, study_name)
+    if path is None:
+        yield
+        return
+    lock = _LockFile(path)
+    try:
+        holder = lock.take(_driver_name())
+    except OSError as exc:  # no such folder, not writable: the database could not be either
+        raise UsageError(f"cannot create the study's lock {path}: {exc.strerror}") from None
+    if holder is not None:
+        raise StudyInUse.held_by(study_name, holder)
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def sqlite_lock_path(url: str, study_name: str) -> Path | None:
+    """The lock file of study `study_name` beside its SQLite database, named after the study
+    (a digest: any name makes a short, safe file name); None for another storage."""
+    try:
+        parsed = sqlalchemy.make_url(url)
+    except sqlalchemy.exc.ArgumentError:
+        return None  # no URL: opening the study says so
+    if parsed.get_backend_name() != "sqlite" or parsed.database in _IN_MEMORY:
+        return None
+    digest = hashlib.sha256(study_name.encode()).hexdigest()[:16]
+    return Path(f"{parsed.database}-driver-{digest}.lock")
+
+
+@contextlib.contextmanager
 def holding_study(study: optuna.Study) -> Iterator[StudyLock | None]:
-    """The study's lock for as long as the block runs; None for a storage other than an RDB
-    one (an in-memory study has one process by nature)."""
+    """The study's lock on its database server for as long as the block runs; None for a
+    storage other than an RDB one (an in-memory study has one process by nature). A SQLite
+    study's lock is taken before, by `holding_study_file`."""
     rdb = rdb_under(study._storage)
     if rdb is None:
         yield None

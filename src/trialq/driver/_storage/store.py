@@ -22,6 +22,7 @@ from concurrent.futures import Future
 from typing import Any
 
 import optuna
+import sqlalchemy
 from optuna.trial import FrozenTrial, TrialState
 
 from trialq.driver._storage.mirror import FLUSH_WAIT_S, MirroredStorage
@@ -93,6 +94,19 @@ class TrialStore(ABC):
     def set_study_attr(self, key: str, value: Any) -> None:
         """A user attr on the study itself (what ended the last run, say)."""
         self.study.set_user_attr(key, value)
+
+    def lost_to_deletion(self, exc: Exception) -> bool:
+        """Whether `exc`, raised by a write, is the study deleted from the storage by someone
+        else (`optuna.delete_study`): a row the driver writes to is gone, and so is the study."""
+        if not isinstance(exc, KeyError | sqlalchemy.exc.IntegrityError):
+            return False
+        try:
+            self.study._storage.get_study_id_from_name(self.study.study_name)
+        except KeyError:
+            return True
+        except Exception:  # the storage away: no word on the study, the error stands
+            return False
+        return False
 
     def tell(self, trial: optuna.Trial, state: TrialState, values: Sequence[float] | None) -> None:
         """Tell Optuna the trial's end, once: a trial already finished stays as it is."""
