@@ -36,6 +36,8 @@ from trialq.wire import heartbeat
 
 STARTUP_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 15.0
+WAIT_POLL_S = 0.01
+"""How often the start looks for the workers' heartbeats (a Redis GET, nothing more)."""
 WORKER_NICENESS = 10
 """How much lower than the driver's the local workers' CPU priority is (trials inherit it)."""
 
@@ -96,6 +98,9 @@ class LocalCluster:
         """Where the workers' Redis listens: an embedded one unless a URL was given."""
         self._redis: subprocess.Popen[bytes] | None = None
         self._workers: list[subprocess.Popen[bytes]] = []
+        self._tmp = Path(tempfile.mkdtemp(prefix="trialq-local-tmp-"))
+        """The workers' TMPDIR (their trial slots' lock files, their trials' temporary
+        files): removed with the cluster, also after workers that were killed outright."""
 
     def __enter__(self) -> LocalCluster:
         try:
@@ -159,6 +164,7 @@ class LocalCluster:
             "TRIALQ_BROKER_URL": self.broker_url,
             "TRIALQ_RESULT_BACKEND": self.broker_url,
             "TRIALQ_ALLOWED_MODULES": ",".join(self.allowed_modules),
+            "TMPDIR": str(self._tmp),
         }
         with (self.log_dir / log_name).open("wb") as log:
             return subprocess.Popen(
@@ -179,7 +185,7 @@ class LocalCluster:
                 raise LocalClusterError(
                     f"local workers did not start; logs in {self.log_dir}: {self._log_tail()}"
                 )
-            time.sleep(0.1)
+            time.sleep(WAIT_POLL_S)
 
     def _log_tail(self) -> str:
         for log in sorted(self.log_dir.glob("worker*.log")):
@@ -190,15 +196,33 @@ class LocalCluster:
 
     def stop(self) -> None:
         """Stop workers (cold: running trials end now), then Redis; kill what lingers. A
-        Ctrl-C or SIGTERM meanwhile waits until everything is stopped."""
+        Ctrl-C or SIGTERM meanwhile waits until everything is stopped.
+
+        Idle workers on the cluster's own Redis are killed outright: Celery's cold shutdown
+        took 1.5 s here, and all it tidies is state in a Redis that goes with them (its
+        trial slots' files are in the cluster's TMPDIR, removed here). Redis keeps nothing
+        on disk, so it is killed too. A running trial gets the cold shutdown, which also ends
+        what the trial started (`trialq.trial.process_group`)."""
         with _deferred_interrupts():
-            _stop_all(self._workers, signal.SIGQUIT)
+            _stop_all(self._workers, self._worker_stop_signal())
             self._workers.clear()
             if self._redis is not None:
-                _stop_all([self._redis], signal.SIGTERM)
+                _stop_all([self._redis], signal.SIGKILL)
                 self._redis = None
             if self._temporary_logs:
                 shutil.rmtree(self.log_dir, ignore_errors=True)
+            shutil.rmtree(self._tmp, ignore_errors=True)
+
+    def _worker_stop_signal(self) -> signal.Signals:
+        """SIGKILL for idle workers on the cluster's own Redis, else SIGQUIT (cold shutdown)."""
+        if not self._own_redis or self._redis is None or not self._workers:
+            return signal.SIGQUIT
+        try:
+            client = redis.Redis.from_url(self.broker_url, socket_timeout=1)
+            running = heartbeat.running_trials(client)
+        except redis.RedisError:
+            return signal.SIGQUIT
+        return signal.SIGQUIT if running else signal.SIGKILL
 
 
 def yield_cpu(pid: int, by: int) -> None:

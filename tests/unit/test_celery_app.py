@@ -56,13 +56,13 @@ def test_the_worker_command_line_carries_the_apps_design_settings() -> None:
     conf = create_app(settings).conf
     options = WorkerOptions(queue="q1", concurrency=3, hostname=None, loglevel="DEBUG", extra=["-E"])
     argv = worker_argv(settings, options)
-    flags = dict(zip(argv[3:-1:2], argv[4:-1:2], strict=True))
+    flags = dict(zip(argv[3:-3:2], argv[4:-3:2], strict=True))
     assert argv[:2] == ["--app", "trialq._celery.worker:app"] and argv[2] == "worker"
     assert flags["--max-tasks-per-child"] == str(conf.worker_max_tasks_per_child) == "1"
     assert flags["--prefetch-multiplier"] == str(conf.worker_prefetch_multiplier) == "1"
     assert flags["--queues"] == "q1" and flags["--concurrency"] == "3"
     assert flags["--loglevel"] == "DEBUG" and flags["--hostname"].startswith("trialq-")
-    assert argv[-1] == "-E"
+    assert argv[-3:] == ["--without-mingle", "--without-gossip", "-E"], "no second's wait"
 
 
 class _SendingApp:
