@@ -105,7 +105,8 @@ def test_local_runs_a_study_from_a_clean_directory_without_services(tmp_path: Pa
     expected = min(os.getpriority(os.PRIO_PROCESS, 0) + WORKER_NICENESS, 19)
     assert {t["user_attrs"]["metrics"]["niceness"] for t in summary["trials"]} == {expected}
     assert (folder / "local.db").exists(), "default storage is SQLite next to the spec"
-    assert (folder / "local-logs" / "worker0.log").exists(), "worker logs beside the study"
+    (run,) = (folder / "local-logs").iterdir()  # one folder a run, named by its start
+    assert (run / "worker0.log").exists(), "worker logs beside the study"
     assert not _descendants_of_trialq(), "a local worker outlived submit-study"
 
 
