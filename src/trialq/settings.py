@@ -62,9 +62,9 @@ class Settings(BaseSettings):
     key_ttl_s: int = Field(default=7 * 24 * 3600, gt=0)
     """How long Redis keeps the keys each trial leaves behind once written: its result
     (trialq's `trialq:result:<task id>` and Celery's result meta) and the driver's
-    `trialq:withdrawn:<task id>` mark. A week by default: a driver re-run after longer finds
-    the results of the trials it had in flight gone, and sends those trials again. Give the
-    driver and the workers the same value."""
+    `trialq:withdrawn:<task id>` and `trialq:kill:<task id>` marks. A week by default: a
+    driver re-run after longer finds the results of the trials it had in flight gone, and
+    sends those trials again. Give the driver and the workers the same value."""
 
     heartbeat_file: Path | None = None
     """A file the worker touches after each heartbeat that reached Redis: the container

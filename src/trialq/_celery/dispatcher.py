@@ -21,6 +21,7 @@ from trialq.wire.channel import ReportChannel
 from trialq.wire.dispatch import TaskPhase, TaskStatus
 from trialq.wire.keys import (
     KOMBU_UNACKED,
+    kill_key,
     kombu_queue_key,
     result_key,
     results_channel,
@@ -123,8 +124,15 @@ class CeleryDispatcher:
                 self._broker.lrem(kombu_queue_key(queue), 1, raw)
 
     def terminate(self, task_id: str) -> None:
-        """Revoke a running task and kill its process (SIGKILL: the GPU is freed at once)."""
-        self._broker.set(withdrawn_key(task_id), 1, ex=self._key_ttl_s)
+        """Revoke a running task and kill its process (SIGKILL: the GPU is freed at once).
+
+        Celery's revoke reaches the process only through its worker's parent, alive and
+        connected; the kill mark reaches it through its own beacon, at its next renewal,
+        however its parent fares (a frozen parent, a host cut off and back)."""
+        pipe = self._broker.pipeline(transaction=False)
+        pipe.set(withdrawn_key(task_id), 1, ex=self._key_ttl_s)
+        pipe.set(kill_key(task_id), 1, ex=self._key_ttl_s)
+        pipe.execute()
         self._app.control.revoke(task_id, terminate=True, signal="SIGKILL")
 
     def reports(self) -> ReportChannel:

@@ -43,7 +43,7 @@ from trialq._celery.pool import claim_trial_slot
 from trialq.errors import TrialqError, UsageError
 from trialq.lifeline import die_with_parent
 from trialq.settings import Settings
-from trialq.trial import checkpoints
+from trialq.trial import checkpoints, process_group
 from trialq.trial.device import TensorFlowDevice
 from trialq.trial.gpu_guard import GpuGuard, GpuOverrun
 from trialq.trial.gpu_inventory import Nvml
@@ -325,7 +325,9 @@ class WorkerState:
         running = _running_trial(hostname, task_id, payload)
         self._log_token = logs.enter_trial(running)
         interval, ttl = self.settings.heartbeat_interval_s, self.settings.heartbeat_ttl_s
-        self._beacon = TrialBeacon(self.trial_redis(), running, interval, ttl).start()
+        self._beacon = TrialBeacon(
+            self.trial_redis(), running, interval, ttl, on_kill=_end_given_up_attempt
+        ).start()
 
     def release_trial(self) -> None:
         """The trial is over, whatever its outcome: this worker no longer runs it."""
@@ -534,3 +536,10 @@ def _on_worker_shutting_down(how: str = "", **_: Any) -> None:
 @signals.worker_shutdown.connect
 def _on_worker_shutdown(**_: Any) -> None:
     worker.stop_heartbeat()
+
+
+def _end_given_up_attempt() -> None:
+    """The driver gave up on this attempt (it re-sent it or told it lost while this process
+    was cut off): end the process and everything it started, at once."""
+    logger.warning("the driver gave up on this attempt: ending its process group")
+    process_group.kill_own_group()

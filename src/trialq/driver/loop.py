@@ -367,7 +367,10 @@ class StudyDriver:
         for task_id, status in statuses.items():
             entry = self.in_flight[task_id]
             entry.worker = status.worker or entry.worker
-            self._apply(entry, fate.decide(self._known(entry, status, queued), self.limits))
+            action = fate.decide(self._known(entry, status, queued), self.limits)
+            if status.phase is TaskPhase.RUNNING and isinstance(action, Resend | Tell):
+                self.dispatcher.terminate(task_id)  # given up on: its process may still run
+            self._apply(entry, action)
 
     def _queued_ids(self) -> set[str]:
         return self.dispatcher.pending_ids(self.spec.trial.queue)

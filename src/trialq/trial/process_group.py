@@ -76,6 +76,17 @@ def end_members(grace_s: float = TERM_GRACE_S) -> int:
     return len(found)
 
 
+def kill_own_group() -> None:
+    """SIGKILL this process and, where it leads a group of its own, every member of that
+    group: the driver gave up on the attempt (its kill mark, read by the trial's beacon), and
+    nothing of it may run on. A process that leads no group of its own kills only itself
+    (its group is its worker's)."""
+    me = os.getpid()
+    if os.getpgrp() == me:
+        os.killpg(me, signal.SIGKILL)
+    os.kill(me, signal.SIGKILL)
+
+
 def kill_group_of(leader_pid: int) -> None:
     """SIGKILL what is left of the group a trial process led, once that process has exited
     (the worker's parent calls it for every trial process it sees end). Nothing, where no

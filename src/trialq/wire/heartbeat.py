@@ -16,6 +16,7 @@ import json
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from trialq.wire.keys import (
     RUNNING_PREFIX,
     WORKER_PREFIX,
     attempt_key,
+    kill_key,
     running_key,
     worker_gpus_key,
     worker_key,
@@ -190,14 +192,21 @@ class TrialBeacon(_RenewedKey):
     The key lives one heartbeat TTL past its last renewal: a trial process killed outright
     (SIGKILL, the OOM killer, a hard time limit) stops claiming its trial that soon after,
     and a clean end (`stop`) deletes it at once. Redis being away only leaves a gap in
-    `status`.
+    `status`. Each renewal also reads the attempt's kill mark (`kill_key`): once the driver
+    has given up on the attempt, `on_kill` ends the process (and what it started).
     """
 
     def __init__(
-        self, client: redis.Redis, trial: RunningTrial, interval_s: float, ttl_s: float
+        self,
+        client: redis.Redis,
+        trial: RunningTrial,
+        interval_s: float,
+        ttl_s: float,
+        on_kill: Callable[[], object] | None = None,
     ) -> None:
         super().__init__(client, interval_s, ttl_s, "trialq-beacon")
         self._trial = trial
+        self._on_kill = on_kill
 
     def start(self) -> TrialBeacon:
         """Claim the trial now, then keep claiming it."""
@@ -213,11 +222,15 @@ class TrialBeacon(_RenewedKey):
         return json.dumps(asdict(self._trial))
 
     def _write(self) -> None:
-        """Claim the trial for `status`, and say its attempt lives (`attempt_alive`)."""
+        """Claim the trial for `status`, say its attempt lives (`attempt_alive`), and end the
+        process if the driver gave up on the attempt."""
         pipe = self._client.pipeline(transaction=False)
         pipe.set(self._key(), self._value(), px=self._ttl_ms)
         pipe.set(attempt_key(self._trial.task_id), self._trial.pid, px=self._ttl_ms)
-        pipe.execute()
+        pipe.exists(kill_key(self._trial.task_id))
+        *_, killed = pipe.execute()
+        if killed and self._on_kill is not None:
+            self._on_kill()
 
     def stop(self) -> None:
         super().stop()

@@ -52,6 +52,13 @@ ATTEMPT_PREFIX = "trialq:attempt:"
 the heartbeat's TTL), whatever its worker's parent does: the driver's word that an attempt
 lives when its worker's heartbeat is gone (a stalled parent, issue 26.3)."""
 
+KILL_PREFIX = "trialq:kill:"
+"""+ a task id: the driver gave up on the attempt (re-sent it, or told it lost) while its
+process may still run (a host cut off past the heartbeat's TTL, then back). The trial
+process's own beacon reads it at each renewal and ends its process group, whatever its
+worker's parent does (Celery's revoke reaches only a parent that is alive and connected).
+Apart from `WITHDRAWN_PREFIX`: a task withdrawn before it ran is sent again, never killed."""
+
 POISON_PREFIX = "trialq:poison:"
 """+ a queue's name: entries popped from that queue that were no message (not JSON, or JSON
 of another shape), set aside by a worker instead of ending it; the newest 1000 are kept."""
@@ -94,6 +101,11 @@ def withdrawn_key(task_id: str) -> str:
 def attempt_key(task_id: str) -> str:
     """The key the trial process of attempt `task_id` renews while it runs."""
     return f"{ATTEMPT_PREFIX}{task_id}"
+
+
+def kill_key(task_id: str) -> str:
+    """The key that tells attempt `task_id`'s trial process to end its process group."""
+    return f"{KILL_PREFIX}{task_id}"
 
 
 def poison_key(queue: str) -> str:
