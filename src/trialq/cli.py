@@ -245,14 +245,29 @@ def _trialq_parser() -> _Parser:
     parser = _Parser(prog="trialq", description="trialq workers, status, reports and health.")
     _add_version(parser)
     commands = parser.add_subparsers(dest="command", required=True)
-    worker = commands.add_parser("worker", help="run a Celery worker: one trial per process")
-    worker.add_argument("--queue", "-Q", default=DEFAULT_QUEUE)
+    worker = commands.add_parser(
+        "worker",
+        help="run a Celery worker: one trial per process",
+        description="A Celery worker that runs each trial in a fresh process. Entrypoints are "
+        "imported only from TRIALQ_ALLOWED_MODULES: module prefixes (trialq.examples), or "
+        "folders ending in / (a spec's file.py:function entrypoints under them).",
+    )
+    worker.add_argument(
+        "--queue", "-Q", default=DEFAULT_QUEUE,
+        help=f"the queue to take trials from: a spec's [trial] queue (default {DEFAULT_QUEUE!r})",
+    )  # fmt: skip
     worker.add_argument("--gpu", help="GPU index this worker's trials see (CUDA_VISIBLE_DEVICES)")
     _add_gpu_slot_flags(worker)
     worker.add_argument("--broker", help="broker URL (default: TRIALQ_BROKER_URL)")
-    worker.add_argument("--concurrency", "-c", type=_positive_int, default=1)
+    worker.add_argument(
+        "--concurrency", "-c", type=_positive_int, default=1,
+        help="trials at once, each in its own process (default 1; with --gpus, the slots)",
+    )  # fmt: skip
     worker.add_argument("--hostname", "-n", help="Celery node name (default trialq-PID@HOST)")
-    worker.add_argument("--loglevel", "-l", default="INFO")
+    worker.add_argument(
+        "--loglevel", "-l", default="INFO",
+        help="DEBUG, INFO (a line as each trial starts and ends; the default), WARNING, ERROR",
+    )  # fmt: skip
     worker.add_argument(
         "--preload",
         help="modules the worker imports once, before forking trials: auto (TensorFlow when "

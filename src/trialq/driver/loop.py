@@ -377,7 +377,7 @@ class StudyDriver:
 
     def _known(self, entry: InFlight, status: TaskStatus, queued: set[str] | None) -> Known:
         """What the queue and the report channel say of one attempt in this pass."""
-        alive = self._worker_alive(status)
+        alive = self._worker_alive(status) or self.dispatcher.attempt_alive(entry.task_id)
         lost = fate.may_be_lost(status, alive)
         return Known(
             request=entry.request,
