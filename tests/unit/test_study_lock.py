@@ -90,3 +90,28 @@ def test_a_lock_lost_with_the_server_connection_is_taken_again(postgres_url: str
     lock.release()
     engine.dispose()
     optuna.delete_study(study_name=study.study_name, storage=postgres_url)
+
+
+def test_a_lock_the_server_still_holds_for_a_session_this_driver_lost_is_taken_back(
+    postgres_url: str,
+) -> None:
+    """A silent network cut: the driver closed its lock connection on its side, but the
+    server never heard, and keeps that session (and the lock) until its keepalive, hours on.
+    The driver ends that session of its own and takes the lock again, rather than refuse
+    itself as 'a driver already'; another driver's lock still refuses it."""
+    study = optuna.create_study(storage=postgres_url, study_name=f"lock-{uuid.uuid4().hex[:8]}")
+    lock = _lock(study)
+    lock.acquire()
+    lost = lock._connection
+    lock._connection = None  # what the driver's side is left with after the cut
+
+    lock.ensure_held()
+
+    assert lock._connection is not None and lock._connection is not lost
+    with pytest.raises(StudyInUse):
+        _lock(study).acquire()
+    lock.release()
+    with contextlib.suppress(sqlalchemy.exc.DBAPIError):
+        assert lost is not None
+        lost.close()
+    optuna.delete_study(study_name=study.study_name, storage=postgres_url)

@@ -23,6 +23,7 @@ import contextlib
 import fcntl
 import hashlib
 import os
+import secrets
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,6 +39,14 @@ _ADVISORY_CLASS = 0x74716C6B  # "tqlk": trialq's class of PostgreSQL advisory lo
 _IN_MEMORY = (None, "", ":memory:")
 
 
+_END_OUR_STALE_SESSIONS = (
+    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+    "WHERE application_name = :me AND pid <> pg_backend_pid()"
+)
+"""A lock's connection name holds its host, pid and a token of its own: no other session
+bears it."""
+
+
 def _driver_name() -> str:
     return f"trialq-driver {socket.gethostname()} pid {os.getpid()}"
 
@@ -51,6 +60,9 @@ class StudyLock:
         self._study_name = study_name
         self._on_server = self._url.get_backend_name() in ("postgresql", "mysql", "mariadb")
         self._connection: sqlalchemy.Connection | None = None
+        self._name = f"{_driver_name()} lock {secrets.token_hex(3)}"
+        """The lock connection's `application_name`: this lock's alone, so a session bearing
+        it that the server still holds is one this lock lost, never another's."""
 
     def acquire(self) -> None:
         """Take the server's lock, or raise `StudyInUse` naming who holds it (a SQLite study's
@@ -77,13 +89,26 @@ class StudyLock:
         self._drop_connection()
 
     def _take_on_server(self) -> None:
-        engine = lock_engine(self._url, _driver_name())
+        engine = lock_engine(self._url, self._name)
         connection = engine.connect().execution_options(isolation_level="AUTOCOMMIT")
-        if not connection.execute(self._statement("take"), self._keys()).scalar():
+        if not self._take(connection):
             holder = connection.execute(self._statement("holder"), self._keys()).scalar()
             connection.close()
             raise StudyInUse.held_by(self._study_name, holder or "another driver")
         self._connection = connection
+
+    def _take(self, connection: sqlalchemy.Connection) -> bool:
+        """Take the lock; where the server still holds it for this very driver (a session it
+        never heard close: the network dropped it silently, and the server's keepalive runs
+        for hours), end that session of ours first and take it again."""
+        if connection.execute(self._statement("take"), self._keys()).scalar():
+            return True
+        holder = connection.execute(self._statement("holder"), self._keys()).scalar()
+        if holder != self._name or self._url.get_backend_name() != "postgresql":
+            return False
+        ours = {"me": self._name}
+        connection.execute(sqlalchemy.text(_END_OUR_STALE_SESSIONS), ours)
+        return bool(connection.execute(self._statement("take"), self._keys()).scalar())
 
     def _drop_connection(self) -> None:
         if self._connection is not None:
