@@ -175,14 +175,6 @@ def test_the_driver_cut_from_redis_and_healed(hosts: Hosts) -> None:
     _cut_driver_from(hosts, "redis", "hosts: driver cut from Redis 15 s")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="product bug: after a silent cut from PostgreSQL the driver's study lock connection "
-    "is dropped on the driver's side only; the server's session (the driver's own, a ghost) "
-    "keeps the advisory lock, and re-taking it stops the run: exit 2 'has a driver already "
-    "(trialq-driver <its own host and pid>)' (src/trialq/driver/study_lock.py, "
-    "StudyLock.ensure_held/_take_on_server)",
-)
 def test_the_driver_cut_from_postgresql_and_healed(hosts: Hosts) -> None:
     _cut_driver_from(hosts, "postgres", "hosts: driver cut from PostgreSQL 15 s")
 
