@@ -14,7 +14,16 @@ from types import ModuleType, SimpleNamespace
 import pytest
 
 from trialq.errors import PreloadError
+from trialq.trial.frameworks.jax import BRIDGE_MODULE
 from trialq.trial.prewarm import TF_CONTEXT_MODULE, device_in_use, preload_modules
+
+
+@pytest.fixture(autouse=True)
+def _no_jax_started_here(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These checks read this test process's own state: a JAX another test ran in the same
+    process (xdist runs many files in one) would read as a device in use. The JAX guard's
+    own tests run in processes of their own."""
+    monkeypatch.delitem(sys.modules, BRIDGE_MODULE, raising=False)
 
 
 def test_preload_choice_names_modules_or_auto_or_nothing() -> None:
