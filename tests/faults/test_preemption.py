@@ -45,7 +45,9 @@ def test_a_killed_trial_resumes_from_its_checkpoint_dir(
 ) -> None:
     root = tmp_path / "checkpoints"
     start_workers(2, extra_env={**FAST_HEARTBEAT, "TRIALQ_CHECKPOINT_ROOT": str(root)})
-    run.write_spec(_spec("resumes_from_checkpoint", grid("x", 1, 2), 2, max_retries=2))
+    # The trial SIGKILLs itself (its worker lives): a crash, re-run only when the spec asks.
+    spec = _spec("resumes_from_checkpoint", grid("x", 1, 2), 2, max_retries=2, retry_crashes=True)
+    run.write_spec(spec)
     code, err = run.run()
     assert code == 0, err
     assert_clean(run.judge("SIGKILL mid-trial, resumed from ckpt", 2))
@@ -61,7 +63,7 @@ def test_keep_checkpoints_leaves_the_folder(
 ) -> None:
     root = tmp_path / "checkpoints"
     start_workers(1, extra_env={**FAST_HEARTBEAT, "TRIALQ_CHECKPOINT_ROOT": str(root)})
-    spec = _spec("resumes_from_checkpoint", grid("x", 1), 1, keep_checkpoints=True)
+    spec = _spec("resumes_from_checkpoint", grid("x", 1), 1, keep_checkpoints=True, retry_crashes=True)
     run.write_spec(spec.replace("keep_checkpoints = True", "keep_checkpoints = true"))
     code, err = run.run()
     assert code == 0, err
@@ -155,7 +157,7 @@ def test_a_keras_fit_killed_after_epoch_7_resumes_at_epoch_8(
     logs = tmp_path / "epochs"
     logs.mkdir()
     space = grid("backup", 0, 1) + "\n" + grid("epochs_log", str(logs))
-    spec = fault_spec("keras_killed_after_epoch_7", space, 2, max_retries=1)
+    spec = fault_spec("keras_killed_after_epoch_7", space, 2, max_retries=1, retry_crashes=True)
     run.write_spec(spec.replace("timeout_s = 60", "timeout_s = 300"))
     code, err = run.run(timeout=600)
     assert code == 0, err
