@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from trialq import logs
-from trialq.errors import EntrypointRefused, TrialPruned
+from trialq.errors import EntrypointError, EntrypointRefused, TrialPruned
 from trialq.trial import checkpoints, process_group
 from trialq.trial.artifacts import Saver, artifact_saver
 from trialq.trial.context import Reports, TrialContext
@@ -291,10 +291,13 @@ def _call_entrypoint(
 
 
 def _load(entrypoint: Entrypoint) -> Callable[..., Any]:
-    """The entrypoint's function; one that does not import on this worker is refused."""
+    """The entrypoint's function; one that does not import on this worker (a module or a
+    dependency missing, a file with a syntax error, no such function) is refused. Anything
+    else raised while importing it (the soft time limit, a bug of the user's module) is the
+    trial's own end, as if raised by the trial."""
     try:
         return entrypoint.load()
-    except Exception as exc:
+    except (ImportError, SyntaxError, EntrypointError) as exc:
         reason = failures.headline(failures.describe(exc))
         raise EntrypointRefused(f"{entrypoint} does not import on this worker: {reason}") from exc
 
