@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from trialq.errors import Interrupted, ServiceUnreachable, TrialqError, UsageError
-from trialq.settings import Settings
+from trialq.settings import Settings, redacted_url
 from trialq.wire.keys import DEFAULT_QUEUE
 
 INTERNAL_ERROR_EXIT_CODE = 4
@@ -367,7 +367,6 @@ def _worker(args: argparse.Namespace, rest: list[str]) -> int:
 def _health(args: argparse.Namespace) -> int:
     import redis
 
-    from trialq.views.status import redacted_url
     from trialq.wire.heartbeat import local_worker_alive
 
     broker = args.broker or Settings().broker_url

@@ -214,6 +214,19 @@ class Settings(BaseSettings):
         return self.result_backend or self.broker_url
 
 
+def redacted_url(url: str) -> str:
+    """A service URL fit for a message: its password replaced by `***`, and none shown
+    where it has none (kombu's `redis://:**@host` invents one)."""
+    if "@" not in url or "://" not in url:
+        return url
+    scheme, rest = url.split("://", 1)
+    credentials, host = rest.rsplit("@", 1)
+    user, _, password = credentials.partition(":")
+    if not password:
+        return f"{scheme}://{user}@{host}" if user else f"{scheme}://{host}"
+    return f"{scheme}://{user}:***@{host}"
+
+
 def with_password(url: str, password: str) -> str:
     """`url` with `password` in it (quoted for a URL), its user and host kept."""
     parts = urlsplit(url)

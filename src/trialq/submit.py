@@ -23,12 +23,11 @@ from trialq.driver.loop import DriverOptions, StudyDriver, budget_for
 from trialq.driver.progress import NoProgress, ProgressSink, RichProgress
 from trialq.driver.search_space import load_search_space
 from trialq.driver.spec import StudySpec, load_spec
-from trialq.driver.study import open_study, redacted, storage_url
+from trialq.driver.study import open_study, storage_url
 from trialq.driver.study_lock import holding_study, holding_study_file
 from trialq.errors import SpecError, UsageError
 from trialq.local import LocalCluster
-from trialq.settings import Settings
-from trialq.views.status import redacted_url
+from trialq.settings import Settings, redacted_url
 from trialq.views.summary import study_summary
 from trialq.wire import frameworks, heartbeat, routing
 from trialq.wire.messages import BROKER_ATTR
@@ -72,7 +71,7 @@ def submit_study(
         study_lock = stack.enter_context(holding_study(study))  # before anything is written
         for note in check_spec_against_study(spec, study):
             _say(f"note: {note}")
-        _say(f"study {study.study_name!r} in {redacted(url)}")
+        _say(f"study {study.study_name!r} in {redacted_url(url)}")
         if not _announce_progress(study, target):
             return study_summary(study)
         if local_workers is not None:

@@ -9,9 +9,8 @@ from pathlib import Path
 import pytest
 
 from trialq.cli import trialq_main
-from trialq.settings import Settings
+from trialq.settings import Settings, redacted_url
 from trialq.submit import submit_study
-from trialq.views.status import redacted_url
 
 pytestmark = pytest.mark.integration
 

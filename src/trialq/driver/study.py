@@ -19,6 +19,7 @@ from trialq.driver._storage.mirror import mirrored
 from trialq.driver.distinct import DistinctFromRunning
 from trialq.driver.spec import CategoricalParam, FloatParam, IntParam, StudySpec, load_spec
 from trialq.errors import SpecError, StorageUnreachable, UsageError
+from trialq.settings import redacted_url
 
 
 def storage_url(spec: StudySpec, override: str | None, from_env: str | None) -> str:
@@ -77,7 +78,7 @@ def load_study(study_name: str, storage: str | None, command: str) -> optuna.Stu
     study, storage unreachable). A missing SQLite file is named, never created."""
     if storage is None:
         raise UsageError(f"{command}: give --storage or set TRIALQ_STORAGE")
-    where = redacted(storage)
+    where = redacted_url(storage)
     sqlite_file = storage.removeprefix("sqlite:///") if storage.startswith("sqlite:///") else ""
     if sqlite_file and not Path(sqlite_file).exists():
         raise UsageError(
@@ -96,11 +97,13 @@ def storage_errors(url: str) -> Iterator[None]:
     try:
         yield
     except ImportError as exc:
-        raise StorageUnreachable(f"storage {redacted(url)}: {_missing_driver(url, exc)}") from None
+        raise StorageUnreachable(
+            f"storage {redacted_url(url)}: {_missing_driver(url, exc)}"
+        ) from None
     except Exception as exc:
         if type(exc).__module__.startswith("sqlalchemy"):
             first = str(exc).splitlines()[0]
-            raise StorageUnreachable(f"storage {redacted(url)} unreachable: {first}") from None
+            raise StorageUnreachable(f"storage {redacted_url(url)} unreachable: {first}") from None
         raise
 
 
@@ -258,13 +261,3 @@ def _missing_driver(url: str, exc: ImportError) -> str:
         return f"driver missing: {exc}"
     fix = "pip install 'trialq[postgres]'" if url.startswith("postgresql") else "install it"
     return f"driver missing: Python module {module!r} is not installed ({fix})"
-
-
-def redacted(url: str) -> str:
-    """A storage URL with any password replaced, fit for a message."""
-    if "@" not in url or "://" not in url:
-        return url
-    scheme, rest = url.split("://", 1)
-    credentials, host = rest.rsplit("@", 1)
-    user = credentials.split(":", 1)[0]
-    return f"{scheme}://{user}:***@{host}"

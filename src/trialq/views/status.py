@@ -20,6 +20,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from trialq.settings import redacted_url
 from trialq.views.rows import (
     TrialRow,
     best_line,
@@ -86,17 +87,6 @@ def _broker_text(broker: str | None) -> str:
     if broker is None:
         return "the study runs with --local: its workers stop with each run"
     return f"asked {redacted_url(broker)}"
-
-
-def redacted_url(url: str) -> str:
-    """A broker URL with any password replaced, fit for a message."""
-    if "@" not in url or "://" not in url:
-        return url
-    scheme, rest = url.split("://", 1)
-    credentials, host = rest.rsplit("@", 1)
-    if not credentials.partition(":")[2]:
-        return f"{scheme}://{host}"
-    return f"{scheme}://{credentials.split(':', 1)[0]}:***@{host}"
 
 
 def live_workers(broker: str) -> list[LiveWorker] | None:
