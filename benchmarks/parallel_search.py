@@ -1,6 +1,7 @@
 """Search quality with many trials in flight: samplers compared on the real driver.
 
-    python -m benchmarks.parallel_search [--quick] [--seeds N] [--jobs N] [--out FILE]
+    python -m benchmarks.parallel_search [--quick] [--seeds N] [--first-seed N]
+        [--budgets 50 ...] [--jobs N] [--out FILE]
 
 Runs trialq's real `StudyDriver` (its ask/tell loop, in-flight bookkeeping, OOM constraint
 and pruner relay) against a simulated cluster on a virtual clock (`virtual_cluster`): k
@@ -274,6 +275,8 @@ def cases(
     ks: Iterable[int],
     seeds: int,
     pruners: dict[str, tuple[str, ...]],
+    budgets: tuple[int, ...] = BUDGETS,
+    first_seed: int = 0,
 ) -> list[Case]:
     found = []
     for name in objectives:
@@ -285,13 +288,13 @@ def cases(
                 label in SINGLE_ONLY and objective.multi
             ):
                 continue
-            budgets = BUDGETS if label == DEFAULT else (max(BUDGETS),)
+            lengths = budgets if label == DEFAULT else (max(budgets),)
             for pruner in pruners.get(name, ("none",)) if objective.has_curves else ("none",):
                 found.extend(
                     Case(name, label, k, seed, pruner, n)
                     for k in ks
-                    for seed in range(seeds)
-                    for n in budgets
+                    for seed in range(first_seed, first_seed + seeds)
+                    for n in lengths
                 )
     return found
 
@@ -319,7 +322,8 @@ def medians(results: list[dict[str, Any]]) -> dict[Key, dict[str, float]]:
             for budget, value in row["scores"].items():
                 by_budget[budget].append(value)
         cell = {budget: statistics.median(values) for budget, values in by_budget.items()}
-        cell["wall"] = statistics.median(r["at_wall"] for r in rows if r["at_wall"] is not None)
+        at_wall = [r["at_wall"] for r in rows if r["at_wall"] is not None]
+        cell["wall"] = statistics.median(at_wall) if at_wall else math.nan  # studies of 200
         cell["ask_s"] = statistics.median(r["ask_s_total"] for r in rows)
         table[key] = cell
     return table
@@ -370,7 +374,7 @@ def print_objective(
         cells = []
         for column in [*((b, k) for b in budgets for k in ks), *(("wall", k) for k in ks)]:
             cell = table.get((objective, variant, pruner, column[1]))
-            cells.append(fmt(cell[column[0]] if cell else None))
+            cells.append(fmt(cell.get(column[0]) if cell else None))
         last = budgets[-1]
         one, sixteen = (
             table.get((objective, variant, pruner, 1)),
@@ -464,6 +468,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="the baseline and the default at k=1 and 16, 5 seeds: minutes",
     )
     parser.add_argument("--seeds", type=int, help="seeds per cell (default 10; --quick 5)")
+    parser.add_argument("--first-seed", type=int, default=0, help="seeds from this one (default 0)")
+    parser.add_argument(
+        "--budgets",
+        nargs="+",
+        type=int,
+        choices=BUDGETS,
+        help="only these budgets (studies of the largest; default all three)",
+    )
     parser.add_argument("--jobs", type=int, default=1, help="processes (default 1)")
     parser.add_argument("--objectives", nargs="+", choices=list(OBJECTIVES))
     parser.add_argument("--variants", nargs="+", choices=list(VARIANTS))
@@ -473,7 +485,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def plan(args: argparse.Namespace) -> tuple[list[Case], tuple[int, ...], list[str]]:
+def plan(args: argparse.Namespace) -> tuple[list[Case], tuple[int, ...], list[str], list[str]]:
     if args.quick:
         objectives = args.objectives or ["branin", "hartmann6", "train", "conditional"]
         variants = args.variants or [BASELINE, DEFAULT]
@@ -483,22 +495,23 @@ def plan(args: argparse.Namespace) -> tuple[list[Case], tuple[int, ...], list[st
         variants = args.variants or list(VARIANTS)
         ks, seeds = tuple(args.ks or KS), args.seeds or 10
         pruners = {} if args.no_pruners else {"train": ("none", "median", "successive_halving")}
-    return cases(objectives, variants, ks, seeds, pruners), ks, objectives
+    budgets = tuple(sorted(args.budgets or BUDGETS))
+    found = cases(objectives, variants, ks, seeds, pruners, budgets, args.first_seed)
+    return found, ks, objectives, [str(b) for b in budgets]
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     quiet()
     started = time.perf_counter()
-    todo, ks, objectives = plan(args)
+    todo, ks, objectives, budgets = plan(args)
     print(
-        f"{len(todo)} studies of {max(BUDGETS)} trials, k in {ks}, "
+        f"{len(todo)} studies of up to {max(int(b) for b in budgets)} trials, k in {ks}, "
         f"{len({c.seed for c in todo})} seeds, {args.jobs} process(es)",
         flush=True,
     )
     results = run_all(todo, args.jobs)
     table = medians(results)
-    budgets = [str(b) for b in BUDGETS]
     for objective in objectives:
         print_objective(table, objective, ks, budgets)
     closed = gap_table(table, objectives, budgets) if 16 in ks and 1 in ks else {}
@@ -589,7 +602,8 @@ def describe_default() -> dict[str, str]:
             tpe = sampler.sampler if distinct else sampler
             found[f"k={k} n_trials={n}"] = (
                 f"multivariate={tpe._multivariate} constant_liar={tpe._constant_liar} "
-                f"distinct_from_running={distinct}"
+                f"distinct_from_running={distinct} "
+                f"halton_until_finished={sampler.start if distinct else 0}"
             )
     return found
 
