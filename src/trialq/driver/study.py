@@ -179,12 +179,12 @@ def space_filling_start(spec: StudySpec) -> int:
     and random draws clump. At 50 trials (60 seeds) the start closed 0.16 of the gap on the
     training objective, where TPE's random start lost 0.60 more than the gap (the only
     objective below 0, its 90% interval too), 0.83 on Hartmann-6 (was 0.62), 0.20 on
-    Branin (was 0.61; both intervals span ±0.7) and beat Optuna 4 on the two-objective
-    run, where the random start lost to it. At 100 and 200 trials (20 seeds) every
-    objective stayed at or above 0; the median stayed 0.56 at 100 and went 0.71 -> 1.09
-    at 200.
+    Branin (was 0.61; the two 90% intervals overlap widely) and beat Optuna 4 on the two-objective
+    run, where the random start lost to it. At 100 and 200 trials (30 seeds) every
+    objective is at or above 0 (the two-objective run was -0.15 at 100); the median went
+    0.69 -> 0.89 at 100 and 0.94 -> 0.92 at 200.
     Waiting for 10 alone (not k) kept Branin at 0.69 but left training at -0.29. The median
-    at 50 stays 0.35: the goal of 0.5 there is not met (README, "The default sampler").
+    at 50 stays 0.35: the goal of 0.5 there is not met (the README's sampler table).
     `max_in_flight` unset counts as `n_startup_trials`; one in flight is not wrapped.
     """
     n_startup = int(tpe_defaults(spec)["n_startup_trials"])
