@@ -491,3 +491,12 @@ def chatty(params: dict[str, Any], trial: TrialContext) -> float:
     for step in range(int(params["n"])):
         trial.report(float(step), step)
     return 1.0
+
+
+def uses_multiprocessing(params: dict[str, Any], trial: TrialContext) -> float:
+    """Starts a pool of 2 children with `params["method"]` (fork, spawn), as a PyTorch
+    DataLoader with workers does, and returns what they computed."""
+    import multiprocessing
+
+    with multiprocessing.get_context(params["method"]).Pool(2) as pool:
+        return float(sum(pool.map(abs, [-1, -2, -3])))

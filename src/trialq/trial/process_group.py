@@ -18,6 +18,8 @@ those; this is rq's answer, not systemd's.
 from __future__ import annotations
 
 import contextlib
+import multiprocessing
+import multiprocessing.process
 import os
 import signal
 import time
@@ -46,13 +48,29 @@ def lead_own_group() -> bool:
 
 @contextlib.contextmanager
 def own_group() -> Iterator[None]:
-    """This process leads a group for the block; at its end, every other member is ended."""
+    """This process leads a group for the block; at its end, every other member is ended.
+    Its code may start children of its own with `multiprocessing` (a DataLoader's workers,
+    DDP ranks): they are in the group, so they end with it."""
+    allow_children()
     led = lead_own_group()
     try:
         yield
     finally:
         if led:
             end_members()
+
+
+def allow_children() -> None:
+    """Let `multiprocessing` start children from this trial process. The worker's pool
+    (billiard) marks its processes daemonic, and `multiprocessing` refuses a daemon children
+    ("daemonic processes are not allowed to have children": a PyTorch DataLoader with workers
+    failed in every trial); its authkey is billiard's type, which the spawn and forkserver
+    start methods refuse to pickle. Both are this process's own `_config`."""
+    config = multiprocessing.current_process()._config  # type: ignore[attr-defined]
+    config.pop("daemon", None)
+    if "authkey" in config:
+        key = bytes(config["authkey"])
+        config["authkey"] = multiprocessing.process.AuthenticationString(key)  # type: ignore[attr-defined]
 
 
 def end_members(grace_s: float = TERM_GRACE_S) -> int:
