@@ -160,8 +160,6 @@ def _outcome(
         return Outcome.TIMEOUT, {}, f"soft time limit of {request.timeout_s:g} s exceeded"
     except EntrypointRefused as exc:  # this worker cannot run it: not the trial's failure
         return Outcome.REFUSED, {}, str(exc)
-    except SystemExit as exc:  # the process would end with no result: the trial's own end
-        return Outcome.CRASHED, {}, f"the trial called sys.exit({exc.code!r}) instead of returning"
     except Exception as exc:
         return failures.classify(exc), {}, failures.describe(exc)
     if context.stop_seen:
