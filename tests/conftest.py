@@ -3,7 +3,9 @@ and real workers; each pytest-xdist worker has databases of its own (tests/servi
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
 import textwrap
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -138,3 +140,24 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     ledger.summarize(terminalreporter.write_line)
+
+
+JAX_BRIDGE = "jax._src.xla_bridge"
+"""Where JAX keeps whether its backends started (`trialq.trial.frameworks.jax`)."""
+
+
+@contextlib.contextmanager
+def no_framework_started_here() -> Iterator[None]:
+    """Hide, for the block, a JAX that another test started in this same test process (xdist
+    runs many files in one): the fork guard would read it as a device in use and refuse to
+    fork the pool's processes. Tests of the guard itself run JAX in processes of their own."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.delitem(sys.modules, JAX_BRIDGE, raising=False)
+        yield
+
+
+@pytest.fixture
+def no_framework_here() -> Iterator[None]:
+    """`no_framework_started_here` for one test."""
+    with no_framework_started_here():
+        yield

@@ -20,6 +20,8 @@ from waiting import wait_until
 from trialq._celery.pool import TrialAsynPool
 from trialq.trial.slots import TrialSlots
 
+pytestmark = pytest.mark.usefixtures("no_framework_here")  # forks from this process
+
 
 def _hold_slot(directory: str, count: int, held: multiprocessing.synchronize.Event) -> None:
     slots = TrialSlots(Path(directory), count)

@@ -18,6 +18,8 @@ from trialq._celery.app import create_app
 from trialq._celery.pool import TrialPool
 from trialq.settings import Settings
 
+pytestmark = pytest.mark.usefixtures("no_framework_here")  # forks from this process
+
 
 @pytest.fixture
 def started_pool() -> Iterator[TrialPool]:

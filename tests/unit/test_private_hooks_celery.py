@@ -19,6 +19,7 @@ import pytest
 import redis
 from celery.concurrency import asynpool, base, prefork
 from celery.worker.consumer import consumer
+from conftest import no_framework_started_here
 from private_hooks import Hook, parameters, refers_to
 from trial_requests import trial_request
 
@@ -186,12 +187,13 @@ class _RecordingPool(TrialAsynPool):
 @pytest.fixture(scope="module")
 def real_pool() -> Iterator[_RecordingPool]:
     """A real pool of trialq's, with one forked process (idle: it gets no task)."""
-    pool = _RecordingPool(processes=1, threads=False)
-    try:
-        yield pool
-    finally:
-        pool.terminate()
-        pool.join()
+    with no_framework_started_here():
+        pool = _RecordingPool(processes=1, threads=False)
+        try:
+            yield pool
+        finally:
+            pool.terminate()
+            pool.join()
 
 
 def test_the_pool_builds_its_workers_from_its_worker_class(real_pool: _RecordingPool) -> None:
