@@ -25,6 +25,7 @@ import hashlib
 import os
 import secrets
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -45,6 +46,11 @@ _END_OUR_STALE_SESSIONS = (
 )
 """A lock's connection name holds its host, pid and a token of its own: no other session
 bears it."""
+
+
+STALE_END_WAIT_S = 5.0
+"""How long a lost session of this lock's own is waited for to end before the lock counts as
+held by another driver."""
 
 
 def _driver_name() -> str:
@@ -106,9 +112,19 @@ class StudyLock:
         holder = connection.execute(self._statement("holder"), self._keys()).scalar()
         if holder != self._name or self._url.get_backend_name() != "postgresql":
             return False
-        ours = {"me": self._name}
-        connection.execute(sqlalchemy.text(_END_OUR_STALE_SESSIONS), ours)
-        return bool(connection.execute(self._statement("take"), self._keys()).scalar())
+        connection.execute(sqlalchemy.text(_END_OUR_STALE_SESSIONS), {"me": self._name})
+        return self._take_once_ended(connection)
+
+    def _take_once_ended(self, connection: sqlalchemy.Connection) -> bool:
+        """The lost session ends a moment after it is told to (its backend exits on its
+        own): take the lock as soon as it is free, `STALE_END_WAIT_S` at most."""
+        deadline = time.monotonic() + STALE_END_WAIT_S
+        while True:
+            if connection.execute(self._statement("take"), self._keys()).scalar():
+                return True
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.1)
 
     def _drop_connection(self) -> None:
         if self._connection is not None:
