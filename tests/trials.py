@@ -254,7 +254,7 @@ def curve_or_raise(params: dict[str, Any], trial: TrialContext) -> float:
         trial.report(params["x"] * (step + 1), step)
         if trial.should_prune():
             raise TrialPruned()
-        time.sleep(0.2)
+        time.sleep(0.5)  # long enough for a loaded machine's `trialq status` to see it run
     return params["x"] * 8.0
 
 
