@@ -81,11 +81,13 @@ class RichProgress:
         self._task = self._progress.add_task(study_name, total=n_trials, detail="")
 
     def __enter__(self) -> RichProgress:
-        self._progress.start()
+        if not self._plain:  # plain lines need no live display (older rich prints one anyway)
+            self._progress.start()
         return self
 
     def __exit__(self, *_: object) -> None:
-        self._progress.stop()
+        if not self._plain:
+            self._progress.stop()
 
     def trial_failed(self, line: str) -> None:
         """One line above the bar."""

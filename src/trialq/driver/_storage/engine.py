@@ -134,16 +134,16 @@ def _answered_connection_class() -> type[Any]:
         import psycopg
         from psycopg import waiting
 
+        bounded = psycopg_waits_are_bounded()
+
         class _AnsweredConnection(psycopg.Connection[Any]):
             """Waits at most `ANSWER_WITHIN_S` for an operation; closed on a timeout or
             Ctrl-C, so no cancel request waits on a server that does not answer."""
 
             def wait(self, gen: Any, interval: float = 0.1, timeout: float | None = None) -> Any:
+                bound = {"timeout": timeout or ANSWER_WITHIN_S} if bounded else {}
                 try:
-                    return waiting.wait(
-                        gen, self.pgconn.socket, interval=interval,
-                        timeout=timeout or ANSWER_WITHIN_S,
-                    )  # fmt: skip
+                    return waiting.wait(gen, self.pgconn.socket, interval=interval, **bound)
                 except (psycopg.OperationalError, KeyboardInterrupt):
                     self.pgconn.finish()
                     raise
@@ -153,3 +153,13 @@ def _answered_connection_class() -> type[Any]:
 
 
 _ANSWERED: type[Any] | None = None
+
+
+def psycopg_waits_are_bounded() -> bool:
+    """Whether the installed psycopg 3's wait takes a timeout (3.3.x's does, 3.2's does not:
+    there a hung server is waited for as psycopg waits, without trialq's bound)."""
+    import inspect
+
+    from psycopg import waiting
+
+    return "timeout" in inspect.signature(waiting.wait).parameters
