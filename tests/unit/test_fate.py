@@ -222,6 +222,24 @@ TABLE: list[tuple[str, Known, type, Any]] = [
         Resend,
         Resends(),
     ),
+    (
+        "waiting, claimed and its beacon gone (host lost before STARTED): a retry",
+        _known(WAITING, queued=True, claim_lost=True),
+        Resend,
+        Resends(retries=1),
+    ),
+    (
+        "waiting, claimed and its beacon gone, retries used up: worker_lost",
+        _known(WAITING, queued=True, claim_lost=True, resends=USED_UP),
+        Tell,
+        LOST,
+    ),
+    (
+        "waiting, claimed and gone after its stop notice: preempted",
+        _known(WAITING, queued=True, claim_lost=True, stop_requested=True),
+        Resend,
+        Resends(preemptions=1),
+    ),
 ]
 
 
@@ -250,6 +268,13 @@ def test_a_never_started_attempt_is_sent_under_its_own_number_others_under_the_n
 
     assert isinstance(unseen, Resend) and not unseen.new_attempt
     assert isinstance(lost, Resend) and lost.new_attempt
+
+
+def test_an_attempt_lost_before_celery_stored_its_start_is_sent_as_a_new_attempt() -> None:
+    lost = decide(_known(WAITING, queued=True, claim_lost=True), LIMITS)
+
+    assert isinstance(lost, Resend) and lost.new_attempt
+    assert "stopped beating before it started" in lost.reason
 
 
 def test_a_preempted_attempts_files_stay_linked_and_the_give_up_says_why() -> None:
@@ -293,3 +318,7 @@ def test_the_channel_is_asked_only_when_an_attempt_may_be_lost(
     status: TaskStatus, alive: bool, expected: bool
 ) -> None:
     assert may_be_lost(status, alive) is expected
+
+
+def test_the_channel_is_asked_of_a_waiting_attempt_whose_claim_was_lost() -> None:
+    assert may_be_lost(TaskStatus(WAITING), True, claim_lost=True)

@@ -50,6 +50,9 @@ class Known:
     """For a RUNNING attempt: whether its worker still beats."""
     queued: bool | None = None
     """For a WAITING attempt: whether the broker holds it; None when not checked this pass."""
+    claim_lost: bool = False
+    """For a WAITING attempt: a trial process claimed it (its beacon was seen) and has stopped
+    beating with no start stored by Celery: its host was lost in between."""
     unseen_checks: int = 0
     """Checks in a row so far that found the task nowhere."""
     prune_overdue: bool = False
@@ -108,7 +111,7 @@ def decide(known: Known, limits: Limits) -> Action:
     if phase is TaskPhase.RUNNING:
         return _running(known, limits)
     if phase is TaskPhase.WAITING:
-        return _waiting(known)
+        return _waiting(known, limits)
     assert_never(phase)
 
 
@@ -150,7 +153,9 @@ def _running(known: Known, limits: Limits) -> Action:
     return Wait()
 
 
-def _waiting(known: Known) -> Action:
+def _waiting(known: Known, limits: Limits) -> Action:
+    if known.claim_lost:  # Celery will not say: its message waits out the visibility timeout
+        return _lost(known, limits, "its trial process stopped beating before it started")
     if known.queued is None or known.queued:
         return Wait(0 if known.queued else known.unseen_checks)
     unseen = known.unseen_checks + 1
@@ -227,9 +232,11 @@ def _mib(n_bytes: int) -> str:
     return f"{mib / 1024:.1f} GiB" if mib >= 10 * 1024 else f"{mib:.0f} MiB"
 
 
-def may_be_lost(status: TaskStatus, worker_alive: bool) -> bool:
+def may_be_lost(status: TaskStatus, worker_alive: bool, claim_lost: bool = False) -> bool:
     """Whether the attempt's process may be gone without a result of its own: only then does
     the report channel's word on it (a memory kill, a stop notice) change the rule's answer."""
+    if claim_lost:
+        return True
     if status.phase is TaskPhase.FINISHED:
         return status.result is not None and status.result.device_refused
     if status.phase is TaskPhase.FAILED:

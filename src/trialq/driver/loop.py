@@ -66,6 +66,8 @@ class InFlight:
     unseen_checks: int = 0
     worker: str | None = None
     """The worker running it, as its status last said (for a trial stopped from outside)."""
+    claimed: bool = False
+    """A trial process's beacon for it was seen while Celery still had it waiting."""
     sent_at: float = field(default_factory=time.time)
 
     @property
@@ -367,8 +369,10 @@ class StudyDriver:
         for task_id, status in statuses.items():
             entry = self.in_flight[task_id]
             entry.worker = status.worker or entry.worker
-            action = fate.decide(self._known(entry, status, queued), self.limits)
-            if status.phase is TaskPhase.RUNNING and isinstance(action, Resend | Tell):
+            known = self._known(entry, status, queued)
+            action = fate.decide(known, self.limits)
+            started = status.phase is TaskPhase.RUNNING or known.claim_lost
+            if started and isinstance(action, Resend | Tell):
                 self.dispatcher.terminate(task_id)  # given up on: its process may still run
             self._apply(entry, action)
 
@@ -378,13 +382,15 @@ class StudyDriver:
     def _known(self, entry: InFlight, status: TaskStatus, queued: set[str] | None) -> Known:
         """What the queue and the report channel say of one attempt in this pass."""
         alive = self._worker_alive(status) or self.dispatcher.attempt_alive(entry.task_id)
-        lost = fate.may_be_lost(status, alive)
+        claim_lost = self._claim_lost(entry, status, queued)
+        lost = fate.may_be_lost(status, alive, claim_lost)
         return Known(
             request=entry.request,
             status=status,
             resends=entry.resends,
             worker_alive=alive,
             queued=None if queued is None else entry.task_id in queued,
+            claim_lost=claim_lost,
             unseen_checks=entry.unseen_checks,
             prune_overdue=self._prune_overdue(entry),
             terminated=entry.terminated,
@@ -393,6 +399,18 @@ class StudyDriver:
                 lost and self.channel and self.channel.stop_requested(entry.address)
             ),
         )
+
+    def _claim_lost(self, entry: InFlight, status: TaskStatus, queued: set[str] | None) -> bool:
+        """On a lost check, for an attempt Celery still has waiting: whether a trial process
+        claimed it (its beacon seen on an earlier check) and beats no more. Its process writes
+        the beacon just before Celery stores `STARTED`; a host lost in between leaves the
+        message reserved until the visibility timeout (docs/reliability.md)."""
+        if status.phase is not TaskPhase.WAITING or queued is None:
+            return False
+        beating = self.dispatcher.attempt_alive(entry.task_id)
+        lost = entry.claimed and not beating
+        entry.claimed = entry.claimed or beating
+        return lost
 
     def _worker_alive(self, status: TaskStatus) -> bool:
         """For a running attempt, whether its worker still beats (asked only then)."""
