@@ -287,6 +287,36 @@ def test_a_waiting_trial_is_in_the_queues_list(redis_url: str) -> None:
     assert client.llen("gpu") == 0, hook.gone("withdraw did not remove it from the list")
 
 
+ON_TASK_CALL = Hook(
+    "celery.backends.redis.RedisBackend.on_task_call(producer, task_id), called by send_task",
+    f"{DISPATCHER} (CeleryDispatcher.__init__)",
+    "every trial sent subscribes to its meta channel and unsubscribes later: two round trips "
+    "a trial for a driver that reads results itself (issue 26, a driver far from its Redis)",
+)
+
+
+def test_sending_a_trial_subscribes_to_nothing(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hook = ON_TASK_CALL
+    app = create_app(Settings(broker_url=redis_url))
+    assert parameters(type(app.backend).on_task_call) == ["self", "producer", "task_id"], (
+        hook.gone(f"its parameters are {parameters(type(app.backend).on_task_call)}")
+    )
+    subscribed: list[str] = []
+    subscribe = redis.client.PubSub.subscribe
+
+    def recording(self: redis.client.PubSub, *channels: Any, **handlers: Any) -> Any:
+        subscribed.extend(str(c) for c in channels)  # and subscribe for real
+        return subscribe(self, *channels, **handlers)
+
+    monkeypatch.setattr(redis.client.PubSub, "subscribe", recording)
+    task_id = _send(CeleryDispatcher(Settings(broker_url=redis_url), app))
+
+    meta = [c for c in subscribed if "celery-task-meta" in c]
+    assert not meta, hook.gone(f"sending {task_id} subscribed to {meta}")
+
+
 def test_a_reserved_trial_is_in_the_unacked_hash(redis_url: str) -> None:
     hook = UNACKED_HASH
     dispatcher = _dispatcher(redis_url)

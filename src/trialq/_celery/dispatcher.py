@@ -21,6 +21,7 @@ from trialq.wire.channel import ReportChannel
 from trialq.wire.dispatch import TaskPhase, TaskStatus
 from trialq.wire.keys import (
     KOMBU_UNACKED,
+    attempt_key,
     kill_key,
     kombu_queue_key,
     result_key,
@@ -47,6 +48,16 @@ class CeleryDispatcher:
         self._app = app or create_app(settings)
         self._broker = redis.Redis.from_url(settings.broker_url, socket_timeout=10)
         self._backend = self._app.backend
+        # The driver reads results itself (`statuses`), never through an AsyncResult: Celery's
+        # subscription to each task's meta channel, made at every send and dropped when the
+        # AsyncResult is collected, is two round trips a trial for nothing (issue 26: a
+        # driver far from its Redis).
+        self._backend.on_task_call = _reads_results_itself
+        self._metas_on_broker = settings.backend_url == settings.broker_url
+        """Celery's task metas live in the broker's Redis: one round trip reads them with
+        trialq's own results."""
+        self._beacons: dict[str, bool] = {}
+        """Whether each attempt's beacon was there, as read with the last `statuses`."""
         self._key_ttl_s = settings.key_ttl_s
         self._studies: set[str] = set()
         """The studies this dispatcher sent trials of: it listens for their results."""
@@ -78,12 +89,25 @@ class CeleryDispatcher:
 
     def statuses(self, task_ids: Iterable[str]) -> dict[str, TaskStatus]:
         """Every task's state: trialq's own result where the trial wrote one, else Celery's
-        meta (one MGET each, whatever the number of tasks)."""
+        meta; with each attempt's beacon (`attempt_alive`). One round trip, whatever the
+        number of tasks, where the metas are on the broker's Redis (the default)."""
         ids = list(task_ids)
         if not ids:
             return {}
-        results: list[Any] = self._broker.mget([result_key(task_id) for task_id in ids])
-        metas = self._backend.mget([self._backend.get_key_for_task(task_id) for task_id in ids])
+        result_keys = [result_key(task_id) for task_id in ids]
+        meta_keys = [self._backend.get_key_for_task(task_id) for task_id in ids]
+        beacon_keys = [attempt_key(task_id) for task_id in ids]
+        pipe = self._broker.pipeline(transaction=False)
+        pipe.mget(result_keys)
+        pipe.mget(beacon_keys)
+        if self._metas_on_broker:
+            pipe.mget(meta_keys)
+            results, beacons, metas = pipe.execute()
+        else:
+            (results, beacons), metas = pipe.execute(), self._backend.mget(meta_keys)
+        self._beacons = {
+            task_id: beacon is not None for task_id, beacon in zip(ids, beacons, strict=True)
+        }
         return {
             task_id: _finished(result) if result else _status(self._decode(meta))
             for task_id, result, meta in zip(ids, results, metas, strict=True)
@@ -105,8 +129,10 @@ class CeleryDispatcher:
         return heartbeat.is_alive(self._broker, worker)
 
     def attempt_alive(self, task_id: str) -> bool:
-        """Whether the attempt's trial process still renews its beacon."""
-        return heartbeat.attempt_alive(self._broker, task_id)
+        """Whether the attempt's trial process still renews its beacon: as read with the last
+        `statuses` (one round trip a pass, however many trials run), else asked now."""
+        known = self._beacons.get(task_id)
+        return heartbeat.attempt_alive(self._broker, task_id) if known is None else known
 
     def withdraw(self, task_ids: Iterable[str], queue: str) -> None:
         """Mark tasks withdrawn (durably), revoke them, and drop their queued messages."""
@@ -199,6 +225,10 @@ class CeleryDispatcher:
             with contextlib.suppress(redis.RedisError, OSError):
                 self._results.close()
         self._results = None
+
+
+def _reads_results_itself(producer: Any, task_id: str) -> None:
+    """In place of the result backend's `on_task_call`: no subscription to the task's meta."""
 
 
 def _finished(raw: bytes | str) -> TaskStatus:

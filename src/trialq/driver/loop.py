@@ -381,7 +381,7 @@ class StudyDriver:
 
     def _known(self, entry: InFlight, status: TaskStatus, queued: set[str] | None) -> Known:
         """What the queue and the report channel say of one attempt in this pass."""
-        alive = self._worker_alive(status) or self.dispatcher.attempt_alive(entry.task_id)
+        alive = self._alive(entry, status)
         claim_lost = self._claim_lost(entry, status, queued)
         lost = fate.may_be_lost(status, alive, claim_lost)
         return Known(
@@ -412,11 +412,14 @@ class StudyDriver:
         entry.claimed = entry.claimed or beating
         return lost
 
-    def _worker_alive(self, status: TaskStatus) -> bool:
-        """For a running attempt, whether its worker still beats (asked only then)."""
-        if status.phase is not TaskPhase.RUNNING or not status.worker:
+    def _alive(self, entry: InFlight, status: TaskStatus) -> bool:
+        """For a running attempt: whether its trial process still beats, or else its worker
+        (its heartbeat asked only then: the beacon came with the status)."""
+        if status.phase is not TaskPhase.RUNNING:
             return True
-        return self.dispatcher.worker_alive(status.worker)
+        if self.dispatcher.attempt_alive(entry.task_id):
+            return True
+        return not status.worker or self.dispatcher.worker_alive(status.worker)
 
     def _apply(self, entry: InFlight, action: fate.Action) -> None:
         """Carry out the fate rule's action for one attempt: the one place that does."""
