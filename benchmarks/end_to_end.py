@@ -48,7 +48,7 @@ from typing import Any
 
 import optuna
 
-from benchmarks.trials import stamped_noop, stamped_second
+from benchmarks.stamped_trials import stamped_noop, stamped_second
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -61,7 +61,8 @@ TRIALS: dict[str, Callable[..., dict[str, float]]] = {
     "stamped_noop": stamped_noop,
     "stamped_second": stamped_second,
 }
-"""In `benchmarks.trials`, which imports nothing heavy: each trial process imports it afresh."""
+"""In `benchmarks.stamped_trials`, which imports no framework: each trial process imports it
+afresh, and `--local` preloads nothing for it."""
 
 
 # --- trialq through submit-study ----------------------------------------------------------
@@ -71,8 +72,8 @@ def run_trialq(
     function: str, n_trials: int, in_flight: int, folder: Path, preload: str | None = None
 ) -> dict[str, Any]:
     """`submit-study --local --workers K` on a spec of `n_trials` trials of `function`; with
-    `preload`, `TRIALQ_PRELOAD` set to it (else the default: the trial's source names no
-    framework, so the workers preload what is installed)."""
+    `preload`, `TRIALQ_PRELOAD` set to it (else the default: the trial's module imports no
+    framework, so the workers preload none; `tensorflow` is what a Keras study's would)."""
     spec = _write_spec(folder, function, n_trials, in_flight)
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRIALQ_")}
     if preload is not None:
@@ -115,7 +116,7 @@ def _write_spec(folder: Path, function: str, n_trials: int, in_flight: int) -> P
             storage = "sqlite:///{folder / "bench.db"}"
 
             [trial]
-            entrypoint = "benchmarks.trials:{function}"
+            entrypoint = "benchmarks.stamped_trials:{function}"
 
             [space.x]
             type = "float"
@@ -279,8 +280,8 @@ def overhead_part(n_trials: int, repeats: int, folder: Path) -> list[dict[str, A
     for in_flight in (1, 2):
         runners: dict[str, Callable[[], dict[str, Any]] | None] = {
             "trialq": lambda k=in_flight: run_trialq("stamped_noop", n_trials, k, folder),
-            "trialq-nopreload": lambda k=in_flight: run_trialq(
-                "stamped_noop", n_trials, k, folder, preload="none"
+            "trialq-tf": lambda k=in_flight: run_trialq(
+                "stamped_noop", n_trials, k, folder, preload="tensorflow"
             ),
             "optuna-fork": lambda k=in_flight: run_optuna("stamped_noop", n_trials, k, "fork"),
             "optuna-spawn": lambda k=in_flight: run_optuna("stamped_noop", n_trials, k, "spawn"),
@@ -311,8 +312,8 @@ def startup_part(n_trials: int, repeats: int, folder: Path) -> list[dict[str, An
     rows = []
     runners = {
         "trialq": lambda: run_trialq("stamped_second", n_trials, 2, folder),
-        "trialq-nopreload": lambda: run_trialq(
-            "stamped_second", n_trials, 2, folder, preload="none"
+        "trialq-tf": lambda: run_trialq(
+            "stamped_second", n_trials, 2, folder, preload="tensorflow"
         ),
         "optuna-threads": lambda: run_optuna("stamped_second", n_trials, 2, None),
     }

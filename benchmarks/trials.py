@@ -72,21 +72,3 @@ def stepper(params: dict[str, Any], trial: Any = None) -> float:
             if trial.should_stop():
                 return 0.0
     return 1.0
-
-
-def stamped_noop(params: dict[str, Any], trial: object = None) -> dict[str, float]:
-    """Nothing, stamping when it started and ended (`time.time()`): the end-to-end benchmark
-    reads a trial's cost from the stamps of consecutive trials."""
-    import time
-
-    started = time.time()
-    return {"value": float(params["x"]), "started_at": started, "ended_at": time.time()}
-
-
-def stamped_second(params: dict[str, Any], trial: object = None) -> dict[str, float]:
-    """One second of sleep, stamped as `stamped_noop` is."""
-    import time
-
-    started = time.time()
-    time.sleep(1.0)
-    return {"value": float(params["x"]), "started_at": started, "ended_at": time.time()}

@@ -103,16 +103,22 @@ class LocalCluster:
         files): removed with the cluster, also after workers that were killed outright."""
 
     def __enter__(self) -> LocalCluster:
+        """Start everything and wait for every worker's heartbeat."""
+        self.start()
+        self.wait_for_workers(self.workers)
+        return self
+
+    def start(self) -> None:
+        """Start Redis (waited for: it answers within milliseconds) and the workers (not
+        waited for: each takes a second or two to import and beat). Stopped on failure."""
         try:
             if self._own_redis:
                 self._start_redis()
             for index in range(self.workers):
                 self._start_worker(index)
-            self._wait_for_workers()
         except BaseException:
             self.stop()
             raise
-        return self
 
     def __exit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
@@ -176,16 +182,22 @@ class LocalCluster:
                 preexec_fn=functools.partial(die_with_parent, when_orphaned),
             )
 
-    def _wait_for_workers(self) -> None:
+    def wait_for_workers(self, count: int) -> None:
+        """Wait until `count` workers beat; stop everything if one dies first or none is up
+        within `STARTUP_TIMEOUT_S`."""
         client = redis.Redis.from_url(self.broker_url)
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while len(heartbeat.live_workers(client)) < self.workers:
-            dead = [p for p in self._workers if p.poll() is not None]
-            if dead or time.monotonic() > deadline:
-                raise LocalClusterError(
-                    f"local workers did not start; logs in {self.log_dir}: {self._log_tail()}"
-                )
-            time.sleep(WAIT_POLL_S)
+        try:
+            while len(heartbeat.live_workers(client)) < count:
+                dead = [p for p in self._workers if p.poll() is not None]
+                if dead or time.monotonic() > deadline:
+                    raise LocalClusterError(
+                        f"local workers did not start; logs in {self.log_dir}: {self._log_tail()}"
+                    )
+                time.sleep(WAIT_POLL_S)
+        except BaseException:
+            self.stop()
+            raise
 
     def _log_tail(self) -> str:
         for log in sorted(self.log_dir.glob("worker*.log")):

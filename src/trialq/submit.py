@@ -66,15 +66,9 @@ def submit_study(
     url = storage_url(spec, storage_override, settings.storage)
     target = n_trials or spec.study.n_trials
     with ExitStack() as stack:
-        stack.enter_context(holding_study_file(url, spec.study.name))  # SQLite: before opening
-        study = open_study(spec, url)
-        study_lock = stack.enter_context(holding_study(study))  # before anything is written
-        for note in check_spec_against_study(spec, study):
-            _say(f"note: {note}")
-        _say(f"study {study.study_name!r} in {redacted_url(url)}")
-        if not _announce_progress(study, target):
-            return study_summary(study)
+        cluster = None
         if local_workers is not None:
+            # Started first: the workers import and beat while the study is opened.
             cluster = LocalCluster(
                 local_workers,
                 spec.trial.queue,
@@ -83,8 +77,20 @@ def submit_study(
                 log_dir=local_logs(spec),
                 log_level="DEBUG" if verbose else "INFO",
             )
-            stack.enter_context(cluster)
+            stack.callback(cluster.stop)
+            cluster.start()
             stack.callback(_say, f"workers' logs: {cluster.log_dir}")
+        stack.enter_context(holding_study_file(url, spec.study.name))  # SQLite: before opening
+        study = open_study(spec, url)
+        study_lock = stack.enter_context(holding_study(study))  # before anything is written
+        for note in check_spec_against_study(spec, study):
+            _say(f"note: {note}")
+        _say(f"study {study.study_name!r} in {redacted_url(url)}")
+        if not _announce_progress(study, target):
+            return study_summary(study)
+        if cluster is not None:
+            # The first worker to beat is enough: trials wait in the queue for the others.
+            cluster.wait_for_workers(1)
             settings = settings.model_copy(
                 update={"broker_url": cluster.broker_url, "result_backend": cluster.broker_url}
             )
@@ -97,7 +103,7 @@ def submit_study(
         progress: ProgressSink = NoProgress(show_failures=True)
         if show_progress:
             progress = stack.enter_context(RichProgress(spec.study.name, target))
-        workers = dispatcher.live_worker_count(spec.trial.queue)
+        workers = local_workers or dispatcher.live_worker_count(spec.trial.queue)
         if workers == 0:
             print(
                 f"warning: no live worker consumes queue {spec.trial.queue!r} yet; "

@@ -9,11 +9,16 @@ by sending a real trial to the test Redis and reading the keys the dispatcher re
 from __future__ import annotations
 
 import contextlib
+import importlib.util
+import inspect
 import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from typing import Any
 
 import billiard.pool
+import billiard.util
 import kombu
 import pytest
 import redis
@@ -25,7 +30,7 @@ from trial_requests import trial_request
 
 from trialq._celery.app import create_app
 from trialq._celery.dispatcher import CeleryDispatcher
-from trialq._celery.pool import TrialAsynPool, TrialProcess
+from trialq._celery.pool import PRCTL_DECLARATION, TrialAsynPool, TrialProcess
 from trialq.settings import Settings
 
 POOL = "src/trialq/_celery/pool.py"
@@ -257,6 +262,50 @@ def test_the_pool_can_be_maintained(real_pool: _RecordingPool) -> None:
     )
     real_pool.maintain_pool()  # nothing exited: nothing to do, and no error
     assert len(real_pool._pool) == 1, hook.gone("it changed a pool with nothing to replace")
+
+
+PDEATHSIG_BY_CFFI = Hook(
+    "billiard.util.set_pdeathsig declaring prctl with cffi (where cffi is imported), and "
+    "cffi.cparser._parser_cache",
+    f"{POOL} (warm_child_start)",
+    "every trial's process imports pycparser and builds its parser again: 70 ms of CPU a trial",
+)
+
+_CHILD_STATE = """
+import os, sys, signal, json
+import billiard.util
+from trialq._celery.pool import warm_child_start
+if sys.argv[1] == "warm":
+    warm_child_start()
+read, write = os.pipe()
+if os.fork() == 0:
+    import cffi.cparser
+    before = cffi.cparser._parser_cache is not None
+    billiard.util.set_pdeathsig(signal.SIGKILL)
+    after = cffi.cparser._parser_cache is not None
+    os.write(write, json.dumps([before, after]).encode())
+    os._exit(0)
+os.wait()
+print(os.read(read, 100).decode())
+"""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("cffi") is None, reason="no cffi: billiard uses ctypes")
+def test_a_forked_pool_process_inherits_the_parser_billiard_declares_prctl_with() -> None:
+    hook = PDEATHSIG_BY_CFFI
+    assert PRCTL_DECLARATION in inspect.getsource(billiard.util.set_pdeathsig), hook.gone(
+        "set_pdeathsig no longer declares prctl as trialq warms it"
+    )
+
+    def child(mode: str) -> list[bool]:
+        ran = subprocess.run([sys.executable, "-c", _CHILD_STATE, mode], capture_output=True,
+                             text=True, timeout=60, check=True)  # fmt: skip
+        return json.loads(ran.stdout)  # type: ignore[no-any-return]
+
+    cold, warm = child("cold"), child("warm")
+
+    assert cold == [False, True], hook.gone(f"a cold child's parser: {cold}")  # the control
+    assert warm == [True, True], hook.gone(f"the warmed parent's child: {warm}")
 
 
 # --- kombu's Redis layout, observed on the test Redis -----------------------------------------
