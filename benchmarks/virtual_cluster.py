@@ -199,5 +199,5 @@ class VirtualChannel(ReportChannel):
     def orphan_checkpoint(self, key: str) -> None:
         pass
 
-    def forget(self, address: TrialAddress) -> None:
+    def forget(self, *addresses: TrialAddress) -> None:
         pass

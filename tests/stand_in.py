@@ -44,8 +44,9 @@ class StandInReports:
     def orphan_checkpoint(self, key: str) -> None:
         self.orphaned.append(key)
 
-    def forget(self, address: TrialAddress) -> None:
-        self.values.pop(address, None)
+    def forget(self, *addresses: TrialAddress) -> None:
+        for address in addresses:
+            self.values.pop(address, None)
 
 
 class StandInDispatcher:

@@ -25,6 +25,7 @@ from trialq.driver.loop import DriverOptions, StudyDriver
 from trialq.driver.progress import NoProgress
 from trialq.driver.spec import load_spec
 from trialq.driver.study import open_study
+from trialq.wire.channel import Report, TrialAddress
 from trialq.wire.messages import Outcome
 
 
@@ -36,6 +37,7 @@ def _driver(
     name: str = "loop",
     n_trials: int = 1,
     study_keys: str = "",
+    max_in_flight: int = 1,
 ) -> tuple[StudyDriver, StandInDispatcher]:
     """A driver of a one-trial study (or `n_trials`, with more `study_keys`), in SQLite in
     `tmp_path` unless `storage` says where; with `dispatcher`, on the same broker."""
@@ -60,7 +62,7 @@ def _driver(
     spec = load_spec(path)
     study = open_study(spec, storage or "sqlite:///" + str(tmp_path / "loop.db"))
     dispatcher = dispatcher or StandInDispatcher(script)
-    options = DriverOptions(max_in_flight=1, poll_interval_s=0)
+    options = DriverOptions(max_in_flight=max_in_flight, poll_interval_s=0)
     return StudyDriver(spec, study, dispatcher, NoProgress(), options), dispatcher
 
 
@@ -268,6 +270,35 @@ def test_a_curve_whose_last_steps_come_with_its_result_is_told_whole(tmp_path: P
     assert trials[1].intermediate_values[3] == pytest.approx(3.6)
     assert [t.state.name for t in trials] == ["COMPLETE"] * 3
     assert dispatcher.channel.prune_requested == set()
+
+
+def test_curves_of_trials_ending_in_one_pass_are_read_at_once_and_told_whole(
+    tmp_path: Path,
+) -> None:
+    """Several trials ending in one pass: their last reports are read in one call (a round
+    trip each was most of the time of a driver far from its Redis), each curve is whole,
+    and every attempt's reports are forgotten once told."""
+
+    def curve(x: float) -> dict[str, object]:
+        return {"outcome": Outcome.OK, "metrics": {"value": x},
+                "reports": [x], "late_reports": [2 * x, 3 * x]}  # fmt: skip
+
+    script = [curve(1.0), curve(2.0), curve(3.0)]
+    driver, dispatcher = _driver(tmp_path, script, name="batch", n_trials=3, max_in_flight=3)
+    reads: list[int] = []
+    read_new = dispatcher.channel.read_new
+
+    def counted(positions: dict[TrialAddress, str]) -> dict[TrialAddress, list[Report]]:
+        reads.append(len(positions))
+        return read_new(positions)
+
+    dispatcher.channel.read_new = counted  # type: ignore[method-assign]
+    driver.run(3)
+
+    curves = sorted(tuple(t.intermediate_values.values()) for t in driver.study.trials)
+    assert curves == [(1.0, 2.0, 3.0), (2.0, 4.0, 6.0), (3.0, 6.0, 9.0)]
+    assert 1 not in reads, reads  # the three ended in one pass: one read for their last reports
+    assert dispatcher.channel.values == {}, "an attempt's reports were not forgotten"
 
 
 def test_the_loop_makes_its_next_pass_when_a_result_arrives_not_after_its_poll_interval(

@@ -14,6 +14,7 @@ import inspect
 import json
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -386,6 +387,24 @@ def test_a_reserved_trial_is_in_the_unacked_hash(redis_url: str) -> None:
         )
         assert dispatcher.pending_ids("gpu") == {task_id}, hook.gone("pending_ids missed it")
         reserved.ack()
+
+
+def test_pending_ids_where_the_server_refuses_scripts(redis_url: str) -> None:
+    """Some managed Redis refuse EVAL: `pending_ids` reads the messages itself there. A real
+    ACL user without the scripting commands, made for this test and removed after it."""
+    client = redis.Redis.from_url(redis_url)
+    user = f"trialq-no-scripts-{uuid.uuid4().hex[:8]}"
+    client.acl_setuser(user, enabled=True, nopass=True, keys="*", channels="*",
+                       commands=["+@all", "-@scripting"])  # fmt: skip
+    try:
+        url = redis_url.replace("redis://", f"redis://{user}@", 1)
+        dispatcher = _dispatcher(url)
+        task_id = _send(dispatcher)
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            redis.Redis.from_url(url).eval("return 1", 0)
+        assert dispatcher.pending_ids("gpu") == {task_id}
+    finally:
+        client.acl_deluser(user)
 
 
 def test_trialq_sends_no_priority_and_kombu_keeps_priorities_apart(redis_url: str) -> None:

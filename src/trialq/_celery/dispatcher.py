@@ -38,6 +38,27 @@ _FAILURE_OUTCOMES = {
     "TimeLimitExceeded": Outcome.TIMEOUT,
     "SoftTimeLimitExceeded": Outcome.TIMEOUT,
 }
+_PENDING_IDS_LUA = """
+local ids = {}
+local function add(message)
+  if type(message) == 'table' and type(message.headers) == 'table'
+      and type(message.headers.id) == 'string' then
+    ids[#ids + 1] = message.headers.id
+  end
+end
+for _, raw in ipairs(redis.call('LRANGE', KEYS[1], 0, -1)) do
+  local ok, message = pcall(cjson.decode, raw)
+  if ok then add(message) end
+end
+for _, raw in ipairs(redis.call('HVALS', KEYS[2])) do
+  local ok, held = pcall(cjson.decode, raw)
+  if ok and type(held) == 'table' then add(held[1]) end
+end
+return ids
+"""
+"""`pending_ids` on the server: kombu's queue list holds messages, its `unacked` hash
+`[message, exchange, routing key]`; an entry that is no message of Celery's is skipped."""
+
 _WITHDRAWN = "TaskRevokedError"  # only a driver revokes: withdrawn, or killed for its pruner
 
 
@@ -62,6 +83,7 @@ class CeleryDispatcher:
         self._studies: set[str] = set()
         """The studies this dispatcher sent trials of: it listens for their results."""
         self._results: redis.client.PubSub | None = None
+        self._pending_ids_script = self._broker.register_script(_PENDING_IDS_LUA)
 
     def check_reachable(self) -> None:
         """Raise `BrokerUnreachable` unless Redis answers a PING."""
@@ -117,7 +139,15 @@ class CeleryDispatcher:
         return None if raw is None else self._backend.decode_result(raw)
 
     def pending_ids(self, queue: str) -> set[str]:
-        """Ids of the queue's waiting messages and of every reserved (unacked) one."""
+        """Ids of the queue's waiting messages and of every reserved (unacked) one: read on
+        the server, in one round trip that carries ids, not the messages (a driver far from
+        its Redis spent a third of its time on them); by hand where scripts are refused."""
+        keys = [kombu_queue_key(queue), KOMBU_UNACKED]
+        try:
+            found: list[bytes] = self._pending_ids_script(keys=keys)
+            return {raw.decode() for raw in found}
+        except redis.exceptions.ResponseError:  # no EVAL here (some managed Redis)
+            pass
         ids = {_message_id(raw) for raw in self._broker.lrange(kombu_queue_key(queue), 0, -1)}
         for raw in self._broker.hvals(KOMBU_UNACKED):
             ids.add(_message_id(json.loads(raw)[0]))

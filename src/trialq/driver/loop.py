@@ -152,6 +152,10 @@ class StudyDriver:
         self._gpus = int(getattr(self.spec.trial, "gpus", 1))
         self._gpu_hours = 0.0
         self._started = self.options.clock()
+        self._final_reports: dict[TrialAddress, list[Report]] = {}
+        """Reports of attempts that ended, read at once in this pass (`_read_final_reports`)."""
+        self._to_forget: list[TrialAddress] = []
+        """Attempts done with in this pass, whose report keys go in one call."""
         if self.define_space is None:
             self.define_space = load_search_space(self.spec)
 
@@ -205,6 +209,7 @@ class StudyDriver:
             self._send_recorded()
             more = self._fill(n_trials)
             self._relay_reports()
+            self._forget_told()
         self._written = self._store.flush_behind()
         for recording in self.recording:  # a record whose commit failed waits for this one
             if _failed(recording.recorded):
@@ -366,6 +371,7 @@ class StudyDriver:
         """Learn what became of each trial in flight, and act on it."""
         statuses = self.dispatcher.statuses(self.in_flight)
         queued = self._queued_ids() if self._lost_check_due() else None
+        self._read_final_reports(statuses)
         for task_id, status in statuses.items():
             entry = self.in_flight[task_id]
             entry.worker = status.worker or entry.worker
@@ -375,6 +381,7 @@ class StudyDriver:
             if started and isinstance(action, Resend | Tell):
                 self.dispatcher.terminate(task_id)  # given up on: its process may still run
             self._apply(entry, action)
+        self._final_reports = {}
 
     def _queued_ids(self) -> set[str]:
         return self.dispatcher.pending_ids(self.spec.trial.queue)
@@ -564,8 +571,19 @@ class StudyDriver:
             self.channel.orphan_checkpoint(key)
 
     def _forget_reports(self, entry: InFlight) -> None:
+        """Drop the attempt's report keys with the others of this pass (`_forget_told`)."""
         if self.channel is not None:
-            self.channel.forget(entry.address)
+            self._to_forget.append(entry.address)
+
+    def _forget_told(self) -> None:
+        """One call for every attempt done with in this pass: a round trip each was most of
+        a driver's time a trial, far from its Redis. Where Redis is away, the next pass
+        tries again (the keys expire anyway: `wire.channel.KEY_TTL_S`)."""
+        if self.channel is None or not self._to_forget:
+            return
+        with contextlib.suppress(redis.RedisError):
+            self.channel.forget(*self._to_forget)
+            self._to_forget = []
 
     # --- pruning -------------------------------------------------------------------------
 
@@ -587,8 +605,28 @@ class StudyDriver:
         if not self._reporting:
             return
         assert self.channel is not None
-        found = self.channel.read_new({entry.address: entry.reports_seen})
+        if entry.address in self._final_reports:
+            found = {entry.address: self._final_reports.pop(entry.address)}
+        else:
+            found = self.channel.read_new({entry.address: entry.reports_seen})
         self._record_reports(entry, found.get(entry.address, []))
+
+    def _read_final_reports(self, statuses: dict[str, TaskStatus]) -> None:
+        """The last reports of every attempt that ended, in one read before any is told
+        (`_drain_reports` takes them from here): read after the statuses, so nothing a trial
+        reported before its result is missed."""
+        if not self._reporting:
+            return
+        assert self.channel is not None
+        ended = [
+            self.in_flight[task_id]
+            for task_id, status in statuses.items()
+            if status.phase in (TaskPhase.FINISHED, TaskPhase.FAILED)
+        ]
+        if len(ended) > 1:  # one alone is read where it is told, as before
+            positions = {entry.address: entry.reports_seen for entry in ended}
+            found = self.channel.read_new(positions)
+            self._final_reports = {address: found.get(address, []) for address in positions}
 
     @property
     def _reporting(self) -> bool:

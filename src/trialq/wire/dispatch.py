@@ -56,8 +56,8 @@ class TrialReports(Protocol):
     def orphan_checkpoint(self, key: str) -> None:
         """Ask a later trial process to remove a finished trial's checkpoint folder."""
 
-    def forget(self, address: TrialAddress) -> None:
-        """Drop what an attempt reported, once its trial is told."""
+    def forget(self, *addresses: TrialAddress) -> None:
+        """Drop what attempts reported, once their trials are told (all in one call)."""
 
 
 class Dispatcher(Protocol):
