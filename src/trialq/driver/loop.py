@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import time
 import uuid
 from collections.abc import Callable
@@ -34,6 +33,7 @@ from trialq.driver.fate import Known, Resend, Resends, Tell, Terminate, Wait
 from trialq.driver.objective import objective_of
 from trialq.driver.oom_constraint import OOM_CONSTRAINT, OomTelling, oom_telling
 from trialq.driver.outage import Outages
+from trialq.driver.pacing import Periodic
 from trialq.driver.progress import Counts, ProgressSink
 from trialq.driver.search_space import DefineSpace, load_search_space
 from trialq.driver.spec import StudySpec
@@ -130,8 +130,6 @@ class StudyDriver:
     unsent: list[Recording] = field(default_factory=list)
     """Asked trials whose sending failed (broker away); sent before any new one."""
     counts: Counts = field(default_factory=Counts)
-    _last_lost_check: float = -math.inf
-    _last_outside_check: float = -math.inf
     _written: Future[None] | None = None
     """The last step's commit: its failure is how a storage outage shows."""
     channel: TrialReports | None = field(init=False, default=None)
@@ -152,6 +150,8 @@ class StudyDriver:
         self._gpus = int(getattr(self.spec.trial, "gpus", 1))
         self._gpu_hours = 0.0
         self._started = self.options.clock()
+        self._lost_check = Periodic(self.options.lost_check_interval_s)
+        self._outside_check = Periodic(self.options.outside_check_interval_s)
         self._final_reports: dict[TrialAddress, list[Report]] = {}
         """Reports of attempts that ended, read at once in this pass (`_read_final_reports`)."""
         self._to_forget: list[TrialAddress] = []
@@ -370,7 +370,7 @@ class StudyDriver:
     def _collect(self) -> None:
         """Learn what became of each trial in flight, and act on it."""
         statuses = self.dispatcher.statuses(self.in_flight)
-        queued = self._queued_ids() if self._lost_check_due() else None
+        queued = self._queued_ids() if self._lost_check.due(self.options.clock()) else None
         self._read_final_reports(statuses)
         for task_id, status in statuses.items():
             entry = self.in_flight[task_id]
@@ -384,7 +384,10 @@ class StudyDriver:
         self._final_reports = {}
 
     def _queued_ids(self) -> set[str]:
-        return self.dispatcher.pending_ids(self.spec.trial.queue)
+        started = self.options.clock()
+        queued = self.dispatcher.pending_ids(self.spec.trial.queue)
+        self._lost_check.took(started, self.options.clock())
+        return queued
 
     def _known(self, entry: InFlight, status: TaskStatus, queued: set[str] | None) -> Known:
         """What the queue and the report channel say of one attempt in this pass."""
@@ -441,26 +444,20 @@ class StudyDriver:
             case Wait(unseen_checks=unseen):
                 entry.unseen_checks = unseen
 
-    def _lost_check_due(self) -> bool:
-        now = self.options.clock()
-        if now - self._last_lost_check < self.options.lost_check_interval_s:
-            return False
-        self._last_lost_check = now
-        return True
-
     def _check_outside(self) -> None:
         """Every few seconds: check this driver still holds its study, and ask the storage
         whether someone else finished a trial in flight (optuna-dashboard's Fail button is
         "stop this trial now"): their state stands, the trial's process is killed, and it is
         not retried."""
-        now = self.options.clock()
-        if now - self._last_outside_check < self.options.outside_check_interval_s:
+        started = self.options.clock()
+        if not self._outside_check.due(started):
             return
-        self._last_outside_check = now
         if self.study_lock is not None:
             self.study_lock.ensure_held()
         by_trial = {entry.trial._trial_id: entry for entry in self.in_flight.values()}
-        for frozen in self._store.finished_elsewhere(by_trial):
+        finished = self._store.finished_elsewhere(by_trial)
+        self._outside_check.took(started, self.options.clock())
+        for frozen in finished:
             entry = by_trial.get(frozen._trial_id)
             if entry is None:  # its result came in as it was finished there: theirs stands
                 _log.warning("trial #%d was finished from outside as %s; that state stands",
