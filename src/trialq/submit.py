@@ -79,7 +79,6 @@ def submit_study(
             )
             stack.callback(cluster.stop)
             cluster.start()
-            stack.callback(_say, f"workers' logs: {cluster.log_dir}")
         stack.enter_context(holding_study_file(url, spec.study.name))  # SQLite: before opening
         study = open_study(spec, url)
         study_lock = stack.enter_context(holding_study(study))  # before anything is written
@@ -91,6 +90,7 @@ def submit_study(
         if cluster is not None:
             # The first worker to beat is enough: trials wait in the queue for the others.
             cluster.wait_for_workers(1)
+            stack.callback(_say, f"workers' logs: {cluster.log_dir}")
             settings = settings.model_copy(
                 update={"broker_url": cluster.broker_url, "result_backend": cluster.broker_url}
             )
