@@ -7,6 +7,7 @@ that `pytest tests/faults` prints at the end.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -31,14 +32,17 @@ FAST_HEARTBEAT = {"TRIALQ_HEARTBEAT_INTERVAL_S": "0.5", "TRIALQ_HEARTBEAT_TTL_S"
 """Workers that beat often and are taken for lost within seconds."""
 
 
-def fault_spec(entrypoint: str, space: str, n_trials: int, **trial_keys: object) -> str:
-    """The fault suite's study: grid sampling, two in flight, `[trial]` keys added as given."""
+def fault_spec(
+    entrypoint: str, space: str, n_trials: int, in_flight: int = 2, **trial_keys: object
+) -> str:
+    """The fault suite's study: grid sampling, two in flight (unless `in_flight` says),
+    `[trial]` keys added as given."""
     extra = "\n".join(f"{key} = {json.dumps(value)}" for key, value in trial_keys.items())
     return f"""
         [study]
         name = "faults"
         n_trials = {n_trials}
-        max_in_flight = 2
+        max_in_flight = {in_flight}
         sampler = "grid"
         pruner = "none"
         [trial]
@@ -152,6 +156,12 @@ class DriverRun:
             outcomes=dict(Counter(str(t.user_attrs.get("outcome")) for t in finished)),
         )
         return record_verdict(verdict)
+
+
+def delete_study(run: DriverRun) -> None:
+    """Remove the run's study, where there is one (a killed earlier run may have left it)."""
+    with contextlib.suppress(KeyError):
+        optuna.delete_study(study_name=run.study_name, storage=run.storage)
 
 
 def finished_count(run: DriverRun) -> int:

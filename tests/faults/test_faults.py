@@ -3,7 +3,6 @@ driver process; each ends with the study at n_trials, 0 lost, 0 told twice, 0 RU
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -16,7 +15,6 @@ import optuna
 import psutil
 import pytest
 import redis
-import sqlalchemy
 from outage_proxy import OutageProxy
 from waiting import wait_for_redis, wait_until
 
@@ -24,6 +22,7 @@ from faults.harness import (
     FAST_HEARTBEAT,
     DriverRun,
     assert_clean,
+    delete_study,
     fault_spec,
     finished_count,
     grid,
@@ -32,6 +31,7 @@ from faults.harness import (
 from trialq.local import LocalCluster, free_port, redis_server_binary
 
 pytestmark = [pytest.mark.faults, pytest.mark.integration]
+
 
 @pytest.fixture
 def run(tmp_path: Path, redis_url: str) -> DriverRun:
@@ -42,7 +42,9 @@ def test_sigkill_of_the_trial_process_is_retried_with_the_same_params_when_asked
     run: DriverRun, start_workers: Callable[..., LocalCluster]
 ) -> None:
     start_workers(2, extra_env=FAST_HEARTBEAT)
-    spec = fault_spec("kills_itself_on_first_attempt", grid("x", "kill", "ok"), 6, retry_crashes=True)
+    spec = fault_spec(
+        "kills_itself_on_first_attempt", grid("x", "kill", "ok"), 6, retry_crashes=True
+    )
     run.write_spec(spec)
     code, err = run.run()
     verdict = run.judge("SIGKILL of the trial process", 6)
@@ -57,7 +59,9 @@ def test_a_trial_that_kills_its_process_every_time_does_not_loop(
     run: DriverRun, start_workers: Callable[..., LocalCluster]
 ) -> None:
     start_workers(2, extra_env=FAST_HEARTBEAT)
-    spec = fault_spec("always_kills_itself", grid("x", "kill"), 2, max_retries=2, retry_crashes=True)
+    spec = fault_spec(
+        "always_kills_itself", grid("x", "kill"), 2, max_retries=2, retry_crashes=True
+    )
     run.write_spec(spec)
     run.run()
     verdict = run.judge("trial that always SIGKILLs itself", 2)
@@ -105,14 +109,9 @@ def test_sigterm_of_a_worker_finishes_its_trial_and_takes_no_new_one(
 def run_on_each_storage(storage_url: str, tmp_path: Path, redis_url: str) -> Iterator[DriverRun]:
     """A driver run on SQLite (commits in the loop) and on PostgreSQL (commits beside it)."""
     run = DriverRun(tmp_path, redis_url, storage_url=storage_url)
-    _delete_study(run)  # left by an earlier run that was itself killed
+    delete_study(run)  # left by an earlier run that was itself killed
     yield run
-    _delete_study(run)
-
-
-def _delete_study(run: DriverRun) -> None:
-    with contextlib.suppress(KeyError):
-        optuna.delete_study(study_name=run.study_name, storage=run.storage)
+    delete_study(run)
 
 
 def test_driver_sigkilled_and_resumed(
@@ -230,26 +229,6 @@ def _start_persistent_redis(folder: Path, port: int) -> subprocess.Popen[bytes]:
 
 
 # --- the storage and its users (issue 16) --------------------------------------------------
-
-
-@pytest.fixture
-def proxy(postgres_url: str) -> Iterator[OutageProxy]:
-    """The machine's PostgreSQL behind a proxy that can cut it off."""
-    proxy = OutageProxy(sqlalchemy.make_url(postgres_url).port or 5432)
-    yield proxy
-    proxy.close()
-
-
-@pytest.fixture
-def run_via_proxy(
-    tmp_path: Path, redis_url: str, postgres_url: str, proxy: OutageProxy
-) -> Iterator[DriverRun]:
-    url = sqlalchemy.make_url(postgres_url).set(port=proxy.port)
-    run = DriverRun(tmp_path, redis_url, storage_url=url.render_as_string(hide_password=False))
-    _delete_study(run)
-    yield run
-    proxy.restore()
-    _delete_study(run)
 
 
 def test_postgresql_cut_off_mid_study_is_ridden_out(

@@ -11,8 +11,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
 import sqlalchemy
@@ -32,32 +31,13 @@ EXIT_WITHIN_S = OUTAGE_LIMIT_S + 3 * ANSWER_WITHIN_S + LONGEST_RETRY_S + 5
 unanswered wait."""
 
 
-@pytest.fixture
-def proxy(postgres_url: str) -> Iterator[OutageProxy]:
-    """The machine's PostgreSQL behind a proxy that can hang it."""
-    proxy = OutageProxy(sqlalchemy.make_url(postgres_url).port or 5432)
-    yield proxy
-    proxy.close()
-
-
-@pytest.fixture
-def run(
-    tmp_path: Path, redis_url: str, postgres_url: str, proxy: OutageProxy
-) -> Iterator[DriverRun]:
-    url = sqlalchemy.make_url(postgres_url).set(port=proxy.port)
-    run = DriverRun(tmp_path, redis_url, storage_url=url.render_as_string(hide_password=False))
-    _delete_study(postgres_url)
-    yield run
-    proxy.restore()
-    _delete_study(postgres_url)
-
-
 def test_a_hung_database_is_an_outage_and_past_the_limit_exit_3(
-    run: DriverRun,
+    run_via_proxy: DriverRun,
     proxy: OutageProxy,
     postgres_url: str,
     start_workers: Callable[..., LocalCluster],
 ) -> None:
+    run = run_via_proxy
     start_workers(2, extra_env=FAST_HEARTBEAT)
     run.write_spec(fault_spec("sleeps", grid("sleep_s", 1.0), 6))
     driver = run.start("--outage-limit", str(OUTAGE_LIMIT_S))
@@ -79,11 +59,12 @@ def test_a_hung_database_is_an_outage_and_past_the_limit_exit_3(
 
 
 def test_ctrl_c_ends_the_driver_while_the_database_hangs(
-    run: DriverRun,
+    run_via_proxy: DriverRun,
     proxy: OutageProxy,
     postgres_url: str,
     start_workers: Callable[..., LocalCluster],
 ) -> None:
+    run = run_via_proxy
     start_workers(2, extra_env=FAST_HEARTBEAT)
     run.write_spec(fault_spec("sleeps", grid("sleep_s", 1.0), 6))
     driver = run.start()
@@ -130,12 +111,3 @@ def _heal(proxy: OutageProxy, postgres_url: str, driver_pid: int) -> None:
 
     wait_until(gone, 30, "the server to end the interrupted driver's session")
     engine.dispose()
-
-
-def _delete_study(postgres_url: str) -> None:
-    try:
-        import optuna
-
-        optuna.delete_study(study_name="faults", storage=postgres_url)
-    except KeyError:
-        pass

@@ -1,0 +1,34 @@
+"""Fixtures the fault tests share: PostgreSQL behind a proxy that can cut or hang it, and a
+driver run whose study lives there (tests/faults/test_faults.py, test_storage_hang.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import sqlalchemy
+from outage_proxy import OutageProxy
+
+from faults.harness import DriverRun, delete_study
+
+
+@pytest.fixture
+def proxy(postgres_url: str) -> Iterator[OutageProxy]:
+    """The machine's PostgreSQL behind a proxy that can cut it off or hang it."""
+    proxy = OutageProxy(sqlalchemy.make_url(postgres_url).port or 5432)
+    yield proxy
+    proxy.close()
+
+
+@pytest.fixture
+def run_via_proxy(
+    tmp_path: Path, redis_url: str, postgres_url: str, proxy: OutageProxy
+) -> Iterator[DriverRun]:
+    """A driver run whose study is in PostgreSQL through `proxy`; none left before or after."""
+    url = sqlalchemy.make_url(postgres_url).set(port=proxy.port)
+    run = DriverRun(tmp_path, redis_url, storage_url=url.render_as_string(hide_password=False))
+    delete_study(run)
+    yield run
+    proxy.restore()
+    delete_study(run)
