@@ -36,7 +36,7 @@ def _running_on(hosts: Hosts, role: str) -> list[RunningTrial]:
 
 def _started_on(hosts: Hosts, role: str) -> list[RunningTrial]:
     """Trials running on host `role` whose start Celery has stored (`STARTED`): a trial
-    process claims its trial a moment before that (see the xfail test below)."""
+    process claims its trial a moment before that (tests/faults/test_lost_before_started.py)."""
     return [t for t in _running_on(hosts, role) if _celery_state(hosts, t.task_id) == "STARTED"]
 
 
