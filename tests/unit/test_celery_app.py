@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import ssl
+import types
 from typing import Any
 
 from trial_requests import trial_request
@@ -68,10 +69,9 @@ def test_the_worker_command_line_carries_the_apps_design_settings() -> None:
 class _SendingApp:
     """Records what the dispatcher hands Celery's `send_task`."""
 
-    backend = None
-
     def __init__(self) -> None:
         self.sent: dict[str, Any] = {}
+        self.backend = types.SimpleNamespace()  # the dispatcher replaces its on_task_call
 
     def send_task(self, name: str, **options: Any) -> None:
         self.sent = {"name": name, **options}

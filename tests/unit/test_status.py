@@ -130,6 +130,21 @@ def test_a_missing_database_is_named_and_not_created(
     assert not missing.exists()
 
 
+def test_a_database_a_driver_is_still_creating_is_read_not_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`trialq status` polled as a driver starts: the file is there, its schema not yet. The
+    reader says there is no such study and writes nothing (Optuna's storage would create the
+    schema, racing the driver's own creation, and the driver failed)."""
+    starting = tmp_path / "starting.db"
+    starting.touch()  # as SQLite leaves it the instant the driver opens it
+
+    assert trialq_main(["status", "s", "--storage", f"sqlite:///{starting}"]) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: trialq status: no study named 's' in sqlite:///{starting}\n"
+    assert starting.stat().st_size == 0, "the reader wrote a schema"
+
+
 def test_a_spec_file_finds_its_study_where_submit_study_put_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -155,11 +155,9 @@ def warm_child_start() -> None:
     """Parse billiard's `prctl` declaration here, before the pool forks, so that cffi's
     parser (cached per process) is inherited built; without cffi, billiard uses ctypes and
     there is nothing to warm."""
-    if "cffi" not in sys.modules:  # billiard.util's own test
-        return
-    import cffi  # type: ignore[import-untyped]
-
-    cffi.FFI().cdef(PRCTL_DECLARATION)
+    cffi = sys.modules.get("cffi")  # billiard.util's own test: imported by billiard, or not
+    if cffi is not None:
+        cffi.FFI().cdef(PRCTL_DECLARATION)
 
 
 class TrialPool(TaskPool):  # type: ignore[misc]

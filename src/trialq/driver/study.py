@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -84,11 +85,26 @@ def load_study(study_name: str, storage: str | None, command: str) -> optuna.Stu
         raise UsageError(
             f"{command}: no database at {sqlite_file} (looked for study {study_name!r})"
         )
+    if sqlite_file and not _sqlite_holds_study(sqlite_file, study_name):
+        raise UsageError(f"{command}: no study named {study_name!r} in {where}")
     try:
         with storage_errors(storage):
             return optuna.load_study(study_name=study_name, storage=rdb_storage(storage))
     except KeyError:
         raise UsageError(f"{command}: no study named {study_name!r} in {where}") from None
+
+
+def _sqlite_holds_study(path: str, study_name: str) -> bool:
+    """Whether the SQLite file holds the study, read without writing: Optuna's storage
+    creates what is missing of its schema when opened, and a reader (`trialq status` polled
+    as a driver starts) doing so beside the driver creating the file made the driver fail."""
+    try:
+        uri = f"file:{Path(path).resolve()}?mode=ro"
+        with contextlib.closing(sqlite3.connect(uri, uri=True, timeout=10)) as db:
+            found = db.execute("SELECT 1 FROM studies WHERE study_name = ?", (study_name,))
+            return found.fetchone() is not None
+    except sqlite3.Error:  # no table of studies yet: a driver is creating the database
+        return False
 
 
 @contextlib.contextmanager
