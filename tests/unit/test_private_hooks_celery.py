@@ -14,6 +14,7 @@ import inspect
 import json
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -30,7 +31,7 @@ from private_hooks import Hook, parameters, refers_to
 from trial_requests import trial_request
 
 from trialq._celery.app import create_app
-from trialq._celery.dispatcher import CeleryDispatcher
+from trialq._celery.dispatcher import RESERVED_UNSTARTED_S, CeleryDispatcher
 from trialq._celery.pool import PRCTL_DECLARATION, TrialAsynPool, TrialProcess
 from trialq.settings import Settings
 
@@ -387,6 +388,36 @@ def test_a_reserved_trial_is_in_the_unacked_hash(redis_url: str) -> None:
         )
         assert dispatcher.pending_ids("gpu") == {task_id}, hook.gone("pending_ids missed it")
         reserved.ack()
+
+
+@pytest.mark.parametrize("scripts", [True, False], ids=["scripted", "no-scripts"])
+def test_a_reservation_its_worker_lost_is_not_pending(redis_url: str, scripts: bool) -> None:
+    """A message reserved `RESERVED_UNSTARTED_S` ago with no start stored (its worker's
+    connection dropped with a Redis restart: seen in CI, two trials waited for the
+    visibility timeout) is not pending, so the driver sends its trial again; a fresh one is."""
+    hook = UNACKED_HASH
+    client = redis.Redis.from_url(redis_url)
+    user = f"trialq-no-scripts-{uuid.uuid4().hex[:8]}"
+    client.acl_setuser(user, enabled=True, nopass=True, keys="*", channels="*",
+                       commands=["+@all", "-@scripting"])  # fmt: skip
+    url = redis_url if scripts else redis_url.replace("redis://", f"redis://{user}@", 1)
+    try:
+        dispatcher = _dispatcher(url)
+        task_id = _send(dispatcher)
+        app = create_app(Settings(broker_url=redis_url))
+        with app.connection_for_read() as connection, connection.SimpleQueue("gpu") as queue:
+            reserved = queue.get(timeout=10)
+            index = client.zrange("unacked_index", 0, -1, withscores=True)
+            assert len(index) == 1 and abs(index[0][1] - time.time()) < 60, hook.gone(
+                f"unacked_index holds {index!r}, not the delivery tag and when it was reserved"
+            )
+            assert dispatcher.pending_ids("gpu") == {task_id}
+
+            client.zadd("unacked_index", {index[0][0]: time.time() - RESERVED_UNSTARTED_S - 1})
+            assert dispatcher.pending_ids("gpu") == set()
+            reserved.ack()
+    finally:
+        client.acl_deluser(user)
 
 
 def test_pending_ids_where_the_server_refuses_scripts(redis_url: str) -> None:

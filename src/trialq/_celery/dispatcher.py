@@ -21,6 +21,7 @@ from trialq.wire.channel import ReportChannel
 from trialq.wire.dispatch import TaskPhase, TaskStatus
 from trialq.wire.keys import (
     KOMBU_UNACKED,
+    KOMBU_UNACKED_INDEX,
     attempt_key,
     kill_key,
     kombu_queue_key,
@@ -40,6 +41,7 @@ _FAILURE_OUTCOMES = {
 }
 _PENDING_IDS_LUA = """
 local ids = {}
+local now, stale_after = tonumber(ARGV[1]), tonumber(ARGV[2])
 local function add(message)
   if type(message) == 'table' and type(message.headers) == 'table'
       and type(message.headers.id) == 'string' then
@@ -50,14 +52,25 @@ for _, raw in ipairs(redis.call('LRANGE', KEYS[1], 0, -1)) do
   local ok, message = pcall(cjson.decode, raw)
   if ok then add(message) end
 end
-for _, raw in ipairs(redis.call('HVALS', KEYS[2])) do
-  local ok, held = pcall(cjson.decode, raw)
-  if ok and type(held) == 'table' then add(held[1]) end
+local held = redis.call('HGETALL', KEYS[2])
+for i = 1, #held, 2 do
+  local reserved = tonumber(redis.call('ZSCORE', KEYS[3], held[i]))
+  if reserved == nil or now - reserved < stale_after then
+    local ok, entry = pcall(cjson.decode, held[i + 1])
+    if ok and type(entry) == 'table' then add(entry[1]) end
+  end
 end
 return ids
 """
 """`pending_ids` on the server: kombu's queue list holds messages, its `unacked` hash
-`[message, exchange, routing key]`; an entry that is no message of Celery's is skipped."""
+`[message, exchange, routing key]` by delivery tag, `unacked_index` when each was reserved;
+an entry that is no message of Celery's is skipped."""
+
+RESERVED_UNSTARTED_S = 60.0
+"""A message reserved this long with no start stored is not pending: its worker lost the
+reservation (its connection dropped, a Redis restart) and kombu would hand it out again only
+after the visibility timeout (12 h). A worker reserves no more than its free trial slots and
+stores `STARTED` as its process takes the message, so a live reservation is far younger."""
 
 _WITHDRAWN = "TaskRevokedError"  # only a driver revokes: withdrawn, or killed for its pruner
 
@@ -139,18 +152,25 @@ class CeleryDispatcher:
         return None if raw is None else self._backend.decode_result(raw)
 
     def pending_ids(self, queue: str) -> set[str]:
-        """Ids of the queue's waiting messages and of every reserved (unacked) one: read on
-        the server, in one round trip that carries ids, not the messages (a driver far from
-        its Redis spent a third of its time on them); by hand where scripts are refused."""
-        keys = [kombu_queue_key(queue), KOMBU_UNACKED]
+        """Ids of the queue's waiting messages and of every reserved (unacked) one younger
+        than `RESERVED_UNSTARTED_S`: read on the server, in one round trip that carries ids,
+        not the messages (a driver far from its Redis spent a third of its time on them); by
+        hand where scripts are refused."""
+        keys = [kombu_queue_key(queue), KOMBU_UNACKED, KOMBU_UNACKED_INDEX]
+        now = time.time()
         try:
-            found: list[bytes] = self._pending_ids_script(keys=keys)
+            found: list[bytes] = self._pending_ids_script(
+                keys=keys, args=[now, RESERVED_UNSTARTED_S]
+            )
             return {raw.decode() for raw in found}
         except redis.exceptions.ResponseError:  # no EVAL here (some managed Redis)
             pass
         ids = {_message_id(raw) for raw in self._broker.lrange(kombu_queue_key(queue), 0, -1)}
-        for raw in self._broker.hvals(KOMBU_UNACKED):
-            ids.add(_message_id(json.loads(raw)[0]))
+        index: Any = self._broker.zrange(KOMBU_UNACKED_INDEX, 0, -1, withscores=True)
+        reserved_at = {tag: float(score) for tag, score in index}
+        for tag, raw in self._broker.hgetall(KOMBU_UNACKED).items():
+            if now - reserved_at.get(tag, now) < RESERVED_UNSTARTED_S:
+                ids.add(_message_id(json.loads(raw)[0]))
         ids.discard(None)
         return ids  # type: ignore[return-value]
 

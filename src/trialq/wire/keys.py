@@ -133,6 +133,10 @@ KOMBU_UNACKED = "unacked"
 """kombu's: the hash of every reserved, not yet acknowledged message (delivery tag to
 `[message, exchange, routing key]`), on all queues."""
 
+KOMBU_UNACKED_INDEX = "unacked_index"
+"""kombu's: when each reserved message was reserved (delivery tag to the reserving worker's
+`time.time()`), a sorted set."""
+
 
 def kombu_queue_key(queue: str) -> str:
     """kombu's: the list of a queue's waiting messages is named after the queue (trialq sends
