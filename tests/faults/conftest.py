@@ -1,5 +1,5 @@
-"""Fixtures the fault tests share: PostgreSQL behind a proxy that can cut or hang it, and a
-driver run whose study lives there (tests/faults/test_faults.py, test_storage_hang.py)."""
+"""Fixtures the fault tests share: a driver run on the test broker, and PostgreSQL behind a
+proxy that can cut or hang it with a driver run whose study lives there."""
 
 from __future__ import annotations
 
@@ -11,6 +11,12 @@ import sqlalchemy
 from outage_proxy import OutageProxy
 
 from faults.harness import DriverRun, delete_study
+
+
+@pytest.fixture
+def run(tmp_path: Path, redis_url: str) -> DriverRun:
+    """A study folder and the counting driver on the test broker (its study in SQLite)."""
+    return DriverRun(tmp_path, redis_url)
 
 
 @pytest.fixture

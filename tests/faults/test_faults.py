@@ -33,11 +33,6 @@ from trialq.local import LocalCluster, free_port, redis_server_binary
 pytestmark = [pytest.mark.faults, pytest.mark.integration]
 
 
-@pytest.fixture
-def run(tmp_path: Path, redis_url: str) -> DriverRun:
-    return DriverRun(tmp_path, redis_url)
-
-
 def test_sigkill_of_the_trial_process_is_retried_with_the_same_params_when_asked(
     run: DriverRun, start_workers: Callable[..., LocalCluster]
 ) -> None:

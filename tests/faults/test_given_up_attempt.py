@@ -70,8 +70,3 @@ def _running(process: psutil.Process) -> bool:
         return process.status() not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
     except psutil.NoSuchProcess:
         return False
-
-
-@pytest.fixture
-def run(tmp_path: object, redis_url: str) -> DriverRun:
-    return DriverRun(tmp_path, redis_url)  # type: ignore[arg-type]

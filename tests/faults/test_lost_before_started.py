@@ -78,8 +78,3 @@ def _claim_and_vanish(client: redis.Redis, message: bytes) -> str:
 
 def _tag(message: bytes) -> str:
     return str(json.loads(message)["properties"]["delivery_tag"])
-
-
-@pytest.fixture
-def run(tmp_path: object, redis_url: str) -> DriverRun:
-    return DriverRun(tmp_path, redis_url)  # type: ignore[arg-type]

@@ -24,11 +24,6 @@ from trialq.local import LocalCluster
 pytestmark = [pytest.mark.faults, pytest.mark.integration]
 
 
-@pytest.fixture
-def run(tmp_path: Path, redis_url: str) -> DriverRun:
-    return DriverRun(tmp_path, redis_url)
-
-
 def _spec(entrypoint: str, space: str, n_trials: int, **trial_keys: object) -> str:
     """The fault suite's spec, with `metric = "value"`: these trials return more metrics."""
     body = fault_spec(entrypoint, space, n_trials, **trial_keys)
@@ -63,7 +58,9 @@ def test_keep_checkpoints_leaves_the_folder(
 ) -> None:
     root = tmp_path / "checkpoints"
     start_workers(1, extra_env={**FAST_HEARTBEAT, "TRIALQ_CHECKPOINT_ROOT": str(root)})
-    spec = _spec("resumes_from_checkpoint", grid("x", 1), 1, keep_checkpoints=True, retry_crashes=True)
+    spec = _spec(
+        "resumes_from_checkpoint", grid("x", 1), 1, keep_checkpoints=True, retry_crashes=True
+    )
     run.write_spec(spec.replace("keep_checkpoints = True", "keep_checkpoints = true"))
     code, err = run.run()
     assert code == 0, err

@@ -57,8 +57,3 @@ def test_a_frozen_worker_parent_does_not_lose_its_running_trial(
     assert trial.user_attrs["outcome"] == "ok" and trial.user_attrs["attempts"] == 1
     assert trial.values == [1.0]  # `sleeps` returns its attempt: it ran once
     assert told_after < 30, told_after
-
-
-@pytest.fixture
-def run(tmp_path: object, redis_url: str) -> DriverRun:
-    return DriverRun(tmp_path, redis_url)  # type: ignore[arg-type]

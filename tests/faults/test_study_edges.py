@@ -85,8 +85,3 @@ def _has_trials(run: DriverRun) -> bool:
         return bool(run.study().trials)
     except KeyError:
         return False
-
-
-@pytest.fixture
-def run(tmp_path: object, redis_url: str) -> DriverRun:
-    return DriverRun(tmp_path, redis_url)  # type: ignore[arg-type]

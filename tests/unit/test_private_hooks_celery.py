@@ -390,52 +390,52 @@ def test_a_reserved_trial_is_in_the_unacked_hash(redis_url: str) -> None:
         reserved.ack()
 
 
+@pytest.fixture
+def no_scripts_url(redis_url: str) -> Iterator[str]:
+    """The test Redis as a user without the scripting commands, as some managed Redis are: a
+    real ACL user, made for the test and removed after it."""
+    client = redis.Redis.from_url(redis_url)
+    user = f"trialq-no-scripts-{uuid.uuid4().hex[:8]}"
+    client.acl_setuser(user, enabled=True, nopass=True, keys="*", channels="*",
+                       commands=["+@all", "-@scripting"])  # fmt: skip
+    try:
+        yield redis_url.replace("redis://", f"redis://{user}@", 1)
+    finally:
+        client.acl_deluser(user)
+
+
 @pytest.mark.parametrize("scripts", [True, False], ids=["scripted", "no-scripts"])
-def test_a_reservation_its_worker_lost_is_not_pending(redis_url: str, scripts: bool) -> None:
+def test_a_reservation_its_worker_lost_is_not_pending(
+    redis_url: str, no_scripts_url: str, scripts: bool
+) -> None:
     """A message reserved `RESERVED_UNSTARTED_S` ago with no start stored (its worker's
     connection dropped with a Redis restart: seen in CI, two trials waited for the
     visibility timeout) is not pending, so the driver sends its trial again; a fresh one is."""
     hook = UNACKED_HASH
     client = redis.Redis.from_url(redis_url)
-    user = f"trialq-no-scripts-{uuid.uuid4().hex[:8]}"
-    client.acl_setuser(user, enabled=True, nopass=True, keys="*", channels="*",
-                       commands=["+@all", "-@scripting"])  # fmt: skip
-    url = redis_url if scripts else redis_url.replace("redis://", f"redis://{user}@", 1)
-    try:
-        dispatcher = _dispatcher(url)
-        task_id = _send(dispatcher)
-        app = create_app(Settings(broker_url=redis_url))
-        with app.connection_for_read() as connection, connection.SimpleQueue("gpu") as queue:
-            reserved = queue.get(timeout=10)
-            index = client.zrange("unacked_index", 0, -1, withscores=True)
-            assert len(index) == 1 and abs(index[0][1] - time.time()) < 60, hook.gone(
-                f"unacked_index holds {index!r}, not the delivery tag and when it was reserved"
-            )
-            assert dispatcher.pending_ids("gpu") == {task_id}
-
-            client.zadd("unacked_index", {index[0][0]: time.time() - RESERVED_UNSTARTED_S - 1})
-            assert dispatcher.pending_ids("gpu") == set()
-            reserved.ack()
-    finally:
-        client.acl_deluser(user)
-
-
-def test_pending_ids_where_the_server_refuses_scripts(redis_url: str) -> None:
-    """Some managed Redis refuse EVAL: `pending_ids` reads the messages itself there. A real
-    ACL user without the scripting commands, made for this test and removed after it."""
-    client = redis.Redis.from_url(redis_url)
-    user = f"trialq-no-scripts-{uuid.uuid4().hex[:8]}"
-    client.acl_setuser(user, enabled=True, nopass=True, keys="*", channels="*",
-                       commands=["+@all", "-@scripting"])  # fmt: skip
-    try:
-        url = redis_url.replace("redis://", f"redis://{user}@", 1)
-        dispatcher = _dispatcher(url)
-        task_id = _send(dispatcher)
-        with pytest.raises(redis.exceptions.NoPermissionError):
-            redis.Redis.from_url(url).eval("return 1", 0)
+    dispatcher = _dispatcher(redis_url if scripts else no_scripts_url)
+    task_id = _send(dispatcher)
+    app = create_app(Settings(broker_url=redis_url))
+    with app.connection_for_read() as connection, connection.SimpleQueue("gpu") as queue:
+        reserved = queue.get(timeout=10)
+        index = client.zrange("unacked_index", 0, -1, withscores=True)
+        assert len(index) == 1 and abs(index[0][1] - time.time()) < 60, hook.gone(
+            f"unacked_index holds {index!r}, not the delivery tag and when it was reserved"
+        )
         assert dispatcher.pending_ids("gpu") == {task_id}
-    finally:
-        client.acl_deluser(user)
+
+        client.zadd("unacked_index", {index[0][0]: time.time() - RESERVED_UNSTARTED_S - 1})
+        assert dispatcher.pending_ids("gpu") == set()
+        reserved.ack()
+
+
+def test_pending_ids_where_the_server_refuses_scripts(no_scripts_url: str) -> None:
+    """Some managed Redis refuse EVAL: `pending_ids` reads the messages itself there."""
+    dispatcher = _dispatcher(no_scripts_url)
+    task_id = _send(dispatcher)
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        redis.Redis.from_url(no_scripts_url).eval("return 1", 0)
+    assert dispatcher.pending_ids("gpu") == {task_id}
 
 
 def test_trialq_sends_no_priority_and_kombu_keeps_priorities_apart(redis_url: str) -> None:
