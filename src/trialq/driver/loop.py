@@ -602,11 +602,11 @@ class StudyDriver:
         if not self._reporting:
             return
         assert self.channel is not None
-        if entry.address in self._final_reports:
-            found = {entry.address: self._final_reports.pop(entry.address)}
-        else:
+        reports = self._final_reports.pop(entry.address, None)
+        if reports is None:  # told while it ran (its worker lost): not read with the ended
             found = self.channel.read_new({entry.address: entry.reports_seen})
-        self._record_reports(entry, found.get(entry.address, []))
+            reports = found.get(entry.address, [])
+        self._record_reports(entry, reports)
 
     def _read_final_reports(self, statuses: dict[str, TaskStatus]) -> None:
         """The last reports of every attempt that ended, in one read before any is told
@@ -620,7 +620,7 @@ class StudyDriver:
             for task_id, status in statuses.items()
             if status.phase in (TaskPhase.FINISHED, TaskPhase.FAILED)
         ]
-        if len(ended) > 1:  # one alone is read where it is told, as before
+        if ended:
             positions = {entry.address: entry.reports_seen for entry in ended}
             found = self.channel.read_new(positions)
             self._final_reports = {address: found.get(address, []) for address in positions}
