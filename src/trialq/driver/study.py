@@ -85,13 +85,14 @@ def load_study(study_name: str, storage: str | None, command: str) -> optuna.Stu
         raise UsageError(
             f"{command}: no database at {sqlite_file} (looked for study {study_name!r})"
         )
+    missing = UsageError(f"{command}: no study named {study_name!r} in {where}")
     if sqlite_file and not _sqlite_holds_study(sqlite_file, study_name):
-        raise UsageError(f"{command}: no study named {study_name!r} in {where}")
+        raise missing
     try:
         with storage_errors(storage):
             return optuna.load_study(study_name=study_name, storage=rdb_storage(storage))
     except KeyError:
-        raise UsageError(f"{command}: no study named {study_name!r} in {where}") from None
+        raise missing from None
 
 
 def _sqlite_holds_study(path: str, study_name: str) -> bool:
