@@ -144,7 +144,8 @@ class StudyLock:
                 "take": "SELECT pg_try_advisory_lock(:cls, :study)",
                 "holder": "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a "
                 "ON a.pid = l.pid WHERE l.locktype = 'advisory' AND l.granted "
-                "AND l.classid = :cls AND l.objid = :study",
+                "AND l.classid = :cls AND l.objid = :study "  # advisory locks are per database
+                "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())",
             }
         else:
             sql = {
