@@ -38,6 +38,9 @@ def test_each_local_run_keeps_its_workers_logs_with_a_line_per_trial(
     assert len(runs) == 2, "the second run kept the first run's logs"
     first = (runs[0] / "worker0.log").read_text()
     assert "trial finished outcome=error" in first and "trial finished outcome=ok" in first
+    # The local Redis has no password: no line invents one (kombu's `redis://:**@`).
+    assert ":**@" not in first and "ready: broker redis://127.0.0.1:" in first
+    assert "Connected to redis://127.0.0.1:" in first
     assert f"workers' logs: {runs[1]}" in capsys.readouterr().err
 
 

@@ -68,6 +68,7 @@ def worker_argv(settings: Settings, options: WorkerOptions) -> list[str]:
     config = celery_config(settings)
     return [
         "--app", WORKER_APP,
+        "--quiet",  # no banner: kombu's shows `redis://:**@` for a URL with no password
         "worker",
         "--queues", ",".join(options.queues or (options.queue,)),
         "--concurrency", str(options.concurrency),

@@ -42,7 +42,7 @@ from trialq._celery.app import TASK_NAME, create_app
 from trialq._celery.pool import claim_trial_slot
 from trialq.errors import TrialqError, UsageError
 from trialq.lifeline import die_with_parent
-from trialq.settings import Settings
+from trialq.settings import Settings, redacted_url
 from trialq.trial import checkpoints, process_group
 from trialq.trial.device import TensorFlowDevice
 from trialq.trial.gpu_guard import GpuGuard, GpuOverrun
@@ -295,6 +295,13 @@ class WorkerState:
         interval, ttl = self.settings.heartbeat_interval_s, self.settings.heartbeat_ttl_s
         self.heartbeat = Heartbeat(client, beat, interval, ttl, mark=self.settings.heartbeat_file)
         self.heartbeat.start()
+        logger.info(
+            "worker %s ready: broker %s, queues %s, %d trial(s) at a time",
+            beat.name,
+            redacted_url(self.settings.broker_url),
+            ",".join(queues),
+            consumer.pool.num_processes if consumer.pool is not None else 1,
+        )
 
     def stop_heartbeat(self) -> None:
         if self.heartbeat is not None:
@@ -469,6 +476,27 @@ worker = WorkerState(Settings())
 """The worker `celery -A trialq.worker worker` and `trialq worker` run: its settings are read
 from the environment once, here, where Celery imports the app."""
 app = worker.app
+
+
+class _BrokerNamedPlainly(logging.Filter):
+    """Celery's "Connected to <broker>" names the broker through kombu, which shows a
+    password (`redis://:**@`) where there is none and the transport's class path as the
+    scheme: the line names the settings' URL instead, its password hidden."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__()
+        self.url = redacted_url(url)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Never drops a record; only rewrites that one line's URL."""
+        if record.msg == "Connected to %s":
+            record.args = (self.url,)
+        return True
+
+
+logging.getLogger("celery.worker.consumer.connection").addFilter(
+    _BrokerNamedPlainly(worker.settings.broker_url)
+)
 
 
 @app.task(name=TASK_NAME, bind=True, acks_late=True)
