@@ -6,14 +6,15 @@ A simulated study of two params (width, depth) in [0, 1], maximising width x dep
 every trial with width x depth > 0.3 runs out of memory. The trials run in this process (no
 workers: the sampler's choices are what is measured), but each OOM trial is told exactly as
 trialq's driver tells it (`trialq.driver.oom_constraint`): FAIL without the option, and with it the
-state, stand-in values and constraint the sampler reads. Prints, for TPE and NSGA-II, the
-share of OOM trials in the second half of each study, without and with the option, per seed
-and on average; writes JSON under benchmarks/results/.
+state, stand-in values and constraint the sampler reads. Prints, for TPE, NSGA-II and GP
+(where torch is installed), the share of OOM trials in the second half of each study,
+without and with the option, per seed and on average; writes JSON under benchmarks/results/.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import statistics
 import time
@@ -39,31 +40,36 @@ SAMPLERS: dict[str, tuple[str, dict[str, Any]]] = {
         "nsga2",
         {"population_size": 6, "mutation_prob": 0.1},
     ),
+    "gp (needs torch)": ("gp", {"n_startup_trials": 10}),
 }
 
 
 def make_sampler(name: str, args: dict[str, Any], seed: int) -> optuna.samplers.BaseSampler:
     if name == "tpe":
         return optuna.samplers.TPESampler(seed=seed, **args)
+    if name == "gp":
+        return optuna.samplers.GPSampler(seed=seed, **args)
     return optuna.samplers.NSGAIISampler(seed=seed, **args)
 
 
 def oom_share(sampler: str, args: dict[str, Any], seed: int, trials: int, on: bool) -> float:
     """The share of OOM trials among the second half of one seeded study."""
     study = optuna.create_study(direction="maximize", sampler=make_sampler(sampler, args, seed))
-    told = oom_telling(sampler, ["maximize"]) if on else None
-    second_half_ooms = 0
+    second_half_ooms, seen = 0, []
     for number in range(trials):
         trial = study.ask(SPACE)
         area = trial.params["width"] * trial.params["depth"]
         if area <= FITS_UP_TO:
             study.tell(trial, area)
+            seen.append((area,))
             continue
         second_half_ooms += number >= trials // 2
+        told = oom_telling(sampler, ["maximize"], seen) if on else None
         if told is None:
             study.tell(trial, state=TrialState.FAIL)
         else:
-            trial.set_constraint(OOM_CONSTRAINT, 1.0)
+            if told.constrained:
+                trial.set_constraint(OOM_CONSTRAINT, 1.0)
             values = told.values if told.state is TrialState.COMPLETE else None
             study.tell(trial, values=values, state=told.state)
     return second_half_ooms / (trials - trials // 2)
@@ -79,6 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
     rows = []
     for label, (sampler, sampler_args) in SAMPLERS.items():
+        if sampler == "gp" and importlib.util.find_spec("torch") is None:
+            continue
         without, with_option = [], []
         for seed in range(args.seeds):
             without.append(oom_share(sampler, sampler_args, seed, args.trials, on=False))

@@ -73,7 +73,7 @@ OUT = ROOT / "benchmarks" / "last_parallel_search.json"
 
 @dataclass(frozen=True)
 class Variant:
-    """A sampler as a spec names it (`sampler`, `sampler_args`), or `gp` (not a spec name)."""
+    """A sampler as a spec names it (`sampler`, `sampler_args`)."""
 
     sampler: str
     args: dict[str, Any] = field(default_factory=dict)
@@ -86,11 +86,12 @@ VARIANTS: dict[str, Variant] = {
     "tpe+liar": Variant("tpe", {"multivariate": False, "constant_liar": True}),
     "tpe+mv": Variant("tpe", {"multivariate": True, "constant_liar": False}, multivariate=True),
     "tpe+mv+liar": Variant("tpe", {"multivariate": True, "constant_liar": True}, multivariate=True),
-    DEFAULT: Variant("tpe"),  # whatever `sampler = "tpe"` with no sampler_args builds
+    DEFAULT: Variant("auto"),  # whatever the default, `sampler = "auto"`, builds
+    "tpe": Variant("tpe"),  # what `sampler = "tpe"` builds: the default before issue 29's GP
     "random": Variant("random"),
     "cmaes": Variant("cmaes", {"warn_independent_sampling": False}),
     "nsga2": Variant("nsga2"),
-    "gp": Variant("gp"),
+    "gp": Variant("gp"),  # what `sampler = "gp"` builds: behind the same start as the default
 }
 MULTI_ONLY = {"nsga2"}
 SINGLE_ONLY = {"cmaes", "gp"}
@@ -124,10 +125,10 @@ def spec_for(case: Case) -> StudySpec:
     if variant.multivariate and objective.search_space:
         args["group"] = True
     study: dict[str, Any] = {
-        "name": f"{case.objective}-{case.variant}-{case.k}-{case.seed}",
+        "name": f"{case.objective}-{case.variant.replace('+', '_')}-{case.k}-{case.seed}",
         "n_trials": case.n_trials,
         "max_in_flight": case.k,
-        "sampler": variant.sampler if variant.sampler != "gp" else "random",
+        "sampler": variant.sampler,
         "sampler_args": args,
         "pruner": case.pruner,
     }
@@ -147,11 +148,9 @@ def spec_for(case: Case) -> StudySpec:
 
 
 def build_sampler(case: Case, spec: StudySpec) -> optuna.samplers.BaseSampler:
-    if VARIANTS[case.variant].sampler == "gp":
-        return optuna.samplers.GPSampler(seed=case.seed)
     sampler = make_sampler(spec)
-    if case.variant != DEFAULT and isinstance(sampler, DistinctFromRunning):
-        return sampler.sampler  # the named variants are the samplers as Optuna builds them
+    if VARIANTS[case.variant].args and isinstance(sampler, DistinctFromRunning):
+        return sampler.sampler  # TPE with Optuna's arguments: as Optuna builds it
     return sampler
 
 
@@ -592,17 +591,21 @@ def environment() -> dict[str, Any]:
 
 
 def describe_default() -> dict[str, str]:
-    """What `sampler = "tpe"` builds, per max_in_flight (the rule make_sampler applies)."""
+    """What `sampler = "auto"` builds, per max_in_flight and budget (`make_sampler`'s rule)."""
     found = {}
     for k in KS:
         for n in BUDGETS:
             spec = spec_for(Case("hartmann6", DEFAULT, k, seed=0, n_trials=n))
             sampler: Any = make_sampler(spec)
             distinct = isinstance(sampler, DistinctFromRunning)
-            tpe = sampler.sampler if distinct else sampler
+            inner = sampler.sampler if distinct else sampler
+            model = (
+                f"multivariate={inner._multivariate} constant_liar={inner._constant_liar}"
+                if isinstance(inner, optuna.samplers.TPESampler)
+                else type(inner).__name__
+            )
             found[f"k={k} n_trials={n}"] = (
-                f"multivariate={tpe._multivariate} constant_liar={tpe._constant_liar} "
-                f"distinct_from_running={distinct} "
+                f"{model} distinct_from_running={distinct} "
                 f"halton_until_finished={sampler.start if distinct else 0}"
             )
     return found

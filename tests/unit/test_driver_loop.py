@@ -25,6 +25,7 @@ from trialq.driver.loop import DriverOptions, StudyDriver
 from trialq.driver.progress import NoProgress
 from trialq.driver.spec import load_spec
 from trialq.driver.study import open_study
+from trialq.oom_stand_ins import counted_state
 from trialq.wire.channel import Report, TrialAddress
 from trialq.wire.messages import Outcome
 
@@ -320,3 +321,32 @@ def test_the_loop_makes_its_next_pass_when_a_result_arrives_not_after_its_poll_i
     assert [t.state for t in driver.study.trials] == [optuna.trial.TrialState.COMPLETE] * 3
     assert dispatcher.waits, "the loop never waited on the dispatcher"
     assert all(woken and timeout > 3000 for timeout, woken in dispatcher.waits)
+
+
+def test_gp_is_told_an_oom_trial_as_a_penalty_beyond_the_worst_real_value(
+    tmp_path: Path,
+) -> None:
+    """GP reads complete trials only, and constraints only where every trial has one: an
+    OOM trial is told COMPLETE with a value worse than every real one (PRUNED while there
+    is none yet), with no constraint, and still counts as failed in trialq's views."""
+    pytest.importorskip("torch")
+    ok = {"outcome": Outcome.OK, "metrics": {"value": 1.0}}
+    oom = {"outcome": Outcome.OOM, "error": "CUDA out of memory"}
+    script = [oom, ok, dict(oom), {**ok, "metrics": {"value": 3.0}}, dict(oom)]
+    keys = "direction = 'minimize'\nsampler = 'gp'"
+    driver, _ = _driver(tmp_path, script, name="gp-oom", n_trials=5, study_keys=keys)
+
+    driver.run(5)
+
+    trials = driver.study.trials
+    assert [t.state.name for t in trials] == ["PRUNED", *["COMPLETE"] * 4]
+    assert [t.value for t in trials[1:]] == [1.0, pytest.approx(1.1), 3.0, pytest.approx(3.2)]
+    assert all(t.constraints == {} for t in trials)
+    assert [counted_state(t).name for t in trials] == [
+        "FAIL",
+        "COMPLETE",
+        "FAIL",
+        "COMPLETE",
+        "FAIL",
+    ]
+    assert driver.study.best_trial.number == 1

@@ -1,4 +1,5 @@
-"""What `sampler = "tpe"` means: pinned arguments, chosen by max_in_flight and n_trials."""
+"""What `sampler = "tpe"` means (pinned arguments, chosen by max_in_flight and n_trials), and
+what the default, `sampler = "auto"`, picks."""
 
 from __future__ import annotations
 
@@ -130,7 +131,7 @@ def test_in_flight_the_start_is_halton_until_enough_trials_finish(tmp_path: Path
     """At 4 in flight the first asks are the Halton points; TPE's own asks come once
     `start` trials have finished."""
     optuna.logging.set_verbosity(optuna.logging.ERROR)
-    made = make_sampler(spec(tmp_path, 4, 50, sampler_args={"seed": 3}))
+    made = make_sampler(spec(tmp_path, 4, 50, sampler="tpe", sampler_args={"seed": 3}))
     assert isinstance(made, DistinctFromRunning) and made.start == 10
     study = optuna.create_study(sampler=made)
     space = {
@@ -194,7 +195,7 @@ def test_the_default_tpe_proposes_fewer_running_params_again_than_optuna4s(
 ) -> None:
     """TPE itself, without the wrapper: the pinned arguments (the constant liar) help."""
     optuna.logging.set_verbosity(optuna.logging.ERROR)
-    seeded = {"sampler_args": {"seed": 1}}
+    seeded = {"sampler": "tpe", "sampler_args": {"seed": 1}}
     optuna4 = {"sampler_args": {"seed": 1, "multivariate": False, "constant_liar": False}}
     default = duplicates_of_running(tpe(make_sampler(spec(tmp_path, 4, n_trials, **seeded))), 4)
     baseline = duplicates_of_running(tpe(make_sampler(spec(tmp_path, 4, n_trials, **optuna4))), 4)
@@ -207,7 +208,7 @@ def test_default_proposes_nothing_already_running(tmp_path: Path, n_trials: int,
     """The constant liar alone still proposed running params on this space of 18 points
     (the test above: fewer than Optuna 4's TPE, not none); the wrapper draws again."""
     optuna.logging.set_verbosity(optuna.logging.ERROR)
-    seeded = {"sampler_args": {"seed": seed}}
+    seeded = {"sampler": "tpe", "sampler_args": {"seed": seed}}
     assert duplicates_of_running(make_sampler(spec(tmp_path, 4, n_trials, **seeded)), 4) == 0
     unwrapped = tpe(make_sampler(spec(tmp_path, 4, n_trials, **seeded)))
     assert duplicates_of_running(unwrapped, 4) > 0, "the case no longer needs the wrapper"
@@ -218,7 +219,8 @@ def test_a_space_smaller_than_the_flight_still_gets_its_trials(tmp_path: Path) -
     than stall the driver."""
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     small = {"units": {"type": "int", "low": 0, "high": 1}, "act": SPACE["act"]}
-    raw = spec(tmp_path, 8, 50, sampler_args={"seed": 0}).model_dump() | {"space": small}
+    raw = spec(tmp_path, 8, 50, sampler="tpe", sampler_args={"seed": 0}).model_dump()
+    raw["space"] = small
     study = optuna.create_study(sampler=make_sampler(StudySpec.model_validate(raw)))
     space = {
         "units": optuna.distributions.IntDistribution(0, 1),

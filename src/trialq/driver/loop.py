@@ -31,7 +31,7 @@ from trialq.driver.budget import Budget, Spent, Stop
 from trialq.driver.failure_streak import FailureStreak
 from trialq.driver.fate import Known, Resend, Resends, Tell, Terminate, Wait
 from trialq.driver.objective import objective_of
-from trialq.driver.oom_constraint import OOM_CONSTRAINT, OomTelling, oom_telling
+from trialq.driver.oom_constraint import OOM_CONSTRAINT, OomTelling, oom_telling, sampler_kind
 from trialq.driver.outage import Outages
 from trialq.driver.pacing import Periodic
 from trialq.driver.progress import Counts, ProgressSink
@@ -40,7 +40,7 @@ from trialq.driver.spec import StudySpec
 from trialq.driver.study import distributions
 from trialq.driver.study_lock import StudyLock
 from trialq.errors import BrokerUnreachable, FailingTrials, Interrupted, SpecError, StudyDeleted
-from trialq.oom_stand_ins import counted_state
+from trialq.oom_stand_ins import counted_state, has_stand_in_values
 from trialq.wire.channel import Report, TrialAddress
 from trialq.wire.dispatch import Dispatcher, TaskPhase, TaskStatus, TrialReports
 from trialq.wire.failures import failure_line
@@ -536,7 +536,8 @@ class StudyDriver:
         told = self._oom_telling() if result.outcome is Outcome.OOM else None
         if told is not None:
             # A FAIL trial teaches no sampler anything; see trialq.driver.oom_constraint.
-            entry.trial.set_constraint(OOM_CONSTRAINT, 1.0)
+            if told.constrained:
+                entry.trial.set_constraint(OOM_CONSTRAINT, 1.0)
             state, values = told.state, told.values
         self._store.tell(entry.trial, state, values if state is TrialState.COMPLETE else None)
         self._forget_reports(entry)
@@ -556,7 +557,12 @@ class StudyDriver:
         study = self.spec.study
         if not study.oom_as_constraint:
             return None
-        return oom_telling(study.sampler, study.objective_directions)
+        kind = sampler_kind(self.study.sampler)
+        seen = [] if kind != "gp" else [
+            t.values for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+            if not has_stand_in_values(t)
+        ]  # fmt: skip
+        return oom_telling(kind, study.objective_directions, seen)
 
     def _orphan_checkpoint(self, entry: InFlight) -> None:
         """The trial is over and no process of it removed its checkpoint folder (it was

@@ -10,6 +10,12 @@ one whatever its values, and Optuna's `best_trial` and `best_trials` skip infeas
 trialq's own summary, status and report count such a trial as failed (its `outcome` attr
 says `oom`) and never show its stand-in values: they read it through `trialq.oom_stand_ins`,
 which the views may import as well as the driver.
+
+Optuna's GP sampler reads only COMPLETE trials, and a constraint only where every trial has
+one, so it learns "bad here" from a value: the worst any trial really reached, a tenth of
+the range beyond (a penalty it can model, where an infinite stand-in breaks its fit). Until
+one trial has completed there is nothing to be worse than, and the trial is told PRUNED,
+which GP skips.
 """
 
 from __future__ import annotations
@@ -18,7 +24,10 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from optuna.samplers import BaseSampler, GPSampler, NSGAIISampler, TPESampler
 from optuna.trial import TrialState
+
+from trialq.driver.distinct import DistinctFromRunning
 
 # Re-exported until trialq.driver.loop imports it from trialq.oom_stand_ins (issue 25).
 
@@ -32,13 +41,43 @@ class OomTelling:
 
     state: TrialState
     values: list[float] | None
+    constrained: bool = True
+    """Whether the trial also carries the violated `oom` constraint (not for GP: it reads
+    constraints only where every trial has them)."""
 
 
-def oom_telling(sampler: str, directions: Sequence[str]) -> OomTelling | None:
-    """How to tell an OOM trial to `sampler`; None for samplers that take no constraints."""
+def sampler_kind(sampler: BaseSampler) -> str:
+    """The name of the sampler that reads the study (through the driver's wrapper): `tpe`,
+    `gp`, `nsga2`, or `other`."""
+    inner = sampler.sampler if isinstance(sampler, DistinctFromRunning) else sampler
+    kinds = {TPESampler: "tpe", GPSampler: "gp", NSGAIISampler: "nsga2"}
+    return next((name for cls, name in kinds.items() if isinstance(inner, cls)), "other")
+
+
+def oom_telling(
+    sampler: str, directions: Sequence[str], seen: Sequence[Sequence[float]] = ()
+) -> OomTelling | None:
+    """How to tell an OOM trial to `sampler`; None for samplers that take no constraints.
+    `seen`: the values of the trials that really completed (GP's penalty is taken from them)."""
     if sampler == "tpe":
         return OomTelling(TrialState.PRUNED, None)
     if sampler == "nsga2":
         worst = [math.inf if d == "minimize" else -math.inf for d in directions]
         return OomTelling(TrialState.COMPLETE, worst)
+    if sampler == "gp":
+        if not seen:
+            return OomTelling(TrialState.PRUNED, None, constrained=False)
+        return OomTelling(TrialState.COMPLETE, penalty(seen, directions), constrained=False)
     return None
+
+
+def penalty(seen: Sequence[Sequence[float]], directions: Sequence[str]) -> list[float]:
+    """Per objective, worse than every value in `seen` by a tenth of their range (of the
+    value's size, or 1, where they are all equal), so it is never the best."""
+    values = []
+    for i, direction in enumerate(directions):
+        column = [each[i] for each in seen]
+        low, high = min(column), max(column)
+        margin = 0.1 * (high - low) or 0.1 * abs(high) or 1.0
+        values.append(high + margin if direction == "minimize" else low - margin)
+    return values

@@ -29,7 +29,7 @@ from trialq.wire.frameworks import FrameworkChoice
 from trialq.wire.keys import DEFAULT_QUEUE
 
 Direction = Literal["maximize", "minimize"]
-SamplerName = Literal["tpe", "random", "cmaes", "nsga2", "grid"]
+SamplerName = Literal["auto", "tpe", "gp", "random", "cmaes", "nsga2", "grid"]
 PrunerName = Literal["none", "median", "hyperband", "successive_halving"]
 
 
@@ -106,7 +106,7 @@ class StudySection(_Frozen):
     metrics: tuple[str, ...] | None = Field(default=None, min_length=1)
     n_trials: int = Field(gt=0)
     max_in_flight: int | None = Field(default=None, gt=0)
-    sampler: SamplerName = "tpe"
+    sampler: SamplerName = "auto"
     sampler_args: dict[str, Any] = Field(default_factory=dict)
     pruner: PrunerName = "median"
     pruner_args: dict[str, Any] = Field(default_factory=dict)

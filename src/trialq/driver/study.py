@@ -18,6 +18,8 @@ import optuna
 from trialq.driver._storage.engine import rdb_storage
 from trialq.driver._storage.mirror import mirrored
 from trialq.driver.distinct import DistinctFromRunning
+from trialq.driver.gp_sampler import OneThreadGP
+from trialq.driver.sampler_rule import SMALL_BUDGET, chosen_sampler, torch_installed
 from trialq.driver.spec import CategoricalParam, FloatParam, IntParam, StudySpec, load_spec
 from trialq.errors import SpecError, StorageUnreachable, UsageError
 from trialq.settings import redacted_url
@@ -124,13 +126,10 @@ def storage_errors(url: str) -> Iterator[None]:
         raise
 
 
-SMALL_BUDGET = 100
-"""Below this many trials, TPE with trials in flight models the params jointly."""
-
-
 def tpe_defaults(spec: StudySpec) -> dict[str, Any]:
-    """What `sampler = "tpe"` means, pinned (Optuna 4 and 5 default differently), chosen by
-    `benchmarks.parallel_search` (benchmarks/README.md, "Search quality with trials in flight").
+    """What `sampler = "tpe"` (and `auto` where it picks TPE) means, pinned (Optuna 4 and 5
+    default differently), chosen by `benchmarks.parallel_search` (benchmarks/README.md,
+    "Search quality with trials in flight").
 
     The constant liar always: trials in flight count as bad ones, so the next ask avoids
     them (with one in flight it changes nothing). Multivariate with one trial in flight,
@@ -152,24 +151,26 @@ def tpe_defaults(spec: StudySpec) -> dict[str, Any]:
     return args
 
 
-def make_sampler(spec: StudySpec) -> optuna.samplers.BaseSampler:
-    """The spec's sampler, built with the spec's arguments (over `tpe_defaults` for TPE).
-    TPE with trials in flight on a declared space never proposes a running trial's
-    parameters again (`DistinctFromRunning`), and starts from Halton points rather than
-    random ones until `space_filling_start` trials have finished."""
-    name, args = spec.study.sampler, dict(spec.study.sampler_args)
-    if name == "cmaes" and importlib.util.find_spec("cmaes") is None:
+def make_sampler(spec: StudySpec, gp_runs_here: bool | None = None) -> optuna.samplers.BaseSampler:
+    """The spec's sampler (`auto`: the one `sampler_rule.chosen_sampler` picks), built with
+    the spec's arguments (over `tpe_defaults` for TPE). TPE or GP with trials in flight on
+    a declared space never proposes a running trial's parameters again
+    (`DistinctFromRunning`), and starts from Halton points rather than random ones until
+    `space_filling_start` trials have finished. `gp_runs_here`: whether torch is installed
+    (looked up when not given)."""
+    if gp_runs_here is None:
+        gp_runs_here = torch_installed()
+    name, args = chosen_sampler(spec, gp_runs_here), dict(spec.study.sampler_args)
+    if name in _NEEDS and importlib.util.find_spec(_NEEDS[name][0]) is None:
         # Optuna imports it at the first ask, after the study exists: refuse before.
-        raise SpecError(
-            f"{spec.path}: study.sampler: 'cmaes' needs the cmaes package: "
-            "pip install 'trialq[cmaes]'"
-        )
+        raise SpecError(f"{spec.path}: study.sampler: {name!r} needs {_NEEDS[name][1]}")
     if name == "tpe":
         args = tpe_defaults(spec)
     if name == "grid":
         args.setdefault("search_space", _grid_space(spec))
     classes: dict[str, Any] = {
         "tpe": optuna.samplers.TPESampler,
+        "gp": OneThreadGP,
         "random": optuna.samplers.RandomSampler,
         "cmaes": optuna.samplers.CmaEsSampler,
         "nsga2": optuna.samplers.NSGAIISampler,
@@ -178,11 +179,19 @@ def make_sampler(spec: StudySpec) -> optuna.samplers.BaseSampler:
     sampler: optuna.samplers.BaseSampler = _construct(
         classes[name], args, "study.sampler_args", spec.path
     )
-    if name == "tpe" and spec.study.max_in_flight != 1 and spec.study.search_space is None:
+    modelled = name in ("tpe", "gp") and spec.study.search_space is None
+    if modelled and spec.study.max_in_flight != 1:
         return DistinctFromRunning(
             sampler, distributions(spec), seed=args.get("seed"), start=space_filling_start(spec)
         )
     return sampler
+
+
+_NEEDS = {
+    "cmaes": ("cmaes", "the cmaes package: pip install 'trialq[cmaes]'"),
+    "gp": ("torch", "torch, which Optuna's GP sampler runs on: pip install torch"),
+}
+"""A sampler's module, looked up before the study exists, and the line that says so."""
 
 
 def space_filling_start(spec: StudySpec) -> int:

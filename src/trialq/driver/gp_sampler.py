@@ -1,0 +1,41 @@
+"""Optuna's Gaussian-process sampler as the driver runs it: on one CPU thread.
+
+torch, which the sampler fits its models with, starts a thread per core. The driver's models
+are small (GP is picked below 100 trials, `sampler_rule`), and under `--local` the trials run
+on the same cores: a thread per core there takes CPU from the trials (and two GP studies side
+by side on 2 cores ran ten times slower than on one thread each, in
+`benchmarks.parallel_search`). torch is imported at the first model fit, never before: a
+study that stays in its space-filling start never loads it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import optuna
+from optuna.distributions import BaseDistribution
+from optuna.trial import FrozenTrial, TrialState
+
+GP_STARTUP_TRIALS = 10
+"""Optuna's own default: complete trials before the first model (random draws until then)."""
+
+
+class OneThreadGP(optuna.samplers.GPSampler):
+    """`GPSampler`, quiet about parameters it leaves to random draws (a declared `[space]`
+    has none), fitting on one thread."""
+
+    def __init__(self, **args: Any) -> None:
+        args.setdefault("warn_independent_sampling", False)
+        self._startup = int(args.get("n_startup_trials", GP_STARTUP_TRIALS))
+        super().__init__(**args)
+
+    def sample_relative(
+        self, study: optuna.Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]
+    ) -> dict[str, Any]:
+        """Optuna's, with torch held to one thread once a model is about to be fitted."""
+        complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+        if search_space and len(complete) >= self._startup:
+            import torch
+
+            torch.set_num_threads(1)  # cheap to repeat
+        return super().sample_relative(study, trial, search_space)

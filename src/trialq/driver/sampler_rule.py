@@ -1,0 +1,47 @@
+"""Which sampler `sampler = "auto"` (the default) builds: deciding only, nothing built here.
+
+The rule comes from `python -m benchmarks.parallel_search` (benchmarks/README.md, "Search
+quality with trials in flight"; docs/spec.md, "The default sampler"). A GPU study is short
+and wide: tens of trials, many in flight. There Optuna's Gaussian-process sampler, whose
+acquisition counts the running trials (Monte Carlo fantasies of their results), found better
+parameters than TPE with a constant liar, behind the same space-filling start (issue 29).
+Everywhere else TPE stays: with one trial in flight TPE already closes the gap (and on the
+training objective GP lost), at 100 trials and more TPE's ask stays in milliseconds where
+GP's grows to seconds, a define-by-run space changes under GP's fixed one, and several
+objectives and user-tuned TPE arguments were not measured with GP.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+from trialq.driver.spec import StudySpec
+
+SMALL_BUDGET = 100
+"""Below this many trials, a study with trials in flight is small: joint models pay."""
+
+AUTO_KEEPS_ARGS = frozenset({"seed"})
+"""`sampler_args` that `auto` passes to GP too; any other key is TPE's, so TPE is built."""
+
+
+def torch_installed() -> bool:
+    """Whether GP can run here (Optuna's GP needs torch, which trialq does not require);
+    looked up, never imported."""
+    return importlib.util.find_spec("torch") is not None
+
+
+def chosen_sampler(spec: StudySpec, gp_runs_here: bool) -> str:
+    """The sampler name `spec` builds: its own, or for `auto` `gp` on a small declared
+    single-objective study with several trials in flight (where GP runs), else `tpe`.
+    `max_in_flight` unset means "the workers seen", taken as several."""
+    study = spec.study
+    if study.sampler != "auto":
+        return study.sampler
+    wide_and_short = study.max_in_flight != 1 and study.n_trials < SMALL_BUDGET
+    modelled_by_gp = (
+        len(study.objective_directions) == 1
+        and study.search_space is None
+        and bool(spec.space)
+        and set(study.sampler_args) <= AUTO_KEEPS_ARGS
+    )
+    return "gp" if gp_runs_here and wide_and_short and modelled_by_gp else "tpe"

@@ -1,0 +1,166 @@
+"""What the default, `sampler = "auto"`, builds (issue 29), and how an out-of-memory trial is
+told to the GP sampler it may pick."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from trialq.driver.distinct import DistinctFromRunning
+from trialq.driver.oom_constraint import oom_telling, penalty, sampler_kind
+from trialq.driver.sampler_rule import chosen_sampler
+from trialq.driver.spec import StudySpec
+from trialq.driver.study import make_sampler
+from trialq.errors import SpecError
+
+SPACE = {
+    "lr": {"type": "float", "low": 1e-4, "high": 1.0, "log": True},
+    "act": {"type": "categorical", "choices": ["relu", "tanh"]},
+}
+
+
+def spec(max_in_flight: int | None, n_trials: int, **study: Any) -> StudySpec:
+    space = {} if "search_space" in study else SPACE
+    return StudySpec.model_validate(
+        {
+            "path": Path("spec.toml"),
+            "study": {"name": "s", "n_trials": n_trials, "max_in_flight": max_in_flight, **study},
+            "trial": {"entrypoint": "mod:train"},
+            "space": space,
+        }
+    )
+
+
+@pytest.mark.parametrize(
+    ("max_in_flight", "n_trials", "fields", "gp_runs_here", "expected"),
+    [
+        # Short and wide, one objective, a declared space, torch installed: GP.
+        (16, 50, {}, True, "gp"),
+        (4, 99, {}, True, "gp"),
+        (None, 50, {}, True, "gp"),  # unset: the workers seen, taken as several
+        (16, 50, {"sampler_args": {"seed": 3}}, True, "gp"),
+        # Anything else: TPE.
+        (16, 50, {}, False, "tpe"),  # no torch
+        (1, 50, {}, True, "tpe"),  # one in flight
+        (16, 100, {}, True, "tpe"),  # 100 trials or more
+        (16, 50, {"directions": ["minimize", "minimize"], "metrics": ["a", "b"]}, True, "tpe"),
+        (16, 50, {"search_space": "mod:space"}, True, "tpe"),  # define-by-run
+        (16, 50, {"sampler_args": {"n_startup_trials": 5}}, True, "tpe"),  # TPE's own args
+        # A named sampler is that sampler.
+        (16, 50, {"sampler": "tpe"}, True, "tpe"),
+        (1, 500, {"sampler": "gp"}, False, "gp"),
+        (16, 50, {"sampler": "random"}, True, "random"),
+    ],
+)  # fmt: skip
+def test_auto_picks_gp_only_for_short_wide_declared_single_objective_studies(
+    max_in_flight: int | None,
+    n_trials: int,
+    fields: dict[str, Any],
+    gp_runs_here: bool,
+    expected: str,
+) -> None:
+    assert chosen_sampler(spec(max_in_flight, n_trials, **fields), gp_runs_here) == expected
+
+
+def test_auto_builds_gp_behind_the_start_and_the_distinct_draws_where_torch_is() -> None:
+    pytest.importorskip("torch")
+    built = make_sampler(spec(16, 50), gp_runs_here=True)
+    assert isinstance(built, DistinctFromRunning) and built.start == 16
+    assert isinstance(built.sampler, optuna.samplers.GPSampler)
+    assert sampler_kind(built) == "gp"
+    without = make_sampler(spec(16, 50), gp_runs_here=False)
+    assert isinstance(without, DistinctFromRunning)
+    assert isinstance(without.sampler, optuna.samplers.TPESampler)
+    assert sampler_kind(without) == "tpe"
+
+
+def test_gp_without_torch_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Torch is installed here, so this fakes its absence (the lookup alone, named as a
+    fake): the refusal names the sampler and the fix."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a)
+    )
+    with pytest.raises(SpecError, match=r"study.sampler: 'gp' needs torch.*pip install torch"):
+        make_sampler(spec(16, 50, sampler="gp"))
+    assert chosen_sampler(spec(16, 50), gp_runs_here=False) == "tpe"
+
+
+def test_gp_is_told_an_oom_trial_as_a_penalty_worse_than_every_real_value() -> None:
+    assert oom_telling("gp", ["minimize"]) == oom_telling("gp", ["minimize"], [])
+    first = oom_telling("gp", ["minimize"])
+    assert first is not None and first.state is TrialState.PRUNED and not first.constrained
+    told = oom_telling("gp", ["minimize"], [(0.5,), (2.5,)])
+    assert told is not None and told.state is TrialState.COMPLETE and not told.constrained
+    assert told.values == [pytest.approx(2.7)]
+    assert penalty([(0.5,), (2.5,)], ["maximize"]) == [pytest.approx(0.3)]
+    assert penalty([(4.0,)], ["minimize"]) == [pytest.approx(4.4)]
+    assert penalty([(0.0,)], ["maximize"]) == [-1.0]
+    tpe = oom_telling("tpe", ["minimize"])
+    assert tpe is not None and tpe.state is TrialState.PRUNED and tpe.constrained
+
+
+def _oom_share(told_as_penalty: bool, seed: int) -> float:
+    """A GP study on a square where width x depth above 0.3 does not fit (the bigger the
+    better where it fits): the share of OOM trials among trials 15-29."""
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    sampler = optuna.samplers.GPSampler(seed=seed, n_startup_trials=8)
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+    space = {
+        "width": optuna.distributions.FloatDistribution(0, 1),
+        "depth": optuna.distributions.FloatDistribution(0, 1),
+    }
+    ooms, real = 0, []
+    for number in range(30):
+        trial = study.ask(space)
+        area = trial.params["width"] * trial.params["depth"]
+        if area <= 0.3:
+            study.tell(trial, area)
+            real.append((area,))
+            continue
+        ooms += number >= 15
+        told = oom_telling("gp", ["maximize"], real) if told_as_penalty else None
+        if told is None:
+            study.tell(trial, state=TrialState.FAIL)
+        else:
+            study.tell(trial, told.values, state=told.state)
+    return ooms / 15
+
+
+def test_the_penalty_steers_gp_away_from_what_does_not_fit() -> None:
+    """Told FAIL, an OOM trial is invisible to GP, which keeps asking past the edge where
+    the values are best; told the penalty, it learns the edge."""
+    pytest.importorskip("torch")
+    seeds = range(3)
+    failed = sum(_oom_share(False, seed) for seed in seeds) / len(seeds)
+    penalised = sum(_oom_share(True, seed) for seed in seeds) / len(seeds)
+    assert penalised < failed, (penalised, failed)
+    assert not math.isnan(penalised)
+
+
+def test_the_drivers_gp_fits_on_one_thread_and_loads_torch_only_to_fit() -> None:
+    """torch's thread per core would take the CPU a `--local` run's trials share."""
+    torch = pytest.importorskip("torch")
+    from trialq.driver.gp_sampler import OneThreadGP
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        study = optuna.create_study(sampler=OneThreadGP(seed=0, n_startup_trials=2))
+        x = optuna.distributions.FloatDistribution(0, 1)
+        for _ in range(2):
+            trial = study.ask({"x": x})
+            study.tell(trial, trial.params["x"])
+            assert torch.get_num_threads() == 2, "no model fitted yet"
+        study.tell(study.ask({"x": x}), 0.5)
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
