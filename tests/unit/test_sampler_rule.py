@@ -37,7 +37,7 @@ def spec(max_in_flight: int | None, n_trials: int, **study: Any) -> StudySpec:
 
 
 @pytest.mark.parametrize(
-    ("max_in_flight", "n_trials", "fields", "gp_runs_here", "expected"),
+    ("max_in_flight", "n_trials", "fields", "gp_available", "expected"),
     [
         # Short and wide, one objective, a declared space, torch installed: GP.
         (16, 50, {}, True, "gp"),
@@ -61,25 +61,25 @@ def test_auto_picks_gp_only_for_short_wide_declared_single_objective_studies(
     max_in_flight: int | None,
     n_trials: int,
     fields: dict[str, Any],
-    gp_runs_here: bool,
+    gp_available: bool,
     expected: str,
 ) -> None:
-    assert chosen_sampler(spec(max_in_flight, n_trials, **fields), gp_runs_here) == expected
+    assert chosen_sampler(spec(max_in_flight, n_trials, **fields), gp_available) == expected
 
 
 def test_auto_builds_gp_behind_the_start_and_the_distinct_draws_where_torch_is() -> None:
     pytest.importorskip("torch")
-    built = make_sampler(spec(16, 50), gp_runs_here=True)
+    built = make_sampler(spec(16, 50), gp_available=True)
     assert isinstance(built, DistinctFromRunning) and built.start == 16
     assert isinstance(built.sampler, optuna.samplers.GPSampler)
     assert sampler_kind(built) == "gp"
-    without = make_sampler(spec(16, 50), gp_runs_here=False)
+    without = make_sampler(spec(16, 50), gp_available=False)
     assert isinstance(without, DistinctFromRunning)
     assert isinstance(without.sampler, optuna.samplers.TPESampler)
     assert sampler_kind(without) == "tpe"
 
 
-def test_gp_without_torch_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_gp_without_torch_is_refused_and_auto_builds_tpe(monkeypatch: pytest.MonkeyPatch) -> None:
     """Torch is installed here, so this fakes its absence (the lookup alone, named as a
     fake): the refusal names the sampler and the fix."""
     import importlib.util
@@ -90,7 +90,9 @@ def test_gp_without_torch_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     )
     with pytest.raises(SpecError, match=r"study.sampler: 'gp' needs torch.*pip install torch"):
         make_sampler(spec(16, 50, sampler="gp"))
-    assert chosen_sampler(spec(16, 50), gp_runs_here=False) == "tpe"
+    auto = make_sampler(spec(16, 50))
+    assert isinstance(auto, DistinctFromRunning), "auto falls back to TPE, wrapped"
+    assert isinstance(auto.sampler, optuna.samplers.TPESampler)
 
 
 def test_gp_is_told_an_oom_trial_as_a_penalty_worse_than_every_real_value() -> None:

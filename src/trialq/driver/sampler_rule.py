@@ -24,13 +24,16 @@ AUTO_KEEPS_ARGS = frozenset({"seed"})
 """`sampler_args` that `auto` passes to GP too; any other key is TPE's, so TPE is built."""
 
 
-def torch_installed() -> bool:
-    """Whether GP can run here (Optuna's GP needs torch, which trialq does not require);
-    looked up, never imported."""
-    return importlib.util.find_spec("torch") is not None
+GP_NEEDS = ("torch", "scipy")
+"""What Optuna's GP sampler imports at its first fit; trialq requires neither."""
 
 
-def chosen_sampler(spec: StudySpec, gp_runs_here: bool) -> str:
+def gp_runs_here() -> bool:
+    """Whether Optuna's GP sampler can run here: its modules looked up, never imported."""
+    return all(importlib.util.find_spec(module) is not None for module in GP_NEEDS)
+
+
+def chosen_sampler(spec: StudySpec, gp_available: bool) -> str:
     """The sampler name `spec` builds: its own, or for `auto` `gp` on a small declared
     single-objective study with several trials in flight (where GP runs), else `tpe`.
     `max_in_flight` unset means "the workers seen", taken as several."""
@@ -44,4 +47,4 @@ def chosen_sampler(spec: StudySpec, gp_runs_here: bool) -> str:
         and bool(spec.space)
         and set(study.sampler_args) <= AUTO_KEEPS_ARGS
     )
-    return "gp" if gp_runs_here and wide_and_short and modelled_by_gp else "tpe"
+    return "gp" if gp_available and wide_and_short and modelled_by_gp else "tpe"

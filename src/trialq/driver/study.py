@@ -19,7 +19,7 @@ from trialq.driver._storage.engine import rdb_storage
 from trialq.driver._storage.mirror import mirrored
 from trialq.driver.distinct import DistinctFromRunning
 from trialq.driver.gp_sampler import OneThreadGP
-from trialq.driver.sampler_rule import SMALL_BUDGET, chosen_sampler, torch_installed
+from trialq.driver.sampler_rule import GP_NEEDS, SMALL_BUDGET, chosen_sampler, gp_runs_here
 from trialq.driver.spec import CategoricalParam, FloatParam, IntParam, StudySpec, load_spec
 from trialq.errors import SpecError, StorageUnreachable, UsageError
 from trialq.settings import redacted_url
@@ -151,18 +151,18 @@ def tpe_defaults(spec: StudySpec) -> dict[str, Any]:
     return args
 
 
-def make_sampler(spec: StudySpec, gp_runs_here: bool | None = None) -> optuna.samplers.BaseSampler:
+def make_sampler(spec: StudySpec, gp_available: bool | None = None) -> optuna.samplers.BaseSampler:
     """The spec's sampler (`auto`: the one `sampler_rule.chosen_sampler` picks), built with
     the spec's arguments (over `tpe_defaults` for TPE). TPE or GP with trials in flight on
     a declared space never proposes a running trial's parameters again
     (`DistinctFromRunning`), and starts from Halton points rather than random ones until
-    `space_filling_start` trials have finished. `gp_runs_here`: whether torch is installed
-    (looked up when not given)."""
-    if gp_runs_here is None:
-        gp_runs_here = torch_installed()
-    name, args = chosen_sampler(spec, gp_runs_here), dict(spec.study.sampler_args)
-    if name in _NEEDS and importlib.util.find_spec(_NEEDS[name][0]) is None:
-        # Optuna imports it at the first ask, after the study exists: refuse before.
+    `space_filling_start` trials have finished. `gp_available`: whether GP runs here
+    (looked up when not given: torch and scipy installed)."""
+    gp_here = gp_runs_here() if gp_available is None else gp_available
+    name, args = chosen_sampler(spec, gp_here), dict(spec.study.sampler_args)
+    missing = [m for m in _NEEDS.get(name, ((), ""))[0] if importlib.util.find_spec(m) is None]
+    if missing:
+        # Optuna imports them at the first ask or fit, after the study exists: refuse before.
         raise SpecError(f"{spec.path}: study.sampler: {name!r} needs {_NEEDS[name][1]}")
     if name == "tpe":
         args = tpe_defaults(spec)
@@ -187,11 +187,11 @@ def make_sampler(spec: StudySpec, gp_runs_here: bool | None = None) -> optuna.sa
     return sampler
 
 
-_NEEDS = {
-    "cmaes": ("cmaes", "the cmaes package: pip install 'trialq[cmaes]'"),
-    "gp": ("torch", "torch, which Optuna's GP sampler runs on: pip install torch"),
+_NEEDS: dict[str, tuple[tuple[str, ...], str]] = {
+    "cmaes": (("cmaes",), "the cmaes package: pip install 'trialq[cmaes]'"),
+    "gp": (GP_NEEDS, "torch and scipy, which Optuna's GP sampler runs on: pip install torch scipy"),
 }
-"""A sampler's module, looked up before the study exists, and the line that says so."""
+"""A sampler's modules, looked up before the study exists, and the line that says so."""
 
 
 def space_filling_start(spec: StudySpec) -> int:
