@@ -130,7 +130,8 @@ def test_nothing_local_outlives_the_driver_however_it_ends(tmp_path: Path, endin
 
 
 def test_ctrl_c_exits_130_marks_nothing_complete_and_the_rerun_finishes(tmp_path: Path) -> None:
-    folder = _study_dir(tmp_path, n_trials=6, sleep_s=1.5)
+    # 3 s trials: on a loaded host the study, 1.5 s trials, once ended before the interrupt.
+    folder = _study_dir(tmp_path, n_trials=6, sleep_s=3.0)
     process = _submit(folder, "--workers", "2", "--no-progress")
     storage = f"sqlite:///{folder / 'local.db'}"
     _wait_for_a_complete_trial(storage, process)
