@@ -2,10 +2,10 @@
 
 torch, which the sampler fits its models with, starts a thread per core. The driver's models
 are small (GP is picked below 100 trials, `sampler_rule`), and under `--local` the trials run
-on the same cores: a thread per core there takes CPU from the trials (and two GP studies side
-by side on 2 cores ran ten times slower than on one thread each, in
-`benchmarks.parallel_search`). torch is imported at the first model fit, never before: a
-study that stays in its space-filling start never loads it.
+on the same cores: a thread per core there takes CPU from the trials (Optuna holds torch to
+one thread inside its fit and its optimiser only; 16 GP studies two at a time on 2 cores took
+34.3 s without this hold and 11.5 s with it, benchmarks/README.md). torch is imported at the
+first model fit, never before: a study that stays in its space-filling start never loads it.
 """
 
 from __future__ import annotations
