@@ -7,14 +7,13 @@ every trial with width x depth > 0.3 runs out of memory. The trials run in this 
 workers: the sampler's choices are what is measured), but each OOM trial is told exactly as
 trialq's driver tells it (`trialq.driver.oom_constraint`): FAIL without the option, and with it the
 state, stand-in values and constraint the sampler reads. Prints, for TPE, NSGA-II and GP
-(where torch is installed), the share of OOM trials in the second half of each study,
+(where torch and scipy are installed), the share of OOM trials in the second half of each study,
 without and with the option, per seed and on average; writes JSON under benchmarks/results/.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import statistics
 import time
@@ -27,6 +26,7 @@ from optuna.trial import TrialState
 
 from benchmarks.overhead import RESULTS, ROOT, environment
 from trialq.driver.oom_constraint import OOM_CONSTRAINT, oom_telling
+from trialq.driver.sampler_rule import gp_runs_here
 
 SPACE = {
     "width": optuna.distributions.FloatDistribution(0, 1),
@@ -40,7 +40,7 @@ SAMPLERS: dict[str, tuple[str, dict[str, Any]]] = {
         "nsga2",
         {"population_size": 6, "mutation_prob": 0.1},
     ),
-    "gp (needs torch)": ("gp", {"n_startup_trials": 10}),
+    "gp (needs torch, scipy)": ("gp", {"n_startup_trials": 10}),
 }
 
 
@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
     rows = []
     for label, (sampler, sampler_args) in SAMPLERS.items():
-        if sampler == "gp" and importlib.util.find_spec("torch") is None:
+        if sampler == "gp" and not gp_runs_here():
             continue
         without, with_option = [], []
         for seed in range(args.seeds):

@@ -58,6 +58,7 @@ from trialq.driver.distinct import DistinctFromRunning
 from trialq.driver.loop import DriverOptions, StudyDriver
 from trialq.driver.outage import Outages
 from trialq.driver.progress import NoProgress
+from trialq.driver.sampler_rule import gp_runs_here
 from trialq.driver.spec import StudySpec
 from trialq.driver.study import make_pruner, make_sampler
 
@@ -99,9 +100,10 @@ SINGLE_ONLY = {"cmaes", "gp"}
 
 
 def available(label: str) -> bool:
-    """CMA-ES needs the `cmaes` package and GP needs torch: neither is trialq's to require."""
-    needs = {"cmaes": "cmaes", "gp": "torch"}.get(label)
-    return needs is None or importlib.util.find_spec(needs) is not None
+    """CMA-ES needs the `cmaes` package and GP torch and scipy: none is trialq's to require."""
+    if label == "gp":
+        return gp_runs_here()
+    return label != "cmaes" or importlib.util.find_spec("cmaes") is not None
 
 
 @dataclass(frozen=True)
@@ -585,7 +587,7 @@ def main(argv: list[str] | None = None) -> int:
     print_ask_times(asks)
     headline = worst([closed.get(DEFAULT, {}).get(b) for b in budgets])
     wall_s = time.perf_counter() - started
-    write(args.out, args, results, table, closed | {"spread": spread}, asks, headline, wall_s)
+    write(args.out, args, results, table, closed, spread, asks, headline, wall_s)
     print(f"gap closed at k=16: {fmt(headline) if headline is not None else 'n/a'}")
     return 0
 
@@ -618,6 +620,7 @@ def write(
     results: list[dict[str, Any]],
     table: dict[Key, dict[str, float]],
     closed: dict[str, dict[str, float | None]],
+    spread: dict[str, dict[str, dict[str, float] | None]],
     asks: dict[str, dict[str, float]],
     headline: float | None,
     wall_s: float,
@@ -635,6 +638,7 @@ def write(
         "environment": environment(),
         "medians": cells,
         "gap_closed_k16": closed,
+        "gap_closed_spread": spread,
         "gap_closed_headline": headline,
         "ask_s": asks,
         "runs": results,

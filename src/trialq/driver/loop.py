@@ -557,12 +557,9 @@ class StudyDriver:
         study = self.spec.study
         if not study.oom_as_constraint:
             return None
-        kind = sampler_kind(self.study.sampler)
-        seen = [] if kind != "gp" else [
-            t.values for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-            if not has_stand_in_values(t)
-        ]  # fmt: skip
-        return oom_telling(kind, study.objective_directions, seen)
+        complete = self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+        seen = [t.values for t in complete if not has_stand_in_values(t)]
+        return oom_telling(sampler_kind(self.study.sampler), study.objective_directions, seen)
 
     def _orphan_checkpoint(self, entry: InFlight) -> None:
         """The trial is over and no process of it removed its checkpoint folder (it was

@@ -160,10 +160,10 @@ def make_sampler(spec: StudySpec, gp_available: bool | None = None) -> optuna.sa
     (looked up when not given: torch and scipy installed)."""
     gp_here = gp_runs_here() if gp_available is None else gp_available
     name, args = chosen_sampler(spec, gp_here), dict(spec.study.sampler_args)
-    missing = [m for m in _NEEDS.get(name, ((), ""))[0] if importlib.util.find_spec(m) is None]
-    if missing:
+    modules, fix = _NEEDS.get(name, ((), ""))
+    if any(importlib.util.find_spec(module) is None for module in modules):
         # Optuna imports them at the first ask or fit, after the study exists: refuse before.
-        raise SpecError(f"{spec.path}: study.sampler: {name!r} needs {_NEEDS[name][1]}")
+        raise SpecError(f"{spec.path}: study.sampler: {name!r} needs {fix}")
     if name == "tpe":
         args = tpe_defaults(spec)
     if name == "grid":
