@@ -401,8 +401,13 @@ def stops_at_once(params: dict[str, Any], trial: TrialContext) -> float:
 
     channel = ReportChannel(redis.Redis.from_url(os.environ["TRIALQ_BROKER_URL"]))
     channel.request_stop(TrialAddress("faults", trial.number, trial.attempt))
-    if trial.should_stop():
-        return 0.0
+    # Asked as a training loop asks, once a step: a flag is as fresh as FLAG_WAIT_S allows,
+    # and a loaded host may answer one call late.
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if trial.should_stop():
+            return 0.0
+        time.sleep(0.01)
     return 1.0
 
 

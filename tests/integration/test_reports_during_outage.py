@@ -52,6 +52,7 @@ def test_reports_do_not_wait_on_a_hung_redis_and_all_arrive_once_it_answers(
     returned_after = time.monotonic() - started
 
     assert result.outcome is Outcome.OK, result.error
+    print(f"50 reports and prune checks with Redis hung: {result.metrics['loop_s']:.2f} s")
     assert result.metrics["loop_s"] < HANG_S / 4, result.metrics
     assert returned_after >= HANG_S - 1, "the result came before its reports were sent"
     direct = redis.Redis.from_url(redis_url)

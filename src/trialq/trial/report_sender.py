@@ -36,8 +36,11 @@ RETRY_FIRST_S = 0.05
 RETRY_MAX_S = 1.0
 """Waits between tries while Redis does not take a batch: doubling from the first to this."""
 
-FLAG_WAIT_S = 0.05
-"""The longest `should_prune()`/`should_stop()` wait for a fresh flag (while Redis answers)."""
+FLAG_WAIT_S = 0.5
+"""The longest `should_prune()`/`should_stop()` wait for a fresh flag (while Redis answers).
+A round trip takes a millisecond; the bound is for a loaded host, where the sending thread
+may not be scheduled for tens of ms (50 ms was missed under CI's load, and the yes to a stop
+just asked for came one call late). Redis hung costs it once, then the last answer is used."""
 
 FLUSH_LIMIT_S = 120.0
 """How long the reports still queued when the trial returns are waited for: as long as the
