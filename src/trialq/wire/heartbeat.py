@@ -142,10 +142,13 @@ class Heartbeat(_RenewedKey):
         self._mark = mark
 
     def _write(self) -> None:
-        super()._write()
+        # Both keys in one transaction: a reader never finds the worker without its GPUs.
+        pipe = self._client.pipeline()
         if self._beat.gpus is not None:
             gpus = json.dumps(asdict(self._beat.gpus))
-            self._client.set(worker_gpus_key(self._beat.name), gpus, px=self._ttl_ms)
+            pipe.set(worker_gpus_key(self._beat.name), gpus, px=self._ttl_ms)
+        pipe.set(self._key(), self._value(), px=self._ttl_ms)
+        pipe.execute()
         if self._mark is not None:
             self._mark.touch()
 
