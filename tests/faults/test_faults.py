@@ -91,6 +91,8 @@ def test_sigterm_of_a_worker_finishes_its_trial_and_takes_no_new_one(
     victim = worker_parent_running_a_trial(cluster)
     victim.send_signal(signal.SIGTERM)
     victim.wait(timeout=60)
+    # The result is in Redis once the worker is gone; the driver tells it a moment later.
+    wait_until(lambda: finished_count(run) >= 1, 60, "the running trial told")
     first = [t for t in run.study().trials if t.state.is_finished()]
     assert len(first) == 1, "the running trial finishes during warm shutdown, no other"
     assert first[0].user_attrs["outcome"] == "ok" and first[0].user_attrs["attempts"] == 1
@@ -280,7 +282,7 @@ def test_a_trial_failed_from_outside_is_stopped_and_not_retried(
     pid = _trial_process_of(run, cluster, number=0)
     # optuna-dashboard's Fail button, from another process, through Optuna's own API.
     run.study().tell(0, state=optuna.trial.TrialState.FAIL)
-    wait_until(lambda: not psutil.pid_exists(pid), 15, "the stopped trial's process to go")
+    wait_until(lambda: not psutil.pid_exists(pid), 60, "the stopped trial's process to go")
     _, err = driver.communicate(timeout=120)
     storage = "SQLite" if run.storage.startswith("sqlite") else "PostgreSQL"
     verdict = run.judge(f"trial failed from outside ({storage})", 3)

@@ -78,7 +78,9 @@ def test_sigterm_to_a_worker_preempts_its_trial_which_resumes_elsewhere(
         "TRIALQ_STOP_GRACE_S": "3",
     }
     cluster = start_workers(1, extra_env=env)
-    run.write_spec(_spec("saves_on_stop", grid("step_s", 0.3), 1, max_retries=0))
+    # 40 steps of 0.3 s: still running when a loaded host's driver has seen three of them.
+    space = grid("step_s", 0.3) + "\n" + grid("n_steps", 40)
+    run.write_spec(_spec("saves_on_stop", space, 1, max_retries=0))
     driver = run.start()
     victim = worker_parent_running_a_trial(cluster)
     wait_until(lambda: _reported(run) >= 3, 120, "three steps of the trial")
@@ -104,7 +106,7 @@ def test_a_trial_that_ignores_the_notice_is_killed_at_the_grace_and_counted_pree
         "TRIALQ_STOP_GRACE_S": "1",
     }
     cluster = start_workers(1, extra_env=env)
-    space = grid("step_s", 0.3) + "\n" + grid("ignore_stop", 1)
+    space = grid("step_s", 0.3) + "\n" + grid("ignore_stop", 1) + "\n" + grid("n_steps", 40)
     run.write_spec(_spec("saves_on_stop", space, 1, max_retries=0))
     driver = run.start()
     victim = worker_parent_running_a_trial(cluster)

@@ -121,7 +121,7 @@ def test_a_password_protected_redis_works_and_the_password_is_never_printed(
     )  # fmt: skip
     try:
         url = f"redis://:{password}@127.0.0.1:{port}/0"
-        wait_for_redis(redis.Redis.from_url(url), timeout_s=5)
+        wait_for_redis(redis.Redis.from_url(url))
         cluster = start_workers(1, broker_url=url)
         run = DriverRun(tmp_path, url)
         run.write_spec(spec_text())

@@ -74,7 +74,7 @@ def test_ctrl_c_ends_the_driver_while_the_database_hangs(
     driver.send_signal(signal.SIGINT)
     took, err = _ended(driver, 10)
     assert driver.returncode == 130, err
-    assert took < 5, (took, err)
+    assert took < 8, (took, err)  # not the 10 s bound on an answer: the interrupt comes first
     print(f"hung database: Ctrl-C ended the driver in {took:.1f} s")
 
     _heal(proxy, postgres_url, driver.pid)

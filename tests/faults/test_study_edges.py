@@ -48,7 +48,7 @@ def test_two_drivers_racing_on_a_new_sqlite_study_leave_one_refused(
     for round_, apart_s in enumerate([0.0, 0.05, 0.0, 0.05]):
         run = DriverRun(tmp_path / f"round-{round_}", redis_url)
         run.folder.mkdir()
-        run.write_spec(fault_spec("sleeps", grid("sleep_s", 3.0), 1))  # outlasts the start
+        run.write_spec(fault_spec("sleeps", grid("sleep_s", 8.0), 1))  # outlasts a slow start
         first = run.start()
         time.sleep(apart_s)
         second = run.start()

@@ -110,7 +110,8 @@ def test_each_slot_has_its_own_devices_and_budget_and_packed_trials_all_run(
     gpu_worker(fake_gpus(2), "--gpus", "all", "--trials-per-gpu", "2")
     log = tmp_path / "records"
     log.mkdir()
-    params = {"log": str(log), "hold_mb": 1000, "sleep_s": 2.0}
+    # 6 s each: two trials given one GPU start within it of each other on a loaded host.
+    params = {"log": str(log), "hold_mb": 1000, "sleep_s": 6.0}
     entry = "fake_gpu_trials:records_its_gpu"
 
     statuses = _run(redis_url, "gpu", [{"entrypoint": entry, "params": params}] * 4)

@@ -107,12 +107,13 @@ def test_local_runs_a_study_from_a_clean_directory_without_services(tmp_path: Pa
     assert (folder / "local.db").exists(), "default storage is SQLite next to the spec"
     (run,) = (folder / "local-logs").iterdir()  # one folder a run, named by its start
     assert (run / "worker0.log").exists(), "worker logs beside the study"
+    _wait_for_no_descendants()
     assert not _descendants_of_trialq(), "a local worker outlived submit-study"
 
 
 @pytest.mark.parametrize("ending", ["two Ctrl-C 0.3 s apart", "SIGTERM", "SIGKILL"])
 def test_nothing_local_outlives_the_driver_however_it_ends(tmp_path: Path, ending: str) -> None:
-    folder = _study_dir(tmp_path, n_trials=6, sleep_s=1.5)
+    folder = _study_dir(tmp_path, n_trials=6, sleep_s=3.0)  # outlasts the first trial's end
     process = _submit(folder, "--workers", "2", "--no-progress")
     _wait_for_a_complete_trial(f"sqlite:///{folder / 'local.db'}", process)
     if ending == "SIGTERM":
@@ -124,8 +125,7 @@ def test_nothing_local_outlives_the_driver_however_it_ends(tmp_path: Path, endin
         time.sleep(0.3)
         process.send_signal(signal.SIGINT)
     process.communicate(timeout=60)
-    with contextlib.suppress(WaitedTooLong):  # the assertion below says what is left
-        wait_until(lambda: not _descendants_of_trialq(), 30, "the local processes to go", 0.2)
+    _wait_for_no_descendants()
     assert not _descendants_of_trialq(), f"left running after {ending}"
 
 
@@ -141,6 +141,7 @@ def test_ctrl_c_exits_130_marks_nothing_complete_and_the_rerun_finishes(tmp_path
 
     assert process.returncode == 130, err
     assert "interrupted" in err
+    _wait_for_no_descendants()
     assert not _descendants_of_trialq(), "a local worker outlived the interrupt"
     study = optuna.load_study(study_name="local", storage=storage)
     for trial in study.trials:
@@ -155,6 +156,13 @@ def test_ctrl_c_exits_130_marks_nothing_complete_and_the_rerun_finishes(tmp_path
     assert states.count("COMPLETE") + states.count("FAIL") + states.count("PRUNED") == 6
     assert "RUNNING" not in states
     assert [t["number"] for t in summary["trials"]] == list(range(6))
+
+
+def _wait_for_no_descendants() -> None:
+    """A moment for the trial processes (each the leader of its own process group) that
+    were killed with their workers to be reaped; the assertion after says what is left."""
+    with contextlib.suppress(WaitedTooLong):
+        wait_until(lambda: not _descendants_of_trialq(), 30, "the local processes to go", 0.2)
 
 
 def _wait_for_a_complete_trial(storage: str, process: subprocess.Popen[str]) -> None:

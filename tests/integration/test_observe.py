@@ -99,7 +99,14 @@ def test_a_study_run_by_real_workers_can_be_seen(
     _assert_driver_logs(driver_log)
     _assert_worker_logs(cluster.log_dir)
     study = optuna.load_study(study_name="staged", storage=storage)
-    _assert_status_matches_storage(_status_json(capsys, storage, redis_url), study)
+    # A worker clears what it runs just after the result is stored: a moment after the end.
+    shown = wait_until(
+        lambda: (s := _status_json(capsys, storage, redis_url))
+        and all(w["running"] == [] for w in s["workers"])
+        and s,
+        30, "the workers to say they run nothing",
+    )  # fmt: skip
+    _assert_status_matches_storage(shown, study)
     _assert_report(study, tmp_path / "report")
 
 

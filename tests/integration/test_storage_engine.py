@@ -38,11 +38,12 @@ def test_a_hung_server_is_an_error_within_the_bound(
         started = time.monotonic()
         with pytest.raises(sqlalchemy.exc.OperationalError):
             connection.execute(sqlalchemy.text("SELECT 2"))
-    assert time.monotonic() - started < 2.0
+    # Bounded near the 1 s set (the default is 10 s), with room for a loaded host.
+    assert time.monotonic() - started < 5.0
     started = time.monotonic()
     with pytest.raises(sqlalchemy.exc.OperationalError):
         rdb.engine.connect()  # a new connection waits no longer (libpq's own floor is 2 s)
-    assert time.monotonic() - started < 3.0
+    assert time.monotonic() - started < 6.0
     proxy.restore()
     with rdb.engine.connect() as connection:
         assert connection.execute(sqlalchemy.text("SELECT 3")).scalar_one() == 3

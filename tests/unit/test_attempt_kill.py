@@ -48,8 +48,8 @@ def test_the_beacon_ends_its_process_group_once_the_attempt_is_marked_killed(
         child = psutil.Process(int(process.stdout.readline()))
         wait_until(lambda: client.exists(attempt_key("task-1")), 10, "the beacon to beat")
         client.set(kill_key("task-1"), 1)
-        assert process.wait(timeout=5) == -signal.SIGKILL
-        wait_until(lambda: not _alive(child), 5, "the trial's child to be gone")
+        assert process.wait(timeout=30) == -signal.SIGKILL
+        wait_until(lambda: not _alive(child), 30, "the trial's child to be gone")
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)

@@ -6,6 +6,7 @@ import multiprocessing
 import multiprocessing.connection
 import multiprocessing.synchronize
 import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -51,7 +52,7 @@ def _hold_slot_and_fork(directory: str, pipe: multiprocessing.connection.Connect
     assert slots.claim(timeout_s=5)
     grandchild = os.fork()
     if grandchild == 0:  # outlives the trial process, as a leaked helper process would
-        time.sleep(3)
+        time.sleep(30)  # the test kills it once it has looked
         os._exit(0)
     pipe.send(grandchild)
 
@@ -67,6 +68,7 @@ def test_a_process_forked_by_a_trial_does_not_keep_its_slot(tmp_path: Path) -> N
         after = TrialSlots(slots.directory, 1)
         assert after.claim(timeout_s=2), "the grandchild kept the slot"
         os.kill(grandchild, 0)  # still alive: the slot was freed by the trial's exit alone
+        os.kill(grandchild, signal.SIGKILL)
         after.release()
     finally:
         slots.remove()

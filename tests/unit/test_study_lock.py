@@ -75,12 +75,13 @@ def test_a_lock_lost_with_the_server_connection_is_taken_again(postgres_url: str
     lock = _lock(study)
     lock.acquire()
     engine = sqlalchemy.create_engine(postgres_url, isolation_level="AUTOCOMMIT")
-    with engine.connect() as admin:
+    with engine.connect() as admin:  # this lock's session only: other tests' drivers run too
         admin.execute(
             sqlalchemy.text(
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                "WHERE application_name LIKE 'trialq-driver%' AND pid <> pg_backend_pid()"
-            )
+                "WHERE application_name = :name AND pid <> pg_backend_pid()"
+            ),
+            {"name": lock._name},
         )
     with pytest.raises(sqlalchemy.exc.OperationalError):
         lock.ensure_held()  # the server forgot the lock with the connection: an outage

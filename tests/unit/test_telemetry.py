@@ -86,7 +86,8 @@ def test_memory_the_last_trial_is_still_handing_back_is_waited_for() -> None:
     result = run_trial(
         _request(), channel=None, device=device, allowed_modules=("trials",), baseline=baseline
     )
-    assert result.outcome is Outcome.OK and 0.3 <= time.monotonic() - started < 2.0
+    # Not the 5 s settle: the memory came back after 0.3 s (room for a loaded host).
+    assert result.outcome is Outcome.OK and 0.3 <= time.monotonic() - started < 4.5
 
 
 def test_the_baseline_lets_go_of_the_device_and_is_none_without_readings() -> None:
