@@ -323,8 +323,9 @@ def test_the_loop_makes_its_next_pass_when_a_result_arrives_not_after_its_poll_i
     assert all(woken and timeout > 3000 for timeout, woken in dispatcher.waits)
 
 
+@pytest.mark.parametrize("sampler", ["gp", "gp+tpe"])
 def test_gp_is_told_an_oom_trial_as_a_penalty_beyond_the_worst_real_value(
-    tmp_path: Path,
+    tmp_path: Path, sampler: str
 ) -> None:
     """GP reads complete trials only, and constraints only where every trial has one: an
     OOM trial is told COMPLETE with a value worse than every real one (PRUNED while there
@@ -333,7 +334,7 @@ def test_gp_is_told_an_oom_trial_as_a_penalty_beyond_the_worst_real_value(
     ok = {"outcome": Outcome.OK, "metrics": {"value": 1.0}}
     oom = {"outcome": Outcome.OOM, "error": "CUDA out of memory"}
     script = [oom, ok, dict(oom), {**ok, "metrics": {"value": 3.0}}, dict(oom)]
-    keys = "direction = 'minimize'\nsampler = 'gp'"
+    keys = f"direction = 'minimize'\nsampler = '{sampler}'"
     driver, _ = _driver(tmp_path, script, name="gp-oom", n_trials=5, study_keys=keys)
 
     driver.run(5)

@@ -9,6 +9,7 @@ from typing import Any
 
 import optuna
 import pytest
+from optuna.samplers import TPESampler
 from optuna.trial import TrialState
 
 from trialq.driver.distinct import DistinctFromRunning
@@ -16,6 +17,7 @@ from trialq.driver.oom_constraint import oom_telling, penalty, sampler_kind
 from trialq.driver.sampler_rule import chosen_sampler
 from trialq.driver.spec import StudySpec
 from trialq.driver.study import make_sampler
+from trialq.driver.taking_turns import TakingTurns
 from trialq.errors import SpecError
 
 SPACE = {
@@ -39,11 +41,11 @@ def spec(max_in_flight: int | None, n_trials: int, **study: Any) -> StudySpec:
 @pytest.mark.parametrize(
     ("max_in_flight", "n_trials", "fields", "gp_available", "expected"),
     [
-        # Short and wide, one objective, a declared space, torch installed: GP.
-        (16, 50, {}, True, "gp"),
-        (4, 99, {}, True, "gp"),
-        (None, 50, {}, True, "gp"),  # unset: the workers seen, taken as several
-        (16, 50, {"sampler_args": {"seed": 3}}, True, "gp"),
+        # Short and wide, one objective, a declared space, torch installed: GP and TPE.
+        (16, 50, {}, True, "gp+tpe"),
+        (4, 99, {}, True, "gp+tpe"),
+        (None, 50, {}, True, "gp+tpe"),  # unset: the workers seen, taken as several
+        (16, 50, {"sampler_args": {"seed": 3}}, True, "gp+tpe"),
         # Anything else: TPE.
         (16, 50, {}, False, "tpe"),  # no torch
         (1, 50, {}, True, "tpe"),  # one in flight
@@ -54,6 +56,7 @@ def spec(max_in_flight: int | None, n_trials: int, **study: Any) -> StudySpec:
         # A named sampler is that sampler.
         (16, 50, {"sampler": "tpe"}, True, "tpe"),
         (1, 500, {"sampler": "gp"}, False, "gp"),
+        (1, 500, {"sampler": "gp+tpe"}, False, "gp+tpe"),
         (16, 50, {"sampler": "random"}, True, "random"),
     ],
 )  # fmt: skip
@@ -67,12 +70,15 @@ def test_auto_picks_gp_only_for_short_wide_declared_single_objective_studies(
     assert chosen_sampler(spec(max_in_flight, n_trials, **fields), gp_available) == expected
 
 
-def test_auto_builds_gp_behind_the_start_and_the_distinct_draws_where_torch_is() -> None:
+def test_auto_builds_gp_and_tpe_behind_the_start_and_the_distinct_draws_where_torch_is() -> None:
     pytest.importorskip("torch")
-    built = make_sampler(spec(16, 50), gp_available=True)
+    built = make_sampler(spec(16, 50, sampler_args={"seed": 1}), gp_available=True)
     assert isinstance(built, DistinctFromRunning) and built.start == 16
-    assert isinstance(built.sampler, optuna.samplers.GPSampler)
-    assert sampler_kind(built) == "gp"
+    assert isinstance(built.sampler, TakingTurns)
+    gp, tpe = built.sampler.members
+    assert isinstance(gp, optuna.samplers.GPSampler) and isinstance(tpe, TPESampler)
+    assert not tpe._multivariate and not tpe._constant_liar  # Optuna 4's: a model a parameter
+    assert sampler_kind(built) == "gp"  # an OOM trial is told as GP needs it
     without = make_sampler(spec(16, 50), gp_available=False)
     assert isinstance(without, DistinctFromRunning)
     assert isinstance(without.sampler, optuna.samplers.TPESampler)
@@ -90,6 +96,8 @@ def test_gp_without_torch_is_refused_and_auto_builds_tpe(monkeypatch: pytest.Mon
     )
     with pytest.raises(SpecError, match=r"study.sampler: 'gp' needs torch.*pip install torch"):
         make_sampler(spec(16, 50, sampler="gp"))
+    with pytest.raises(SpecError, match=r"study.sampler: 'gp\+tpe' needs torch"):
+        make_sampler(spec(16, 50, sampler="gp+tpe"))
     auto = make_sampler(spec(16, 50))
     assert isinstance(auto, DistinctFromRunning), "auto falls back to TPE, wrapped"
     assert isinstance(auto.sampler, optuna.samplers.TPESampler)

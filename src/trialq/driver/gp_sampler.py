@@ -16,6 +16,8 @@ import optuna
 from optuna.distributions import BaseDistribution
 from optuna.trial import FrozenTrial, TrialState
 
+from trialq.driver.taking_turns import TakingTurns
+
 GP_STARTUP_TRIALS = 10
 """Optuna's own default: complete trials before the first model (random draws until then)."""
 
@@ -39,3 +41,13 @@ class OneThreadGP(optuna.samplers.GPSampler):
 
             torch.set_num_threads(1)  # cheap to repeat
         return super().sample_relative(study, trial, search_space)
+
+
+def gp_and_tpe(seed: int | None = None) -> TakingTurns:
+    """`sampler = "gp+tpe"`, what `auto` builds for a short, wide study: GP and Optuna's
+    independent TPE (Optuna 4's `TPESampler()`, a model per parameter) taking turns,
+    trial by trial (`taking_turns` says why)."""
+    tpe = optuna.samplers.TPESampler(
+        seed=seed, multivariate=False, constant_liar=False, n_startup_trials=10
+    )
+    return TakingTurns([OneThreadGP(seed=seed), tpe])

@@ -28,6 +28,7 @@ from optuna.samplers import BaseSampler, GPSampler, NSGAIISampler, TPESampler
 from optuna.trial import TrialState
 
 from trialq.driver.distinct import DistinctFromRunning
+from trialq.driver.taking_turns import TakingTurns
 
 # Re-exported until trialq.driver.loop imports it from trialq.oom_stand_ins (issue 25).
 
@@ -48,10 +49,14 @@ class OomTelling:
 
 def sampler_kind(sampler: BaseSampler) -> str:
     """The name of the sampler that reads the study (through the driver's wrapper): `tpe`,
-    `gp`, `nsga2`, or `other`."""
+    `gp`, `nsga2`, or `other`. Samplers taking turns read it as GP where GP is one of them:
+    GP needs an out-of-memory trial told COMPLETE with a penalty, which TPE reads too."""
     inner = sampler.sampler if isinstance(sampler, DistinctFromRunning) else sampler
-    kinds = {TPESampler: "tpe", GPSampler: "gp", NSGAIISampler: "nsga2"}
-    return next((name for cls, name in kinds.items() if isinstance(inner, cls)), "other")
+    if isinstance(inner, TakingTurns):
+        kinds = [sampler_kind(member) for member in inner.members]
+        return "gp" if "gp" in kinds else kinds[0]
+    known = {TPESampler: "tpe", GPSampler: "gp", NSGAIISampler: "nsga2"}
+    return next((name for cls, name in known.items() if isinstance(inner, cls)), "other")
 
 
 def oom_telling(

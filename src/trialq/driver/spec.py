@@ -29,7 +29,7 @@ from trialq.wire.frameworks import FrameworkChoice
 from trialq.wire.keys import DEFAULT_QUEUE
 
 Direction = Literal["maximize", "minimize"]
-SamplerName = Literal["auto", "tpe", "gp", "random", "cmaes", "nsga2", "grid"]
+SamplerName = Literal["auto", "tpe", "gp", "gp+tpe", "random", "cmaes", "nsga2", "grid"]
 PrunerName = Literal["none", "median", "hyperband", "successive_halving"]
 
 

@@ -18,7 +18,7 @@ import optuna
 from trialq.driver._storage.engine import rdb_storage
 from trialq.driver._storage.mirror import mirrored
 from trialq.driver.distinct import DistinctFromRunning
-from trialq.driver.gp_sampler import OneThreadGP
+from trialq.driver.gp_sampler import OneThreadGP, gp_and_tpe
 from trialq.driver.sampler_rule import GP_NEEDS, SMALL_BUDGET, chosen_sampler, gp_runs_here
 from trialq.driver.spec import CategoricalParam, FloatParam, IntParam, StudySpec, load_spec
 from trialq.errors import SpecError, StorageUnreachable, UsageError
@@ -171,6 +171,7 @@ def make_sampler(spec: StudySpec, gp_available: bool | None = None) -> optuna.sa
     classes: dict[str, Any] = {
         "tpe": optuna.samplers.TPESampler,
         "gp": OneThreadGP,
+        "gp+tpe": gp_and_tpe,
         "random": optuna.samplers.RandomSampler,
         "cmaes": optuna.samplers.CmaEsSampler,
         "nsga2": optuna.samplers.NSGAIISampler,
@@ -179,7 +180,7 @@ def make_sampler(spec: StudySpec, gp_available: bool | None = None) -> optuna.sa
     sampler: optuna.samplers.BaseSampler = _construct(
         classes[name], args, "study.sampler_args", spec.path
     )
-    modelled = name in ("tpe", "gp") and spec.study.search_space is None
+    modelled = name in ("tpe", "gp", "gp+tpe") and spec.study.search_space is None
     if modelled and spec.study.max_in_flight != 1:
         return DistinctFromRunning(
             sampler, distributions(spec), seed=args.get("seed"), start=space_filling_start(spec)
@@ -187,9 +188,11 @@ def make_sampler(spec: StudySpec, gp_available: bool | None = None) -> optuna.sa
     return sampler
 
 
+_GP_FIX = "torch and scipy, which Optuna's GP sampler runs on: pip install torch scipy"
 _NEEDS: dict[str, tuple[tuple[str, ...], str]] = {
     "cmaes": (("cmaes",), "the cmaes package: pip install 'trialq[cmaes]'"),
-    "gp": (GP_NEEDS, "torch and scipy, which Optuna's GP sampler runs on: pip install torch scipy"),
+    "gp": (GP_NEEDS, _GP_FIX),
+    "gp+tpe": (GP_NEEDS, _GP_FIX),
 }
 """A sampler's modules, looked up before the study exists, and the line that says so."""
 
