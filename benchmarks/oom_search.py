@@ -25,7 +25,8 @@ import optuna
 from optuna.trial import TrialState
 
 from benchmarks.overhead import RESULTS, ROOT, environment
-from trialq.driver.oom_constraint import OOM_CONSTRAINT, oom_telling
+from trialq.driver.gp_sampler import gp_and_tpe
+from trialq.driver.oom_constraint import OOM_CONSTRAINT, oom_telling, sampler_kind
 from trialq.driver.sampler_rule import gp_runs_here
 
 SPACE = {
@@ -41,6 +42,7 @@ SAMPLERS: dict[str, tuple[str, dict[str, Any]]] = {
         {"population_size": 6, "mutation_prob": 0.1},
     ),
     "gp (needs torch, scipy)": ("gp", {"n_startup_trials": 10}),
+    "gp+tpe, taking turns (auto at 50 trials)": ("gp+tpe", {}),
 }
 
 
@@ -49,6 +51,8 @@ def make_sampler(name: str, args: dict[str, Any], seed: int) -> optuna.samplers.
         return optuna.samplers.TPESampler(seed=seed, **args)
     if name == "gp":
         return optuna.samplers.GPSampler(seed=seed, **args)
+    if name == "gp+tpe":
+        return gp_and_tpe(seed=seed, **args)
     return optuna.samplers.NSGAIISampler(seed=seed, **args)
 
 
@@ -64,7 +68,7 @@ def oom_share(sampler: str, args: dict[str, Any], seed: int, trials: int, on: bo
             seen.append((area,))
             continue
         second_half_ooms += number >= trials // 2
-        told = oom_telling(sampler, ["maximize"], seen) if on else None
+        told = oom_telling(sampler_kind(study.sampler), ["maximize"], seen) if on else None
         if told is None:
             study.tell(trial, state=TrialState.FAIL)
         else:
@@ -85,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
     rows = []
     for label, (sampler, sampler_args) in SAMPLERS.items():
-        if sampler == "gp" and not gp_runs_here():
+        if sampler.startswith("gp") and not gp_runs_here():
             continue
         without, with_option = [], []
         for seed in range(args.seeds):

@@ -47,7 +47,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from benchmarks.search_objectives import OBJECTIVES, Objective, hypervolume_2d
+from benchmarks.search_objectives import DEFAULT_RUN, OBJECTIVES, Objective, hypervolume_2d
 from benchmarks.virtual_cluster import (
     MEDIAN_TRIAL_S,
     VirtualClock,
@@ -61,6 +61,7 @@ from trialq.driver.progress import NoProgress
 from trialq.driver.sampler_rule import gp_runs_here
 from trialq.driver.spec import StudySpec
 from trialq.driver.study import make_pruner, make_sampler
+from trialq.driver.taking_turns import TakingTurns
 
 BUDGETS = (50, 100, 200)
 KS = (1, 4, 16, 64)
@@ -94,14 +95,15 @@ VARIANTS: dict[str, Variant] = {
     "cmaes": Variant("cmaes", {"warn_independent_sampling": False}),
     "nsga2": Variant("nsga2"),
     "gp": Variant("gp"),  # what `sampler = "gp"` builds: behind the same start as the default
+    "gp+tpe": Variant("gp+tpe"),  # GP and independent TPE taking turns: `auto` at 50 trials
 }
 MULTI_ONLY = {"nsga2"}
-SINGLE_ONLY = {"cmaes", "gp"}
+SINGLE_ONLY = {"cmaes", "gp", "gp+tpe"}
 
 
 def available(label: str) -> bool:
     """CMA-ES needs the `cmaes` package and GP torch and scipy: none is trialq's to require."""
-    if label == "gp":
+    if label in ("gp", "gp+tpe"):
         return gp_runs_here()
     return label != "cmaes" or importlib.util.find_spec("cmaes") is not None
 
@@ -555,7 +557,7 @@ def plan(args: argparse.Namespace) -> tuple[list[Case], tuple[int, ...], list[st
         variants = args.variants or [BASELINE, DEFAULT]
         ks, seeds, pruners = tuple(args.ks or (1, 16)), args.seeds or 5, {}
     else:
-        objectives = args.objectives or list(OBJECTIVES)
+        objectives = args.objectives or list(DEFAULT_RUN)
         variants = args.variants or list(VARIANTS)
         ks, seeds = tuple(args.ks or KS), args.seeds or 10
         pruners = {} if args.no_pruners else {"train": ("none", "median", "successive_halving")}
@@ -669,16 +671,20 @@ def describe_default() -> dict[str, str]:
             sampler: Any = make_sampler(spec)
             distinct = isinstance(sampler, DistinctFromRunning)
             inner = sampler.sampler if distinct else sampler
-            model = (
-                f"multivariate={inner._multivariate} constant_liar={inner._constant_liar}"
-                if isinstance(inner, optuna.samplers.TPESampler)
-                else type(inner).__name__
-            )
+            model = _model_of(inner)
             found[f"k={k} n_trials={n}"] = (
                 f"{model} distinct_from_running={distinct} "
                 f"halton_until_finished={sampler.start if distinct else 0}"
             )
     return found
+
+
+def _model_of(sampler: Any) -> str:
+    if isinstance(sampler, TakingTurns):
+        return " + ".join(_model_of(member) for member in sampler.members)
+    if isinstance(sampler, optuna.samplers.TPESampler):
+        return f"TPE multivariate={sampler._multivariate} constant_liar={sampler._constant_liar}"
+    return type(sampler).__name__
 
 
 if __name__ == "__main__":
