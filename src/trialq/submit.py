@@ -80,7 +80,7 @@ def submit_study(
             stack.callback(cluster.stop)
             cluster.start()
         stack.enter_context(holding_study_file(url, spec.study.name))  # SQLite: before opening
-        study = open_study(spec, url)
+        study = open_study(spec, url, retry_for_s=outage_limit_s or spec.study.outage_limit_s)
         study_lock = stack.enter_context(holding_study(study))  # before anything is written
         for note in check_spec_against_study(spec, study):
             _say(f"note: {note}")

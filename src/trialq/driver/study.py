@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import sqlite3
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from trialq.driver._storage.engine import rdb_storage
 from trialq.driver._storage.mirror import mirrored
 from trialq.driver.distinct import DistinctFromRunning
 from trialq.driver.gp_sampler import OneThreadGP, gp_and_tpe
+from trialq.driver.outage import FIRST_RETRY_S, LONGEST_RETRY_S
 from trialq.driver.sampler_rule import GP_NEEDS, SMALL_BUDGET, chosen_sampler, gp_runs_here
 from trialq.driver.spec import CategoricalParam, FloatParam, IntParam, StudySpec, load_spec
 from trialq.errors import SpecError, StorageUnreachable, UsageError
@@ -41,22 +43,33 @@ def _anchor_sqlite(url: str, base: Path) -> str:
     return url
 
 
-def open_study(spec: StudySpec, url: str) -> optuna.Study:
+def open_study(spec: StudySpec, url: str, retry_for_s: float = 0.0) -> optuna.Study:
     """Create the study, or load it if it exists (that is how a run resumes).
 
     The study is the driver's to write, so its trials are read from memory (`mirror`).
+    A commit lost with its connection (the server was reached, so no mistake in the URL) is
+    tried again for up to `retry_for_s`, as the driver's loop rides out an outage: seen on a
+    lossy link between hosts. A retry is safe: an existing study is loaded.
     """
     sampler = make_sampler(spec)
     pruner = make_pruner(spec)
-    with storage_errors(url):
-        return optuna.create_study(
-            storage=mirrored(rdb_storage(url)),
-            study_name=spec.study.name,
-            directions=list(spec.study.objective_directions),
-            sampler=sampler,
-            pruner=pruner,
-            load_if_exists=True,
-        )
+    deadline, wait_s = time.monotonic() + retry_for_s, FIRST_RETRY_S
+    while True:
+        try:
+            with storage_errors(url):
+                return optuna.create_study(
+                    storage=mirrored(rdb_storage(url)),
+                    study_name=spec.study.name,
+                    directions=list(spec.study.objective_directions),
+                    sampler=sampler,
+                    pruner=pruner,
+                    load_if_exists=True,
+                )
+        except optuna.exceptions.StorageInternalError:
+            if time.monotonic() + wait_s > deadline:
+                raise
+            time.sleep(wait_s)
+            wait_s = min(wait_s * 2, LONGEST_RETRY_S)
 
 
 def find_study(
