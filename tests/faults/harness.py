@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -138,6 +139,13 @@ class DriverRun:
         return process.returncode, err
 
     def study(self) -> optuna.Study:
+        """The study; KeyError before the driver has made it. A SQLite file is looked at
+        read-only first: Optuna's storage, opened while the driver creates the database,
+        writes the schema too, and the two race (UNIQUE constraint failed: alembic_version)."""
+        if self.storage.startswith("sqlite:///") and not _sqlite_holds(
+            Path(self.storage.removeprefix("sqlite:///")), self.study_name
+        ):
+            raise KeyError(self.study_name)
         return optuna.load_study(study_name=self.study_name, storage=self.storage)
 
     def judge(self, fault: str, n_trials: int) -> Verdict:
@@ -184,3 +192,13 @@ def worker_parent_running_a_trial(cluster: LocalCluster) -> psutil.Process:
         return None
 
     return psutil.Process(wait_until(started_pid, 60, "a worker to start a trial")).parent()
+
+
+def _sqlite_holds(path: Path, study_name: str) -> bool:
+    """Whether the SQLite file holds the study, read without writing anything."""
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{path.resolve()}?mode=ro", uri=True)) as db:
+            found = db.execute("SELECT 1 FROM studies WHERE study_name = ?", (study_name,))
+            return found.fetchone() is not None
+    except sqlite3.Error:  # no file or no tables yet
+        return False

@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -166,12 +167,19 @@ def _wait_for_no_descendants() -> None:
 
 
 def _wait_for_a_complete_trial(storage: str, process: subprocess.Popen[str]) -> None:
+    """Read-only: Optuna's storage, opened while the driver creates the database, writes
+    the schema too, and the two raced (UNIQUE constraint failed: alembic_version)."""
+    path = Path(storage.removeprefix("sqlite:///")).resolve()
+
     def finished() -> bool:
         assert process.poll() is None, process.communicate()[1]
         try:
-            study = optuna.load_study(study_name="local", storage=storage)
-        except KeyError:
+            with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+                done = db.execute(
+                    "SELECT count(*) FROM trials WHERE state IN ('COMPLETE', 'PRUNED', 'FAIL')"
+                )
+                return bool(done.fetchone()[0])
+        except sqlite3.Error:  # no file or no tables yet: the driver is creating them
             return False
-        return any(t.state.is_finished() for t in study.trials)
 
     wait_until(finished, 120, "a trial to finish", 0.2)
