@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from optuna.trial import FrozenTrial, TrialState
 
-from trialq.wire.messages import Outcome
+from trialq.wire.record import TrialRecord
 
 
 def has_stand_in_values(trial: FrozenTrial) -> bool:
@@ -32,4 +32,5 @@ def real_values(trial: FrozenTrial) -> list[float] | None:
 
 
 def _ran_out_of_memory(trial: FrozenTrial) -> bool:
-    return trial.user_attrs.get("outcome") == Outcome.OOM.value
+    outcome = TrialRecord.outcome_in(trial.user_attrs)
+    return outcome is not None and outcome.teaches_a_constraint

@@ -145,11 +145,7 @@ class WorkerState:
             with GpuGuard(nvml, share, reserve, self._leave_oom(request, task_id)) as guard:
                 result = self._run(request, channel, root, share)
             neighbours = result.outcome is Outcome.OOM and guard.neighbour_caused()
-            update = {
-                "gpu_process_peak_bytes": guard.peaks(),
-                "oom_caused_by_neighbour": neighbours,
-            }
-            return result.model_copy(update=update)
+            return result.with_gpu_guard(guard.peaks(), neighbours)
 
     def _leave_oom(self, request: TrialRequest, task_id: str) -> Callable[[GpuOverrun], None]:
         """What the GPU memory guard does before it kills the trial's process: store its
@@ -157,11 +153,10 @@ class WorkerState:
 
         def leave(overrun: GpuOverrun) -> None:
             logger.error("%s", overrun.text())
-            result = TrialResult(
-                study=request.study, number=request.number, attempt=request.attempt,
-                outcome=Outcome.OOM, worker_pid=os.getpid(), worker_host=socket.gethostname(),
-                gpu_process_peak_bytes={overrun.device: overrun.used_bytes}, error=overrun.text(),
-            )  # fmt: skip
+            peaks = {overrun.device: overrun.used_bytes}
+            result = TrialResult.here(
+                request, Outcome.OOM, overrun.text(), gpu_process_peak_bytes=peaks
+            )
             with contextlib.suppress(redis.RedisError):
                 self.trial_redis().set(
                     result_key(task_id), result.model_dump_json(), ex=self.settings.key_ttl_s
@@ -217,12 +212,8 @@ class WorkerState:
         limit = self.settings.max_result_bytes
         if len(message) <= limit:
             return message
-        refused = {
-            "outcome": Outcome.ERROR,
-            "metrics": {},
-            "error": f"result of {len(message)} bytes refused (limit {limit})",
-        }
-        return result.model_copy(update=refused).model_dump_json()
+        refused = f"result of {len(message)} bytes refused (limit {limit})"
+        return result.unstorable(refused).model_dump_json()
 
     # The worker's parent, starting.
 
@@ -387,11 +378,7 @@ def _take_slot() -> GpuShare | None:
 def _device_refused(request: TrialRequest, reason: str) -> TrialResult:
     """The result of a trial not run: a process that is none of this worker's holds its GPU."""
     logger.critical("%s", reason)
-    return TrialResult(
-        study=request.study, number=request.number, attempt=request.attempt,
-        outcome=Outcome.ERROR, worker_pid=os.getpid(), worker_host=socket.gethostname(),
-        error=reason, device_refused=True,
-    )  # fmt: skip
+    return TrialResult.device_refused_here(request, reason)
 
 
 def _stop_taking_trials() -> None:

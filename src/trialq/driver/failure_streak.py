@@ -7,7 +7,8 @@ and names the cause once `[study] max_failures_in_a_row` of them in a row were t
 failure with no success between. Pure: the loop feeds it and raises `FailingTrials`.
 
 Only failures that say nothing of the params count: `error`, `crashed`, `worker_lost`, and a
-worker's refusal. `oom`, `timeout`, `not_finite` and `pruned` are what a search learns from.
+worker's refusal. `oom`, `timeout`, `not_finite` and `pruned` are what a search learns from
+(`Outcome.meaning` says which count).
 """
 
 from __future__ import annotations
@@ -17,8 +18,6 @@ from dataclasses import dataclass
 
 from trialq.wire.failures import headline
 from trialq.wire.messages import Outcome
-
-COUNTED = frozenset({Outcome.ERROR, Outcome.CRASHED, Outcome.WORKER_LOST, Outcome.REFUSED})
 
 
 @dataclass
@@ -32,7 +31,7 @@ class FailureStreak:
 
     def saw(self, outcome: Outcome, error: str | None) -> str | None:
         """Record one trial's end (or refusal); the reason to stop the run, once reached."""
-        if outcome not in COUNTED:
+        if not outcome.in_failure_streak:
             self.signature, self.count = None, 0
             return None
         signature = _signature(outcome, error)

@@ -172,7 +172,7 @@ def _lost(known: Known, limits: Limits, detail: str) -> Action:
         limit = f"memory_limit_mb = {limits.memory_limit_mb}"
         over = f"killed at {_mib(known.oom_rss)} RSS, over {limit}"
         result = synthetic(known.request, Outcome.OOM, over)
-        return Tell(result.model_copy(update={"peak_rss_bytes": known.oom_rss}))
+        return Tell(result.with_peak_rss(known.oom_rss))
     if known.stop_requested:
         note = f"killed after its stop notice ({detail})"
         return _preempted(known, limits, synthetic(known.request, Outcome.PREEMPTED, note))
@@ -199,7 +199,7 @@ def _preempted(known: Known, limits: Limits, result: TrialResult) -> Action:
         reason = f"re-sent after preemption: {result.error or ''}"
         return Resend(resends, reason, keep_artifacts=result)
     given_up = f"gave up after {known.resends.preemptions} preemptions"
-    return Tell(result.model_copy(update={"error": f"{result.error or 'preempted'}; {given_up}"}))
+    return Tell(result.with_error(f"{result.error or 'preempted'}; {given_up}"))
 
 
 def _crowded_out(known: Known, limits: Limits, result: TrialResult) -> Action:
@@ -211,19 +211,12 @@ def _crowded_out(known: Known, limits: Limits, result: TrialResult) -> Action:
         resends = replace(known.resends, preemptions=known.resends.preemptions + 1)
         return Resend(resends, f"re-sent: a neighbour's out of memory: {result.error or ''}")
     given_up = f"out of memory caused by neighbours, {known.resends.preemptions} times"
-    update = {"outcome": Outcome.ERROR, "error": f"{given_up}: {result.error or ''}"}
-    return Tell(result.model_copy(update=update))
+    return Tell(result.failed_as(Outcome.ERROR, f"{given_up}: {result.error or ''}"))
 
 
 def synthetic(request: TrialRequest, outcome: Outcome, detail: str) -> TrialResult:
     """The result of an attempt whose process returned none of its own."""
-    return TrialResult(
-        study=request.study,
-        number=request.number,
-        attempt=request.attempt,
-        outcome=outcome,
-        error=detail,
-    )
+    return TrialResult.of(request, outcome, detail)
 
 
 def _mib(n_bytes: int) -> str:

@@ -46,9 +46,10 @@ from trialq.wire.dispatch import Dispatcher, TaskPhase, TaskStatus, TrialReports
 from trialq.wire.failures import failure_line
 from trialq.wire.messages import LAST_RUN_ATTR, Outcome, TrialRequest, TrialResult
 from trialq.wire.messages import checkpoint_key as new_checkpoint_key
+from trialq.wire.outcome import Told
+from trialq.wire.record import TrialRecord
 
 FINISHED_STATES = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
-_STATE_OF = {Outcome.OK: TrialState.COMPLETE, Outcome.PRUNED: TrialState.PRUNED}
 _log = logging.getLogger("trialq.driver")  # the name log lines show; kept when the module moved
 
 
@@ -308,8 +309,11 @@ class StudyDriver:
         key = checkpoint_key or new_checkpoint_key(self.study.study_name, trial.number)
         request = self._request(trial, attempt, key, resends.preemptions)
         task_id = str(uuid.uuid4())
-        attrs = {"task_id": task_id, "attempts": attempt, "checkpoint_key": key}
-        self._store.set_attrs(trial, {**attrs, **_resend_attrs(resends)})
+        record = TrialRecord(
+            task_id=task_id, attempts=attempt, checkpoint_key=key,
+            retries=resends.retries, preemptions=resends.preemptions,
+        )  # fmt: skip
+        self._store.set_attrs(trial, record.attrs())
         written = self._store.flush_behind()
         self.recording.append(Recording(trial, request, task_id, resends, written))
         self._send_recorded()
@@ -350,13 +354,14 @@ class StudyDriver:
         """
         for frozen in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
             trial = optuna.Trial(self.study, frozen._trial_id)
-            task_id = frozen.user_attrs.get("task_id")
-            attempt = int(frozen.user_attrs.get("attempts", 1))
-            key = frozen.user_attrs.get("checkpoint_key")
-            resends = _recorded_resends(frozen)
+            record = TrialRecord.read(frozen.user_attrs)
+            task_id, key = record.task_id, record.checkpoint_key
+            attempt = 1 if record.attempts is None else record.attempts
+            resends = _recorded_resends(record)
             if task_id is None and not frozen.params:
                 note = "never sent: the previous driver stopped between asking and sending it"
-                self._store.set_attrs(trial, {"outcome": Outcome.ERROR.value, "error": note})
+                never_sent = TrialRecord(outcome=Outcome.ERROR, error=note)
+                self._store.set_attrs(trial, never_sent.attrs())
                 self._store.tell(trial, TrialState.FAIL, None)
                 self.counts.record(TrialState.FAIL)
             elif task_id is None:  # an older driver recorded ids after sending
@@ -472,17 +477,15 @@ class StudyDriver:
         self._forget_reports(entry)
         self._orphan_checkpoint(entry)
         note = f"finished from outside as {frozen.state.name} while it ran; its process was killed"
-        self._store.annotate(
-            entry.trial,
-            {
-                "outcome": Outcome.STOPPED.value,
-                "error": note,
-                "attempts": entry.request.attempt,
-                "task_id": entry.task_id,
-                "duration_s": round(time.time() - entry.sent_at, 3),
-                "worker_host": _host_of(entry.worker),
-            },
+        record = TrialRecord(
+            outcome=Outcome.STOPPED,
+            error=note,
+            attempts=entry.request.attempt,
+            task_id=entry.task_id,
+            duration_s=round(time.time() - entry.sent_at, 3),
+            worker_host=_host_of(entry.worker),
         )
+        self._store.annotate(entry.trial, record.attrs())
         self.counts.record(counted_state(frozen))
         _log.warning("trial #%d %s", frozen.number, note, extra=logs.fields(entry.request))
 
@@ -508,22 +511,18 @@ class StudyDriver:
         try:
             result, values = objective_of(result, self.spec.study.objective_metrics)
         except SpecError as exc:
-            error = {"outcome": Outcome.ERROR, "error": str(exc)}
-            self._tell(entry, result.model_copy(update=error), None)
+            self._tell(entry, result.failed_as(Outcome.ERROR, str(exc)), None)
             raise
         self._tell(entry, result, values)
 
     def _tell(self, entry: InFlight, result: TrialResult, values: list[float] | None) -> None:
         """Record the result on the trial and tell Optuna, once."""
-        attrs = {
-            **result.user_attrs(),
-            "attempts": entry.request.attempt,
-            "task_id": entry.task_id,
-            **_resend_attrs(entry.resends),
-        }
-        attrs["gpus"] = self._gpus
-        self._store.set_attrs(entry.trial, attrs)
-        self._gpu_hours += _gpu_hours(attrs)
+        record = TrialRecord.told(
+            result, task_id=entry.task_id, attempts=entry.request.attempt,
+            retries=entry.resends.retries, preemptions=entry.resends.preemptions, gpus=self._gpus,
+        )  # fmt: skip
+        self._store.set_attrs(entry.trial, record.attrs())
+        self._gpu_hours += record.gpu_hours
         self._store.link_artifacts(entry.trial, result.artifacts)
         if result.reports_dropped:
             _log.warning("trial #%d: %d of its reports were dropped (docs/telemetry.md, "
@@ -531,9 +530,9 @@ class StudyDriver:
                          extra=logs.fields(result))  # fmt: skip
         if not result.checkpoint_removed:
             self._orphan_checkpoint(entry)
-        state = _STATE_OF.get(result.outcome, TrialState.FAIL)
+        state = TrialState[result.outcome.told_as]
         self.counts.record(state)
-        told = self._oom_telling() if result.outcome is Outcome.OOM else None
+        told = self._oom_telling() if result.outcome.teaches_a_constraint else None
         if told is not None:
             # A FAIL trial teaches no sampler anything; see trialq.driver.oom_constraint.
             if told.constrained:
@@ -542,7 +541,7 @@ class StudyDriver:
         self._store.tell(entry.trial, state, values if state is TrialState.COMPLETE else None)
         self._forget_reports(entry)
         _log.info("told state=%s outcome=%s", state.name, result.outcome, extra=logs.fields(result))
-        if result.outcome not in _STATE_OF:  # failed, or out of memory however it was told
+        if result.outcome.told_as is Told.FAIL:  # failed, or out of memory however it was told
             line = failure_line(entry.request.number, result.outcome, result.error)
             self.progress.trial_failed(line)
         self._saw(result.outcome, result.error)
@@ -660,7 +659,7 @@ class StudyDriver:
     def _count_finished(self) -> None:
         for frozen in self.study.get_trials(deepcopy=False, states=FINISHED_STATES):
             self.counts.record(counted_state(frozen))
-            self._gpu_hours += _gpu_hours(frozen.user_attrs)
+            self._gpu_hours += TrialRecord.read(frozen.user_attrs).gpu_hours
 
     def _enqueue_known(self) -> None:
         """The spec's `[[enqueue]]` params, waiting to be asked first; a set the study has
@@ -755,29 +754,18 @@ def budget_for(spec: StudySpec, n_trials: int) -> Budget:
     )
 
 
-def _gpu_hours(attrs: dict[str, Any]) -> float:
-    """GPU-hours a finished trial used, from its own record (duration x GPUs)."""
-    duration = attrs.get("duration_s") or 0.0
-    return float(duration) * int(attrs.get("gpus", 1)) / 3600
-
-
 def _host_of(worker: str | None) -> str | None:
     """`gpu-node-3` from Celery's worker name `trialq-12@gpu-node-3`."""
     return worker.rsplit("@", 1)[-1] if worker else None
 
 
-def _resend_attrs(resends: Resends) -> dict[str, int]:
-    """How often the trial was re-sent, each kind on its own (docs/design.md)."""
-    return {"retries": resends.retries, "preemptions": resends.preemptions}
-
-
-def _recorded_resends(frozen: FrozenTrial) -> Resends:
+def _recorded_resends(record: TrialRecord) -> Resends:
     """The re-send counts a previous driver recorded; a record from before `retries` was kept
     counts every attempt that was not a preemption as a retry."""
-    attrs = frozen.user_attrs
-    preemptions = int(attrs.get("preemptions", 0))
-    retries = attrs.get("retries", int(attrs.get("attempts", 1)) - 1 - preemptions)
-    return Resends(retries=int(retries), preemptions=preemptions)
+    preemptions = record.preemptions or 0
+    attempts = 1 if record.attempts is None else record.attempts
+    retries = record.retries if record.retries is not None else attempts - 1 - preemptions
+    return Resends(retries=retries, preemptions=preemptions)
 
 
 def _failed(future: Future[None]) -> bool:

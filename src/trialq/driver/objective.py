@@ -23,14 +23,14 @@ def objective_of(
     try:
         values = objective_values(result.metrics, names)
     except KeyError as exc:
-        return _failed(result, Outcome.ERROR, str(exc.args[0])), None
+        return result.failed_as(Outcome.ERROR, str(exc.args[0])), None
     labels = names if names and len(names) == len(values) else tuple(result.metrics)
     bad = [
         f"{label} = {v}" for label, v in zip(labels, values, strict=True) if not math.isfinite(v)
     ]
     if bad:
         error = f"objective is not finite: {', '.join(bad)}"
-        return _failed(result, Outcome.NOT_FINITE, error), None
+        return result.failed_as(Outcome.NOT_FINITE, error), None
     return result, values
 
 
@@ -51,7 +51,3 @@ def objective_values(metrics: dict[str, float], names: tuple[str, ...] | None) -
             f"metric {', '.join(missing)} not returned (got {', '.join(sorted(metrics))})"
         )
     return [metrics[name] for name in names]
-
-
-def _failed(result: TrialResult, outcome: Outcome, error: str) -> TrialResult:
-    return result.model_copy(update={"outcome": outcome, "error": error})

@@ -10,7 +10,6 @@ import inspect
 import logging
 import os
 import resource
-import socket
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -83,7 +82,7 @@ def run_trial(
                 if used is not None:
                     result = _settle_checkpoint(request, result, used)
         else:
-            result = _refused(request, refusal)
+            result = TrialResult.device_refused_here(request, refusal)
         _log_finished(result)
         return result
 
@@ -116,14 +115,11 @@ def _attempt(
     gpu = sampler.result()
     record = framework.record()
     dropped = reports.dropped if isinstance(reports, ReportSender) else 0
-    return TrialResult(
-        study=request.study,
-        number=request.number,
-        attempt=request.attempt,
-        outcome=outcome,
+    return TrialResult.here(
+        request,
+        outcome,
+        error,
         metrics=metrics,
-        worker_pid=os.getpid(),
-        worker_host=socket.gethostname(),
         duration_s=round(time.monotonic() - started, 6),
         peak_rss_bytes=_peak_rss_bytes(),
         gpu_peak_bytes=_largest_peak(record, device),
@@ -135,7 +131,6 @@ def _attempt(
         gpu_model=record.model,
         gpu_memory_used_peak_bytes=gpu.memory_used_peak_bytes,
         gpu_utilization_mean=gpu.utilization_mean,
-        error=error,
         last_step=context.last_step,
         artifacts=tuple(context.artifacts),
         reports_dropped=dropped,
@@ -213,7 +208,7 @@ def _settle_checkpoint(
     `preempted` is re-sent; any other outcome the trial process reports is final (the driver
     retries only a lost process or a refused device, and this one was neither).
     """
-    final = result.outcome is not Outcome.PREEMPTED and not request.keep_checkpoints
+    final = not result.outcome.resumes and not request.keep_checkpoints
     try:
         if not final:
             folder.save()
@@ -222,7 +217,7 @@ def _settle_checkpoint(
     except Exception as exc:  # an OSError on a mount, any store's error on a URL
         _log.warning("checkpoint folder not %s: %s", "removed" if final else "saved", exc)
         return result
-    return result.model_copy(update={"checkpoint_removed": removed})
+    return result.with_checkpoint_removed(removed)
 
 
 def _gpu_share(gpu: GpuShare | None) -> GpuShare | None:
@@ -239,23 +234,9 @@ def _largest_peak(record: FrameworkRecord, device: Device) -> int | None:
     return record.largest_peak if record.peaks else device.peak_bytes()
 
 
-def _refused(request: TrialRequest, reason: str) -> TrialResult:
-    """The result of a trial this process would not run: nothing was measured."""
-    return TrialResult(
-        study=request.study,
-        number=request.number,
-        attempt=request.attempt,
-        outcome=Outcome.ERROR,
-        worker_pid=os.getpid(),
-        worker_host=socket.gethostname(),
-        error=reason,
-        device_refused=True,
-    )
-
-
 def _log_finished(result: TrialResult) -> None:
     """INFO for a trial that ended as trials do (ok, pruned), WARNING with the error else."""
-    if result.outcome in (Outcome.OK, Outcome.PRUNED):
+    if result.outcome.succeeded:
         _log.info("trial finished outcome=%s duration_s=%.3f", result.outcome, result.duration_s)
         return
     _log.warning(

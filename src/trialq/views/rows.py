@@ -17,6 +17,8 @@ import optuna
 from trialq.oom_stand_ins import real_values
 from trialq.wire.failures import headline
 from trialq.wire.heartbeat import RunningTrial
+from trialq.wire.outcome import Outcome
+from trialq.wire.record import TrialRecord
 
 
 @dataclass(frozen=True)
@@ -44,7 +46,10 @@ class TrialRow:
     @property
     def failed(self) -> bool:
         """Ended as a failure: neither ok nor pruned, nor still running or waiting."""
-        return self.label not in ("ok", "pruned", "running", "waiting")
+        if self.label in ("running", "waiting"):
+            return False
+        outcome = Outcome.read(self.label)
+        return outcome is None or not outcome.succeeded
 
 
 def trial_rows(study: optuna.Study) -> list[TrialRow]:
@@ -53,27 +58,21 @@ def trial_rows(study: optuna.Study) -> list[TrialRow]:
 
 
 def _row(trial: optuna.trial.FrozenTrial) -> TrialRow:
-    attrs = trial.user_attrs
+    record = TrialRecord.read(trial.user_attrs)
     return TrialRow(
         number=trial.number,
         state=trial.state.name,
-        outcome=attrs.get("outcome"),
+        outcome=record.outcome,
         values=tuple(values) if (values := real_values(trial)) else None,
         params=dict(trial.params),
-        attempts=attrs.get("attempts"),
-        host=attrs.get("worker_host"),
-        duration_s=attrs.get("duration_s"),
-        peak_rss_bytes=attrs.get("peak_rss_bytes"),
-        gpu_peak_bytes=gpu_peak(attrs),
-        gpu_utilization_mean=attrs.get("gpu_utilization_mean"),
-        error=headline(attrs.get("error")),
+        attempts=record.attempts,
+        host=record.worker_host,
+        duration_s=record.duration_s,
+        peak_rss_bytes=record.peak_rss_bytes,
+        gpu_peak_bytes=record.gpu_peak,
+        gpu_utilization_mean=record.gpu_utilization_mean,
+        error=headline(record.error),
     )
-
-
-def gpu_peak(attrs: dict[str, Any]) -> int | None:
-    """NVML's peak in use (the whole footprint) where sampled, else TensorFlow's peak."""
-    used = attrs.get("gpu_memory_used_peak_bytes")
-    return used if used is not None else attrs.get("gpu_peak_bytes")
 
 
 def with_running(rows: list[TrialRow], study: str, running: list[RunningTrial]) -> list[TrialRow]:

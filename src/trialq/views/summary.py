@@ -9,6 +9,7 @@ from optuna.trial import TrialState
 
 from trialq.oom_stand_ins import counted_state, real_values
 from trialq.wire.failures import failure_line
+from trialq.wire.record import TrialRecord
 
 
 def study_summary(study: optuna.Study) -> dict[str, Any]:
@@ -41,10 +42,10 @@ def failure_lines(summary: dict[str, Any]) -> list[str]:
     """`#0 error: ZeroDivisionError: float division by zero`, one line per failed trial."""
     lines = []
     for trial in summary["trials"]:
-        attrs = trial["user_attrs"]
-        outcome = attrs.get("outcome")
-        if trial["state"] == "FAIL" or outcome == "oom":
-            lines.append(failure_line(trial["number"], outcome, attrs.get("error")))
+        record = TrialRecord.read(trial["user_attrs"])
+        known = record.known_outcome
+        if trial["state"] == "FAIL" or (known is not None and known.teaches_a_constraint):
+            lines.append(failure_line(trial["number"], record.outcome, record.error))
     return lines
 
 

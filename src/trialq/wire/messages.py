@@ -9,15 +9,17 @@ its default from an older writer) and keeps the version; anything else bumps it.
 from __future__ import annotations
 
 import math
+import os
 import re
 import secrets
-from enum import StrEnum
-from typing import Annotated, Any, Literal
+import socket
+from typing import Annotated, Any, Literal, TypedDict, Unpack
 
 from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, model_validator
 
 from trialq.wire.entrypoint import EntrypointRef
 from trialq.wire.frameworks import FrameworkChoice
+from trialq.wire.outcome import Outcome as Outcome
 
 CHECKPOINT_KEY_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,199}/[0-9]{1,12}-[0-9a-f]{6,32}$"
 """`<study>/<number>-<token>`: a path under a worker's checkpoint root, never outside it
@@ -36,36 +38,6 @@ def checkpoint_key(study: str, number: int) -> str:
 MESSAGE_VERSION: Literal[1] = 1
 
 ParamValue = str | int | float | bool | None
-
-
-class Outcome(StrEnum):
-    """How a trial ended. Only `ok` completes a trial; `worker_lost` is retried (up to
-    `max_retries`) and `preempted` re-sent (up to `max_preemptions`)."""
-
-    OK = "ok"
-    PRUNED = "pruned"
-    OOM = "oom"
-    TIMEOUT = "timeout"
-    ERROR = "error"
-    WORKER_LOST = "worker_lost"
-    STOPPED = "stopped"
-    """Finished from outside while it ran (optuna-dashboard's Fail, the `optuna` CLI): the
-    state told there stands, the process is killed, the trial is not retried."""
-    PREEMPTED = "preempted"
-    """The attempt was told to stop (its worker got SIGTERM: a spot node reclaimed) and saw
-    it, or was killed after such a notice: the trial is re-sent, and resumes from what it
-    saved in `trial.checkpoint_dir`. Final (FAIL) only past `max_preemptions`."""
-    NOT_FINITE = "not_finite"
-    """The trial returned, but an objective it returned is NaN or infinite (a diverged
-    model): failed, as Optuna fails a NaN objective; the study goes on."""
-    REFUSED = "refused"
-    """The worker would not run it: its entrypoint is not allowed there, or does not import
-    there. Not the trial's failure: it is sent again (elsewhere, or after a fix), and a run
-    of refusals stops the run (`[study] max_failures_in_a_row`)."""
-    CRASHED = "crashed"
-    """The trial's process ended on its own (a signal such as SIGSEGV, `sys.exit`,
-    `os._exit`) while its worker lived: the trial's own end, not a lost worker, so it is not
-    retried unless `[trial] retry_crashes` says so."""
 
 
 def _metric_json(value: float) -> float | str:
@@ -150,6 +122,32 @@ class TrialRequest(_Message):
         return self
 
 
+class Measured(TypedDict, total=False):
+    """What a trial process measured of its attempt: `TrialResult`'s fields past its address,
+    outcome, error, pid and host (tests/unit/test_outcome.py keeps the two alike)."""
+
+    metrics: dict[str, float]
+    duration_s: float
+    peak_rss_bytes: int | None
+    gpu_peak_bytes: int | None
+    framework: str | None
+    gpu_peaks_bytes: tuple[int, ...] | None
+    gpu_budget_bytes: int | None
+    gpu_cap_applied: bool
+    gpu_cap_note: str | None
+    gpu_model: str | None
+    gpu_memory_used_peak_bytes: int | None
+    gpu_utilization_mean: float | None
+    gpu_process_peak_bytes: dict[str, int]
+    oom_caused_by_neighbour: bool
+    last_step: int | None
+    reports_dropped: int
+    fitted_batch_size: int | None
+    device_refused: bool
+    checkpoint_removed: bool
+    artifacts: tuple[ArtifactMeta, ...]
+
+
 class TrialResult(_Message):
     """What a trial process reports when it ends, whatever the outcome."""
 
@@ -203,6 +201,71 @@ class TrialResult(_Message):
     artifacts: tuple[ArtifactMeta, ...] = ()
     """Files the trial stored with `trial.save_artifact`: the meta the driver links to the
     trial as `optuna.artifacts.upload_artifact` does (workers never touch the storage)."""
+
+    @classmethod
+    def of(cls, request: TrialRequest, outcome: Outcome, error: str | None = None) -> TrialResult:
+        """The result of an attempt with nothing measured: what the driver tells for an
+        attempt whose process returned none of its own."""
+        return cls(
+            study=request.study,
+            number=request.number,
+            attempt=request.attempt,
+            outcome=outcome,
+            error=error,
+        )
+
+    @classmethod
+    def here(
+        cls,
+        request: TrialRequest,
+        outcome: Outcome,
+        error: str | None = None,
+        **measured: Unpack[Measured],
+    ) -> TrialResult:
+        """The result of an attempt, from the process that ran it (its pid and host)."""
+        return cls(
+            study=request.study,
+            number=request.number,
+            attempt=request.attempt,
+            outcome=outcome,
+            error=error,
+            worker_pid=os.getpid(),
+            worker_host=socket.gethostname(),
+            **measured,
+        )
+
+    @classmethod
+    def device_refused_here(cls, request: TrialRequest, reason: str) -> TrialResult:
+        """The result of an attempt not run: its device held what no trial of this worker
+        did (`device_refused`)."""
+        return cls.here(request, Outcome.ERROR, reason, device_refused=True)
+
+    def failed_as(self, outcome: Outcome, error: str) -> TrialResult:
+        """This result, ended another way: the driver's reading of it (no objective, a
+        spec that names none, a neighbour's OOM past its bound)."""
+        return self.model_copy(update={"outcome": outcome, "error": error})
+
+    def with_error(self, error: str) -> TrialResult:
+        """This result, its error text replaced (what was given up on, added)."""
+        return self.model_copy(update={"error": error})
+
+    def with_peak_rss(self, peak_rss_bytes: int) -> TrialResult:
+        """This result with the host memory its attempt peaked at."""
+        return self.model_copy(update={"peak_rss_bytes": peak_rss_bytes})
+
+    def with_gpu_guard(self, peaks: dict[str, int], neighbour_caused: bool) -> TrialResult:
+        """This result with what its GPU memory guard saw: the peak of its processes per
+        GPU, and whether an `oom` was its neighbours' doing."""
+        update = {"gpu_process_peak_bytes": peaks, "oom_caused_by_neighbour": neighbour_caused}
+        return self.model_copy(update=update)
+
+    def with_checkpoint_removed(self, removed: bool) -> TrialResult:
+        """This result, saying whether its process removed the trial's checkpoint folder."""
+        return self.model_copy(update={"checkpoint_removed": removed})
+
+    def unstorable(self, error: str) -> TrialResult:
+        """This result as `error` without its metrics: it was too large to store."""
+        return self.model_copy(update={"outcome": Outcome.ERROR, "metrics": {}, "error": error})
 
     def user_attrs(self) -> dict[str, Any]:
         """The fields recorded on the Optuna trial (docs/design.md, "What every finished trial

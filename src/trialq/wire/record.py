@@ -1,0 +1,104 @@
+"""What a trial stores on Optuna: `TrialRecord`, its user attrs as one typed value.
+
+The driver writes a trial's record (a part when it sends it, the whole when it tells it) and
+reads it back when it re-attaches; `trialq status`, `report` and the `--json` summary read
+it too. Both sides go through this one model (docs/design.md, "What every finished trial
+records"), never through string keys of their own. Every field is optional: a record is
+written in parts, and one an older trialq wrote lacks the newer fields.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from trialq.wire.messages import Metric, TrialResult
+from trialq.wire.outcome import Outcome
+
+
+class TrialRecord(BaseModel):
+    """A trial's user attrs; `attrs()` is what is written: the fields set, no others."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    outcome: str | None = None
+    """An `Outcome`'s value (`known_outcome`); text, so one a newer trialq wrote reads too."""
+    error: str | None = None
+    metrics: dict[str, Metric] | None = None
+    task_id: str | None = None
+    attempts: int | None = None
+    retries: int | None = None
+    preemptions: int | None = None
+    checkpoint_key: str | None = None
+    gpus: int | None = None
+    worker_pid: int | None = None
+    worker_host: str | None = None
+    duration_s: float | None = None
+    peak_rss_bytes: int | None = None
+    gpu_peak_bytes: int | None = None
+    framework: str | None = None
+    gpu_peaks_bytes: tuple[int, ...] | None = None
+    gpu_budget_bytes: int | None = None
+    gpu_cap_applied: bool | None = None
+    gpu_cap_note: str | None = None
+    gpu_model: str | None = None
+    gpu_memory_used_peak_bytes: int | None = None
+    gpu_utilization_mean: float | None = None
+    gpu_process_peak_bytes: dict[str, int] | None = None
+    oom_caused_by_neighbour: bool | None = None
+    reports_dropped: int | None = None
+    fitted_batch_size: int | None = None
+
+    @classmethod
+    def told(
+        cls,
+        result: TrialResult,
+        *,
+        task_id: str,
+        attempts: int,
+        retries: int,
+        preemptions: int,
+        gpus: int,
+    ) -> TrialRecord:
+        """The whole record of a trial told with `result`."""
+        sent = {"attempts": attempts, "task_id": task_id, "retries": retries}
+        more = {"preemptions": preemptions, "gpus": gpus}
+        return cls.model_validate({**result.user_attrs(), **sent, **more})
+
+    @classmethod
+    def read(cls, attrs: Mapping[str, Any]) -> TrialRecord:
+        """A stored record; a field that does not read as its type is left out, not fatal
+        (a person may set user attrs too)."""
+        try:
+            return cls.model_validate(attrs)
+        except ValidationError as exc:
+            bad = {error["loc"][0] for error in exc.errors() if error["loc"]}
+            return cls.model_validate({k: v for k, v in attrs.items() if k not in bad})
+
+    @staticmethod
+    def outcome_in(attrs: Mapping[str, Any]) -> Outcome | None:
+        """The outcome a stored record names, read alone (for every trial of a study)."""
+        return Outcome.read(attrs.get("outcome"))
+
+    def attrs(self) -> dict[str, Any]:
+        """The user attrs to write: the fields set, as JSON."""
+        return self.model_dump(mode="json", exclude_unset=True)
+
+    @property
+    def known_outcome(self) -> Outcome | None:
+        """The outcome recorded, if this version knows it."""
+        return Outcome.read(self.outcome)
+
+    @property
+    def gpu_hours(self) -> float:
+        """GPU-hours the trial used: its duration times its GPUs (one unless recorded)."""
+        gpus = 1 if self.gpus is None else self.gpus
+        return (self.duration_s or 0.0) * gpus / 3600
+
+    @property
+    def gpu_peak(self) -> int | None:
+        """NVML's peak in use (the whole footprint) where sampled, else the framework's."""
+        used = self.gpu_memory_used_peak_bytes
+        return used if used is not None else self.gpu_peak_bytes
