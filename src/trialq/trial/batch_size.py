@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import gc
 import logging
-import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from trialq.trial.frameworks import adapters
 from trialq.wire import failures
 from trialq.wire.messages import Outcome
 
@@ -131,13 +131,9 @@ def _chain(exc: BaseException) -> Iterator[BaseException]:
 
 
 def free_memory(after_oom: bool = True) -> None:
-    """Give back what a try left: collect garbage, empty PyTorch's CUDA cache, and after an
-    OOM clear JAX's compilation caches too (a cleared cache recompiles every op: seconds on
-    a CPU), for whichever framework the trial has imported (none is imported here)."""
+    """Give back what a try left: collect garbage, then each framework's caches (PyTorch's
+    CUDA cache; after an OOM, JAX's compilation caches), for whichever framework the trial
+    has imported (none is imported here: `Adapter.free_memory`)."""
     gc.collect()
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_initialized():
-        torch.cuda.empty_cache()
-    jax = sys.modules.get("jax")
-    if after_oom and jax is not None and hasattr(jax, "clear_caches"):
-        jax.clear_caches()
+    for framework in adapters():
+        framework.free_memory(after_oom)

@@ -33,8 +33,7 @@ from pathlib import Path
 
 from trialq.errors import DeviceInParent, PreloadError
 from trialq.trial.frameworks import adapters
-from trialq.trial.frameworks.jax import jax_guard_gap
-from trialq.trial.frameworks.tensorflow import TF_CONTEXT_MODULE, tensorflow_guard_gap
+from trialq.trial.frameworks.tensorflow import TF_CONTEXT_MODULE
 from trialq.wire.frameworks import NAMES, PRELOAD
 
 AUTO = "auto"
@@ -124,11 +123,10 @@ def guard_gap() -> str | None:
     Found in the framework's source, without importing it; TensorFlow's and JAX's states are
     read from private names, PyTorch's through its public `torch.cuda.is_initialized()`.
     """
-    gaps = {"tensorflow": tensorflow_guard_gap, "jax": jax_guard_gap}
-    for name, gap_of in gaps.items():
-        gap = gap_of() if name not in sys.modules else None
+    for framework in adapters():
+        gap = framework.guard_gap() if framework.name not in sys.modules else None
         if gap is not None:
-            return f"{name}: {gap}"
+            return f"{framework.name}: {gap}"
     return None
 
 

@@ -3,10 +3,11 @@
 Classification happens in the trial's process: exception classes do not cross JSON as
 themselves, so the driver would see Celery's rebuilt class, not the framework's.
 
-Out of memory is recognised by each framework's own exception types and messages (no
-framework is imported here: a type is known by its name, its bases' included), anywhere in
-the exception's chain: Lightning, Keras and PyTorch's DataLoader re-raise an OOM as another
-exception, `raise ... from` it or while handling it (`__cause__`, `__context__`).
+Out of memory is recognised by each framework's own exception types and messages (its
+`OomSignature` in `trialq.wire.frameworks`; no framework is imported here: a type is known
+by its name, its bases' included) and by CUDA's words, anywhere in the exception's chain:
+Lightning, Keras and PyTorch's DataLoader re-raise an OOM as another exception, `raise ...
+from` it or while handling it (`__cause__`, `__context__`).
 """
 
 from __future__ import annotations
@@ -14,25 +15,19 @@ from __future__ import annotations
 import traceback
 from collections.abc import Iterator
 
+from trialq.wire.frameworks import REGISTRY, OomSignature
 from trialq.wire.messages import Outcome
 
-_OOM_TYPE_NAMES = frozenset(
-    {
-        "ResourceExhaustedError",  # TensorFlow (`tf.errors`), Keras on TensorFlow
-        "OutOfMemoryError",  # PyTorch: torch.OutOfMemoryError is torch.cuda.OutOfMemoryError
-    }
-)
-_XLA_ERROR_NAMES = frozenset({"JaxRuntimeError", "XlaRuntimeError"})
-"""JAX's runtime errors (`jax.errors.JaxRuntimeError`; `XlaRuntimeError` before 0.5): an
-OOM only with XLA's status `RESOURCE_EXHAUSTED` in front of the message."""
-_OOM_MESSAGES = (
-    "oom when allocating",  # TensorFlow
+_CUDA_OOM_MESSAGES = (
     "out of memory",  # CUDA, PyTorch ("CUDA out of memory"), XLA ("Out of memory while ...")
     "cuda_error_out_of_memory",
     "cudnn_status_alloc_failed",
     "cublas_status_alloc_failed",
     "resource exhausted",
 )
+"""Any framework's on CUDA: the driver's and its libraries' own words."""
+_OOM_MESSAGES = _CUDA_OOM_MESSAGES + tuple(m for f in REGISTRY for m in f.oom.messages)
+_OOM_TYPE_NAMES = frozenset(name for f in REGISTRY for name in f.oom.types)
 _CHAIN_LIMIT = 32
 TRACEBACK_TAIL_LINES = 12
 
@@ -65,9 +60,14 @@ def _is_oom(exc: BaseException) -> bool:
     if isinstance(exc, MemoryError) or names & _OOM_TYPE_NAMES:
         return True
     message = str(exc).lower()
-    if names & _XLA_ERROR_NAMES and message.lstrip().startswith("resource_exhausted"):
+    if any(_has_status(f.oom, names, message) for f in REGISTRY):
         return True
     return any(sign in message for sign in _OOM_MESSAGES)
+
+
+def _has_status(oom: OomSignature, names: set[str], message: str) -> bool:
+    """A framework's error that is an OOM by the status it starts with (JAX's XLA status)."""
+    return bool(oom.status and names & oom.status_types and message.lstrip().startswith(oom.status))
 
 
 def headline(error: str | None) -> str | None:

@@ -1,11 +1,13 @@
 """The framework seam: what trialq does for each framework around a trial, in three moments.
 
-An `Adapter` (one module per framework: `pytorch`, `tensorflow`, `jax`) gives the variables
-to set before the framework's runtime starts (`environment`), applies the trial's memory cap
-after the import and before the first op (`cap`), reads the peaks per GPU after the trial
-(`peaks`), and says, without starting anything, whether its runtime has started in this
-process (`started`: the worker parent's fork guard asks it too). No adapter imports its
-framework at module level: importing this package costs nothing.
+An `Adapter` (one module per framework: `pytorch`, `tensorflow`, `jax`, each registered by
+its entry in `trialq.wire.frameworks.REGISTRY`) gives the variables to set before the
+framework's runtime starts (`environment`), applies the trial's memory cap after the import
+and before the first op (`cap`), reads the peaks per GPU after the trial (`peaks`), frees
+what a try of `fit_batch_size` left (`free_memory`), and says, without starting anything,
+whether its runtime has started in this process (`started`) and whether that can be read at
+all before the framework is imported (`guard_gap`): the worker parent's fork guard asks both.
+No adapter imports its framework at module level: importing this package costs nothing.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from trialq.trial.gpu_share import GpuShare
-from trialq.wire.frameworks import NAMES
+from trialq.wire.frameworks import BY_NAME, NAMES
 
 MIB = 2**20
 
@@ -49,19 +51,24 @@ class Adapter(Protocol):
     def peaks(self) -> tuple[int, ...] | None:
         """The allocator's peak on each visible GPU, or None where there is none to read."""
 
+    def free_memory(self, after_oom: bool) -> None:
+        """Give back what the framework caches, where this process imported it (never
+        imports it); `after_oom`: a try just ran out of memory (costlier clearing is due)."""
+
+    def guard_gap(self) -> str | None:
+        """Why `started` could not read an installed framework's state, found without
+        importing it; None where it can, or where the framework is not installed."""
+
 
 def adapter(name: str) -> Adapter:
-    """The adapter of a framework trialq knows (`trialq.wire.frameworks.NAMES`)."""
-    if name not in NAMES:
+    """The adapter of a framework trialq knows (`trialq.wire.frameworks.REGISTRY`)."""
+    if name not in BY_NAME:
         raise ValueError(f"unknown framework {name!r}; known: {', '.join(NAMES)}")
-    module = importlib.import_module(f"{__name__}.{_MODULES[name]}")
+    module = importlib.import_module(f"{__name__}.{BY_NAME[name].adapter}")
     found: Adapter = module.ADAPTER
     return found
 
 
 def adapters() -> tuple[Adapter, ...]:
-    """Every framework's adapter (the fork guard asks each)."""
+    """Every framework's adapter, in the registry's order (the fork guard asks each)."""
     return tuple(adapter(name) for name in NAMES)
-
-
-_MODULES = {"torch": "pytorch", "tensorflow": "tensorflow", "jax": "jax"}

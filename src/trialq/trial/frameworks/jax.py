@@ -84,6 +84,17 @@ class Jax:
         stats = [device.memory_stats() or {} for device in devices]
         return tuple(int(s.get("peak_bytes_in_use", 0)) for s in stats) or None
 
+    def free_memory(self, after_oom: bool) -> None:
+        """After an OOM, JAX's compilation caches (a cleared cache recompiles every op:
+        seconds on a CPU, so only then)."""
+        jax = sys.modules.get("jax")
+        if after_oom and jax is not None and hasattr(jax, "clear_caches"):
+            jax.clear_caches()
+
+    def guard_gap(self) -> str | None:
+        """Whether its private bridge function is there (`jax_guard_gap`)."""
+        return jax_guard_gap()
+
 
 def memory_fraction(share: GpuShare | None) -> float | None:
     """The budget as a fraction of the device, or None without both."""

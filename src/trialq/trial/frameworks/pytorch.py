@@ -65,6 +65,16 @@ class PyTorch:
         count = torch.cuda.device_count()
         return tuple(int(torch.cuda.max_memory_reserved(i)) for i in range(count)) or None
 
+    def free_memory(self, after_oom: bool) -> None:
+        """The caching allocator's unused blocks, back to the device, once CUDA started."""
+        torch = sys.modules.get("torch")
+        if torch is not None and torch.cuda.is_initialized():
+            torch.cuda.empty_cache()
+
+    def guard_gap(self) -> str | None:
+        """None: `torch.cuda.is_initialized()` is public."""
+        return None
+
 
 def _set_fraction(torch: Any, budget_bytes: int, index: int) -> None:
     total = torch.cuda.get_device_properties(index).total_memory

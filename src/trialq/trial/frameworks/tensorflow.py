@@ -71,6 +71,13 @@ class TensorFlow:
             return Cap(False, f"TensorFlow's runtime started before the cap: {exc}")
         return Cap(True)
 
+    def free_memory(self, after_oom: bool) -> None:
+        """Nothing: TensorFlow never hands memory back inside a process."""
+
+    def guard_gap(self) -> str | None:
+        """Whether its private context names are there (`tensorflow_guard_gap`)."""
+        return tensorflow_guard_gap()
+
     def peaks(self) -> tuple[int, ...] | None:
         """`get_memory_info('GPU:i')['peak']` per GPU, once TensorFlow's runtime ran."""
         tf = sys.modules.get("tensorflow")
