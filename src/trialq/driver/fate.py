@@ -15,6 +15,10 @@ from typing import assert_never
 
 from trialq.wire.dispatch import TaskPhase, TaskStatus
 from trialq.wire.messages import Outcome, TrialRequest, TrialResult
+from trialq.wire.outcome import Resent
+
+_RETRIED = (Resent.WITHIN_RETRIES, Resent.WITHIN_RETRIES_IF_ASKED)
+"""A lost worker's and a crash's: a process gone without a result of its own."""
 
 UNSEEN_CHECKS_TO_LOSE = 2
 """Checks in a row that find a task neither queued, reserved nor started before it counts
@@ -120,11 +124,11 @@ def _finished(known: Known, limits: Limits) -> Action:
     assert result is not None, "a FINISHED status carries its result"
     if result.device_refused:  # it never ran: the worker's device was not clean
         return _lost(known, limits, result.error or "the worker's device was not clean")
-    if result.outcome is Outcome.PREEMPTED:
+    if result.outcome.resent is Resent.WITHIN_PREEMPTIONS:
         return _preempted(known, limits, result)
     if result.outcome is Outcome.OOM and result.oom_caused_by_neighbour:
         return _crowded_out(known, limits, result)
-    if result.outcome is Outcome.REFUSED:  # not the trial's doing: another worker may take it
+    if result.outcome.resent is Resent.USING_NO_RETRY:  # another worker may take it (refused)
         reason = result.error or "refused by its worker"
         return Resend(known.resends, reason, new_attempt=False, refusal=reason)
     return Tell(result)
@@ -138,9 +142,10 @@ def _failed(known: Known, limits: Limits) -> Action:
         return Tell(synthetic(known.request, Outcome.PRUNED, note))
     if status.withdrawn:  # a driver took it back before it ran (interrupted, say)
         return Resend(known.resends, "withdrawn before it ran", new_attempt=False)
-    if status.failure is Outcome.WORKER_LOST:
+    resent = status.failure.resent if status.failure is not None else Resent.NEVER
+    if resent is Resent.WITHIN_RETRIES:  # its worker was lost
         return _lost(known, limits, status.detail)
-    if status.failure is Outcome.CRASHED:
+    if resent is Resent.WITHIN_RETRIES_IF_ASKED:  # it crashed
         return _crashed(known, limits, status.detail)
     return Tell(synthetic(known.request, status.failure or Outcome.ERROR, status.detail))
 
@@ -233,5 +238,6 @@ def may_be_lost(status: TaskStatus, worker_alive: bool, claim_lost: bool = False
     if status.phase is TaskPhase.FINISHED:
         return status.result is not None and status.result.device_refused
     if status.phase is TaskPhase.FAILED:
-        return status.failure in (Outcome.WORKER_LOST, Outcome.CRASHED)
+        failure = status.failure
+        return failure is not None and failure.resent in _RETRIED
     return status.phase is TaskPhase.RUNNING and not worker_alive

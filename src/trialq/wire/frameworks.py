@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from typing import Annotated
 
 from pydantic import AfterValidator
-from pydantic_core import PydanticCustomError
 
 
 @dataclass(frozen=True)
@@ -90,12 +89,11 @@ BY_NAME: Mapping[str, Framework] = {framework.name: framework for framework in R
 
 
 def _known(choice: str) -> str:
+    """`auto` or a registered name; else the line a spec's wrong choice always had."""
     if choice != AUTO and choice not in BY_NAME:
         choices = [repr(name) for name in (AUTO, *NAMES)]
         expected = f"{', '.join(choices[:-1])} or {choices[-1]}"
-        raise PydanticCustomError(
-            "literal_error", "Input should be {expected}", {"expected": expected}
-        )
+        raise ValueError(f"Input should be {expected} (got {choice!r})")
     return choice
 
 

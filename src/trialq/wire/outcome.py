@@ -124,6 +124,11 @@ class Outcome(StrEnum):
         return self.meaning.told
 
     @property
+    def resent(self) -> Resent:
+        """Whether the driver sends a trial that ended so again, and within which bound."""
+        return self.meaning.resent
+
+    @property
     def succeeded(self) -> bool:
         """Ended as trials do (completed or pruned), not as a failure."""
         return self.told_as is not Told.FAIL
