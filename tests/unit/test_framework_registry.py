@@ -41,7 +41,7 @@ def test_each_framework_says_all_it_must(framework: Framework) -> None:
     found = adapter(framework.name)
     assert found.name == framework.name
     missing = [name for name in ADAPTER_MEMBERS if not callable(getattr(found, name, None))]
-    assert not missing, f"{framework.adapter} lacks {missing}"
+    assert not missing, f"{framework.adapter_module} lacks {missing}"
 
 
 @pytest.mark.parametrize("framework", REGISTRY, ids=NAMES)

@@ -41,7 +41,7 @@ class Framework:
 
     name: str
     """Its name in the spec (`[trial] framework`), which is also its top-level module."""
-    adapter: str
+    adapter_module: str
     """The module of `trialq.trial.frameworks` that holds its `ADAPTER`."""
     revealed_by: tuple[str, ...]
     """Imported modules (or any module under them) that mean this framework."""
@@ -54,7 +54,7 @@ class Framework:
 REGISTRY: tuple[Framework, ...] = (
     Framework(
         name="torch",
-        adapter="pytorch",
+        adapter_module="pytorch",
         revealed_by=("torch", "torchvision", "torchaudio", "lightning", "pytorch_lightning",
                      "trialq.lightning"),
         preload=("torch", "torch._dynamo"),
@@ -62,7 +62,7 @@ REGISTRY: tuple[Framework, ...] = (
     ),
     Framework(
         name="tensorflow",
-        adapter="tensorflow",
+        adapter_module="tensorflow",
         revealed_by=("tensorflow", "tf_keras", "trialq.keras"),
         preload=("tensorflow",),
         oom=OomSignature(types=frozenset({"ResourceExhaustedError"}),
@@ -70,7 +70,7 @@ REGISTRY: tuple[Framework, ...] = (
     ),
     Framework(
         name="jax",
-        adapter="jax",
+        adapter_module="jax",
         revealed_by=("jax", "jaxlib", "flax", "optax", "equinox", "haiku"),
         preload=("jax",),
         oom=OomSignature(status_types=frozenset({"JaxRuntimeError", "XlaRuntimeError"}),

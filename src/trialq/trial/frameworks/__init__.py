@@ -64,7 +64,7 @@ def adapter(name: str) -> Adapter:
     """The adapter of a framework trialq knows (`trialq.wire.frameworks.REGISTRY`)."""
     if name not in BY_NAME:
         raise ValueError(f"unknown framework {name!r}; known: {', '.join(NAMES)}")
-    module = importlib.import_module(f"{__name__}.{BY_NAME[name].adapter}")
+    module = importlib.import_module(f"{__name__}.{BY_NAME[name].adapter_module}")
     found: Adapter = module.ADAPTER
     return found
 
