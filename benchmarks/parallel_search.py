@@ -214,7 +214,7 @@ def drive(driver: StudyDriver, cluster: VirtualCluster, clock: VirtualClock, n: 
 def time_asks(driver: StudyDriver) -> dict[int, float]:
     """Seconds each of the driver's asks took (sampler, storage and define-by-run)."""
     seconds: dict[int, float] = {}
-    ask = driver._ask
+    ask = driver.sender.ask
 
     def timed() -> optuna.Trial:
         started = time.perf_counter()
@@ -222,7 +222,7 @@ def time_asks(driver: StudyDriver) -> dict[int, float]:
         seconds[trial.number] = time.perf_counter() - started
         return trial
 
-    driver._ask = timed  # type: ignore[method-assign]
+    driver.sender.ask = timed  # type: ignore[method-assign]
     return seconds
 
 
@@ -503,7 +503,7 @@ def ask_time(label: str, history: int, asks: int = 8, objective: str = "hartmann
     options = DriverOptions(max_in_flight=16, poll_interval_s=0.0, clock=clock)
     driver = StudyDriver(spec, study, cluster, NoProgress(), options)
     for _ in range(history):
-        trial = driver._ask()
+        trial = driver.sender.ask()
         simulated = cluster.objective.evaluate(trial.params, trial_rng(0, trial.number))
         study.tell(
             trial,
@@ -514,7 +514,7 @@ def ask_time(label: str, history: int, asks: int = 8, objective: str = "hartmann
     seconds = []
     for _ in range(asks):
         started = time.perf_counter()
-        driver._ask()  # left running: the liar's cost is part of what a parallel ask pays
+        driver.sender.ask()  # left running: the liar's cost is part of what a parallel ask pays
         seconds.append(time.perf_counter() - started)
     return statistics.median(seconds)
 

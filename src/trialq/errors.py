@@ -56,7 +56,12 @@ class ServiceUnreachable(TrialqError):
     exit_code = 3
 
 
-class BrokerUnreachable(ServiceUnreachable):
+class BrokerError(TrialqError):
+    """Raised when the broker (Redis) fails a request of the dispatcher or of the report
+    channel: unreachable (`BrokerUnreachable`), or refusing it."""
+
+
+class BrokerUnreachable(ServiceUnreachable, BrokerError):
     """Raised when Redis (the broker or result backend) does not answer."""
 
 

@@ -14,6 +14,8 @@ from urllib.parse import quote, urlsplit, urlunsplit
 from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from trialq.wire.keys import DEFAULT_KEY_TTL_S
+
 DEFAULT_BROKER_URL = "redis://127.0.0.1:6379/0"
 _URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
 
@@ -59,7 +61,7 @@ class Settings(BaseSettings):
     heartbeat_ttl_s: float = Field(default=20.0, gt=0)
     """A worker whose key is older than this is taken as gone; its trial is lost."""
 
-    key_ttl_s: int = Field(default=7 * 24 * 3600, gt=0)
+    key_ttl_s: int = Field(default=DEFAULT_KEY_TTL_S, gt=0)
     """How long Redis keeps the keys each trial leaves behind once written: its result
     (trialq's `trialq:result:<task id>` and Celery's result meta) and the driver's
     `trialq:withdrawn:<task id>` and `trialq:kill:<task id>` marks. A week by default: a

@@ -19,7 +19,8 @@ import redis
 
 from trialq._celery.dispatcher import CeleryDispatcher
 from trialq.driver.drift import check_spec_against_study
-from trialq.driver.loop import DriverOptions, StudyDriver, budget_for
+from trialq.driver.ledger import budget_for
+from trialq.driver.loop import DriverOptions, StudyDriver
 from trialq.driver.progress import NoProgress, ProgressSink, RichProgress
 from trialq.driver.search_space import load_search_space
 from trialq.driver.spec import StudySpec, load_spec

@@ -181,11 +181,11 @@ def test_a_trial_is_sent_only_once_its_record_is_in_postgresql(
 
     with _commits_held(postgres_url, pg_study):
         driver._fill(1)  # asked, recorded: the commit is on its way, and waits
-        driver._send_recorded(deadline=time.monotonic() + 0.5)
+        driver.sender.send_recorded(deadline=time.monotonic() + 0.5)
         assert dispatcher.sent == {}, "sent before its record was written"
         assert _stored(postgres_url, pg_study) == []
 
-    driver._send_recorded(deadline=time.monotonic() + 30)
+    driver.sender.send_recorded(deadline=time.monotonic() + 30)
     ((task_id, request),) = dispatcher.sent.items()
     (stored,) = _stored(postgres_url, pg_study)
     assert stored.user_attrs["task_id"] == task_id and stored.params == request.params
@@ -210,13 +210,13 @@ def test_a_failed_commit_sends_nothing_and_the_next_one_writes_it_once(
         )
         holder.execute(sqlalchemy.text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
         # Not sent, not fatal: the record waits for the step's next commit (an outage).
-        assert driver._send_recorded(deadline=time.monotonic() + 30) is False
+        assert driver.sender.send_recorded(deadline=time.monotonic() + 30) is False
     assert dispatcher.sent == {}
     assert _stored(postgres_url, pg_study) == []
 
     driver._store.flush()  # the next commit writes what failed, first
     (stored,) = _stored(postgres_url, pg_study)
-    (recording,) = driver.recording
+    (recording,) = driver.sender.recording
     assert stored.number == 0 and stored.user_attrs["task_id"] == recording.task_id
     assert stored.params == recording.request.params
 

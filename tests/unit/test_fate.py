@@ -10,19 +10,27 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
+from optuna.trial import TrialState
 from trial_requests import trial_request
 
 from trialq.driver.fate import (
+    Abandon,
+    Follow,
     Known,
     Limits,
     Resend,
     Resends,
+    SendAgain,
     Tell,
     Terminate,
     Wait,
     decide,
     may_be_lost,
+    may_tell_oom,
+    reattach,
+    stopped_outside,
 )
+from trialq.driver.oom_constraint import OomTelling
 from trialq.wire.dispatch import TaskPhase, TaskStatus
 from trialq.wire.messages import Outcome, TrialResult
 
@@ -54,10 +62,11 @@ LOST = Outcome.WORKER_LOST
 USED_UP = Resends(retries=2)
 PREEMPTED_OUT = Resends(preemptions=3)
 CROWDED_OUT = _result(Outcome.OOM, oom_caused_by_neighbour=True)
+OK = _result(Outcome.OK, metrics={"value": 0.5})
 
 # (case, known, expected action type, expected outcome told or resends after)
 TABLE: list[tuple[str, Known, type, Any]] = [
-    ("ok result is told", _known(FINISHED, result=_result(Outcome.OK)), Tell, Outcome.OK),
+    ("ok result is told", _known(FINISHED, result=OK), Tell, Outcome.OK),
     ("error result is told", _known(FINISHED, result=_result(Outcome.ERROR)), Tell, Outcome.ERROR),
     ("oom result is told", _known(FINISHED, result=_result(Outcome.OOM)), Tell, Outcome.OOM),
     (
@@ -322,3 +331,133 @@ def test_the_channel_is_asked_only_when_an_attempt_may_be_lost(
 
 def test_the_channel_is_asked_of_a_waiting_attempt_whose_claim_was_lost() -> None:
     assert may_be_lost(TaskStatus(WAITING), True, claim_lost=True)
+
+
+COMPLETE, PRUNED, FAIL = TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL
+TPE_OOM = OomTelling(TrialState.PRUNED, None)
+GP_OOM = OomTelling(TrialState.COMPLETE, [9.0], constrained=False)
+OOM = _result(Outcome.OOM, metrics={"value": 0.5})
+
+# (case, known, outcome told, state told, values told, constrained)
+TELLING: list[tuple[str, Known, Outcome, TrialState, Any, bool]] = [
+    ("ok: complete with its value", _known(FINISHED, result=OK), Outcome.OK, COMPLETE, [0.5], False),
+    (
+        "ok, objective not finite: not_finite, failed",
+        _known(FINISHED, result=_result(Outcome.OK, metrics={"value": float("nan")})),
+        Outcome.NOT_FINITE, FAIL, None, False,
+    ),
+    (
+        "pruned: pruned, no values",
+        _known(FINISHED, result=_result(Outcome.PRUNED, metrics={"value": 0.5})),
+        Outcome.PRUNED, PRUNED, None, False,
+    ),
+    ("oom, no oom_as_constraint: failed", _known(FINISHED, result=OOM), Outcome.OOM, FAIL, None, False),
+    (
+        "oom to TPE: pruned with the constraint",
+        _known(FINISHED, result=OOM, oom_telling=TPE_OOM),
+        Outcome.OOM, PRUNED, None, True,
+    ),
+    (
+        "oom to GP: complete with its penalty, no constraint",
+        _known(FINISHED, result=OOM, oom_telling=GP_OOM),
+        Outcome.OOM, COMPLETE, [9.0], False,
+    ),
+    (
+        "memory kill to TPE: pruned with the constraint",
+        _known(FAILED, failure=LOST, oom_rss=1, oom_telling=TPE_OOM),
+        Outcome.OOM, PRUNED, None, True,
+    ),
+    (
+        "crowded out past max_preemptions, oom_as_constraint: error, failed",
+        _known(FINISHED, result=CROWDED_OUT, resends=PREEMPTED_OUT, oom_telling=TPE_OOM),
+        Outcome.ERROR, FAIL, None, False,
+    ),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("known", "outcome", "state", "values", "constrained"),
+    [row[1:] for row in TELLING],
+    ids=[row[0] for row in TELLING],
+)
+def test_what_a_trial_is_told_as(
+    known: Known, outcome: Outcome, state: TrialState, values: Any, constrained: bool
+) -> None:
+    told = decide(known, LIMITS)
+
+    assert isinstance(told, Tell)
+    assert (told.result.outcome, told.state, told.values, told.constrained) == (
+        outcome, state, values, constrained,
+    )  # fmt: skip
+    assert told.ends_run is None
+
+
+def test_a_named_metric_missing_fails_the_trial_as_error() -> None:
+    loss_only = _result(Outcome.OK, metrics={"loss": 0.1})
+    told = decide(_known(FINISHED, result=loss_only), replace(LIMITS, objective_metrics=("acc",)))
+
+    assert isinstance(told, Tell) and (told.result.outcome, told.state) == (Outcome.ERROR, FAIL)
+    assert told.values is None and told.ends_run is None
+    assert told.result.error == "metric acc not returned (got loss)"
+
+
+def test_a_spec_that_cannot_pick_the_objective_fails_the_trial_and_ends_the_run() -> None:
+    several = _result(Outcome.OK, metrics={"acc": 0.9, "loss": 0.1})
+
+    told = decide(_known(FINISHED, result=several), LIMITS)
+
+    assert isinstance(told, Tell) and (told.result.outcome, told.state) == (Outcome.ERROR, FAIL)
+    assert told.ends_run is not None and "set study.metric" in told.ends_run
+    assert told.result.error == told.ends_run
+
+
+@pytest.mark.parametrize(
+    ("known", "terminate"),
+    [
+        (_known(RUNNING, worker_alive=False), True),
+        (_known(RUNNING, worker_alive=False, resends=USED_UP), True),
+        (_known(WAITING, queued=True, claim_lost=True), True),
+        (_known(FAILED, failure=LOST), False),
+        (_known(FINISHED, result=OK), False),
+        (_known(WAITING, queued=False, unseen_checks=1), False),
+    ],
+)
+def test_an_attempt_given_up_on_while_it_may_run_is_killed_first(
+    known: Known, terminate: bool
+) -> None:
+    action = decide(known, LIMITS)
+
+    assert isinstance(action, Tell | Resend) and action.terminate is terminate
+
+
+@pytest.mark.parametrize(
+    ("status", "oom_rss", "expected"),
+    [
+        (TaskStatus(FINISHED, result=OOM), None, True),
+        (TaskStatus(FINISHED, result=CROWDED_OUT), None, False),
+        (TaskStatus(FINISHED, result=OK), None, False),
+        (TaskStatus(FAILED, failure=LOST), 1, True),
+        (TaskStatus(FAILED, failure=LOST), None, False),
+    ],
+)
+def test_the_study_is_asked_how_to_tell_an_oom_only_where_one_may_be_told(
+    status: TaskStatus, oom_rss: int | None, expected: bool
+) -> None:
+    assert may_tell_oom(status, oom_rss) is expected
+
+
+def test_a_trial_finished_from_outside_is_stopped_and_counted_as_its_state() -> None:
+    stopped = stopped_outside(TrialState.FAIL, counted_as=TrialState.FAIL)
+
+    assert stopped.outcome is Outcome.STOPPED and stopped.counted_as is TrialState.FAIL
+    assert stopped.note == "finished from outside as FAIL while it ran; its process was killed"
+
+
+@pytest.mark.parametrize(
+    ("task_id", "has_params", "expected"),
+    [("t1", True, Follow), ("t1", False, Follow), (None, True, SendAgain), (None, False, Abandon)],
+)
+def test_a_trial_left_running_by_a_previous_driver(
+    task_id: str | None, has_params: bool, expected: type
+) -> None:
+    assert type(reattach(task_id, has_params)) is expected

@@ -25,6 +25,7 @@ MIRROR = "src/trialq/driver/_storage/mirror.py"
 STORE = "src/trialq/driver/_storage/store.py"
 LOOP = "src/trialq/driver/loop.py"
 LOCK = "src/trialq/driver/study_lock.py"
+WATCH = "src/trialq/driver/watch.py"
 
 WRITTEN_COLUMNS = {
     "StudyModel": {"study_id"},
@@ -96,12 +97,12 @@ STUDY_ID = Hook(
 )
 TRIAL_ID = Hook(
     "optuna.Trial._trial_id and optuna.Trial(study, trial_id)",
-    f"{LOOP}, {STORE} and {MIRROR}",
+    f"{LOOP}, {WATCH}, {STORE} and {MIRROR}",
     "the driver cannot re-attach trials or write a trial's attrs and reports",
 )
 FROZEN_TRIAL_ID = Hook(
     "optuna.trial.FrozenTrial._trial_id",
-    f"{MIRROR} and {LOOP} (_reattach, finished elsewhere)",
+    f"{MIRROR}, {LOOP} (_reattach) and {WATCH} (finished elsewhere)",
     "the driver's copy cannot index its trials",
 )
 CACHED_FROZEN_TRIAL = Hook(

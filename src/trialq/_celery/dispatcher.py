@@ -1,4 +1,9 @@
-"""The Celery edge on the driver side: sending trials and reading their fate from Redis."""
+"""The Celery edge on the driver side: sending trials and reading their fate from Redis.
+
+Redis's errors stay here: what the driver meets is trialq's (`_broker_errors`): a lost
+connection or a timeout is `BrokerUnreachable`, which the driver rides out as an outage; any
+other refusal is `BrokerError`.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +11,8 @@ import contextlib
 import json
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from dataclasses import replace
 from typing import Any
 
 import redis
@@ -14,10 +20,10 @@ from celery import Celery
 from kombu.exceptions import OperationalError
 
 from trialq._celery.app import TASK_NAME, create_app
-from trialq.errors import BrokerUnreachable
+from trialq.errors import BrokerError, BrokerUnreachable
 from trialq.settings import Settings
 from trialq.wire import heartbeat
-from trialq.wire.channel import ReportChannel
+from trialq.wire.channel import Report, ReportChannel, TrialAddress
 from trialq.wire.dispatch import TaskPhase, TaskStatus
 from trialq.wire.keys import (
     KOMBU_UNACKED,
@@ -90,8 +96,6 @@ class CeleryDispatcher:
         self._metas_on_broker = settings.backend_url == settings.broker_url
         """Celery's task metas live in the broker's Redis: one round trip reads them with
         trialq's own results."""
-        self._beacons: dict[str, bool] = {}
-        """Whether each attempt's beacon was there, as read with the last `statuses`."""
         self._key_ttl_s = settings.key_ttl_s
         self._studies: set[str] = set()
         """The studies this dispatcher sent trials of: it listens for their results."""
@@ -124,11 +128,15 @@ class CeleryDispatcher:
 
     def statuses(self, task_ids: Iterable[str]) -> dict[str, TaskStatus]:
         """Every task's state: trialq's own result where the trial wrote one, else Celery's
-        meta; with each attempt's beacon (`attempt_alive`). One round trip, whatever the
+        meta; with each attempt's beacon (`TaskStatus.beating`). One round trip, whatever the
         number of tasks, where the metas are on the broker's Redis (the default)."""
         ids = list(task_ids)
         if not ids:
             return {}
+        with _broker_errors("reading statuses"):
+            return self._statuses(ids)
+
+    def _statuses(self, ids: list[str]) -> dict[str, TaskStatus]:
         result_keys = [result_key(task_id) for task_id in ids]
         meta_keys = [self._backend.get_key_for_task(task_id) for task_id in ids]
         beacon_keys = [attempt_key(task_id) for task_id in ids]
@@ -140,12 +148,12 @@ class CeleryDispatcher:
             results, beacons, metas = pipe.execute()
         else:
             (results, beacons), metas = pipe.execute(), self._backend.mget(meta_keys)
-        self._beacons = {
-            task_id: beacon is not None for task_id, beacon in zip(ids, beacons, strict=True)
-        }
         return {
-            task_id: _finished(result) if result else _status(self._decode(meta))
-            for task_id, result, meta in zip(ids, results, metas, strict=True)
+            task_id: replace(
+                _finished(result) if result else _status(self._decode(meta)),
+                beating=beacon is not None,
+            )
+            for task_id, result, meta, beacon in zip(ids, results, metas, beacons, strict=True)
         }
 
     def _decode(self, raw: Any) -> dict[str, Any] | None:
@@ -156,6 +164,10 @@ class CeleryDispatcher:
         than `RESERVED_UNSTARTED_S`: read on the server, in one round trip that carries ids,
         not the messages (a driver far from its Redis spent a third of its time on them); by
         hand where scripts are refused."""
+        with _broker_errors("listing the queue"):
+            return self._pending_ids(queue)
+
+    def _pending_ids(self, queue: str) -> set[str]:
         keys = [kombu_queue_key(queue), KOMBU_UNACKED, KOMBU_UNACKED_INDEX]
         now = time.time()
         try:
@@ -176,19 +188,24 @@ class CeleryDispatcher:
 
     def worker_alive(self, worker: str) -> bool:
         """Whether the worker's heartbeat key is still there."""
-        return heartbeat.is_alive(self._broker, worker)
+        with _broker_errors("reading a heartbeat"):
+            return heartbeat.is_alive(self._broker, worker)
 
     def attempt_alive(self, task_id: str) -> bool:
-        """Whether the attempt's trial process still renews its beacon: as read with the last
-        `statuses` (one round trip a pass, however many trials run), else asked now."""
-        known = self._beacons.get(task_id)
-        return heartbeat.attempt_alive(self._broker, task_id) if known is None else known
+        """Whether the attempt's trial process still renews its beacon, asked now (`statuses`
+        reads every beacon with the statuses, in the same round trip)."""
+        with _broker_errors("reading a beacon"):
+            return heartbeat.attempt_alive(self._broker, task_id)
 
     def withdraw(self, task_ids: Iterable[str], queue: str) -> None:
         """Mark tasks withdrawn (durably), revoke them, and drop their queued messages."""
         ids = set(task_ids)
         if not ids:
             return
+        with _broker_errors("withdrawing trials"):
+            self._withdraw(ids, queue)
+
+    def _withdraw(self, ids: set[str], queue: str) -> None:
         pipe = self._broker.pipeline(transaction=False)
         for task_id in ids:
             pipe.set(withdrawn_key(task_id), 1, ex=self._key_ttl_s)
@@ -205,19 +222,22 @@ class CeleryDispatcher:
         Celery's revoke reaches the process only through its worker's parent, alive and
         connected; the kill mark reaches it through its own beacon, at its next renewal,
         however its parent fares (a frozen parent, a host cut off and back)."""
-        pipe = self._broker.pipeline(transaction=False)
-        pipe.set(withdrawn_key(task_id), 1, ex=self._key_ttl_s)
-        pipe.set(kill_key(task_id), 1, ex=self._key_ttl_s)
-        pipe.execute()
-        self._app.control.revoke(task_id, terminate=True, signal="SIGKILL")
+        with _broker_errors("killing a trial"):
+            pipe = self._broker.pipeline(transaction=False)
+            pipe.set(withdrawn_key(task_id), 1, ex=self._key_ttl_s)
+            pipe.set(kill_key(task_id), 1, ex=self._key_ttl_s)
+            pipe.execute()
+            self._app.control.revoke(task_id, terminate=True, signal="SIGKILL")
 
-    def reports(self) -> ReportChannel:
+    def reports(self) -> DriverReports:
         """Trials report on the broker's Redis (`trialq.wire.channel`)."""
-        return ReportChannel(self._broker)
+        return DriverReports(ReportChannel(self._broker, self._key_ttl_s))
 
     def live_worker_count(self, queue: str) -> int:
         """Workers whose heartbeat is fresh and who consume the queue."""
-        return sum(queue in beat.queues for beat in heartbeat.live_workers(self._broker))
+        with _broker_errors("reading heartbeats"):
+            beats = heartbeat.live_workers(self._broker)
+        return sum(queue in beat.queues for beat in beats)
 
     def wait_for_results(self, timeout_s: float) -> bool:
         """Wait for a trial of a study sent through here to announce its stored result
@@ -275,6 +295,54 @@ class CeleryDispatcher:
             with contextlib.suppress(redis.RedisError, OSError):
                 self._results.close()
         self._results = None
+
+
+class DriverReports:
+    """The driver's end of the report channel, its errors trialq's (`_broker_errors`)."""
+
+    def __init__(self, channel: ReportChannel) -> None:
+        self._channel = channel
+
+    def read_new(self, positions: dict[TrialAddress, str]) -> dict[TrialAddress, list[Report]]:
+        """Reports after each address's last seen id ('0' for none)."""
+        with _broker_errors("reading reports"):
+            return self._channel.read_new(positions)
+
+    def request_prune(self, address: TrialAddress) -> None:
+        """Ask the attempt at `address` to stop (`trial.should_prune()` turns true)."""
+        with _broker_errors("raising a prune flag"):
+            self._channel.request_prune(address)
+
+    def memory_exceeded(self, address: TrialAddress) -> int | None:
+        """The RSS at which a lost attempt killed itself for its memory limit, if it did."""
+        with _broker_errors("reading a memory kill"):
+            return self._channel.memory_exceeded(address)
+
+    def stop_requested(self, address: TrialAddress) -> bool:
+        """Whether the attempt was told to stop (no, while Redis is away)."""
+        return self._channel.stop_requested(address)
+
+    def orphan_checkpoint(self, key: str) -> None:
+        """Ask a later trial process to remove a finished trial's checkpoint folder."""
+        with _broker_errors("leaving a checkpoint to remove"):
+            self._channel.orphan_checkpoint(key)
+
+    def forget(self, *addresses: TrialAddress) -> None:
+        """Drop what attempts reported, once their trials are told (all in one call)."""
+        with _broker_errors("dropping reports"):
+            self._channel.forget(*addresses)
+
+
+@contextlib.contextmanager
+def _broker_errors(doing: str) -> Iterator[None]:
+    """Redis's errors as trialq's: a lost connection or a timeout is `BrokerUnreachable` (the
+    driver rides it out, and the line it logs is the cause's), any other `BrokerError`."""
+    try:
+        yield
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        raise BrokerUnreachable(f"broker unreachable: {_without_password(exc)}") from exc
+    except redis.RedisError as exc:
+        raise BrokerError(f"the broker failed {doing}: {_without_password(exc)}") from exc
 
 
 def _reads_results_itself(producer: Any, task_id: str) -> None:

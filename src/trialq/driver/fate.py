@@ -2,8 +2,13 @@
 
 The loop (`trialq.driver.loop`) gathers what the queue, the report channel and the storage
 say of an attempt in flight into `Known`, asks `decide` for an `Action`, and applies that
-action in one place. Nothing here touches Redis, the database or a clock, so the whole rule
-is tested as a table (tests/unit/test_fate.py). Retries and preemptions are counted apart:
+action in one place. The action is the whole verdict: a `Tell` says the outcome, the state
+and the values the trial is told with (its objective picked out, an out-of-memory trial told
+as `oom_as_constraint` wants) and whether its process is killed first; a `Resend` whether
+the old attempt is killed first. A trial finished from outside (`stopped_outside`) and a
+trial a previous driver left running (`reattach`) are decided here too. Nothing here
+touches Redis, the database or a clock, so the whole rule is tested as a table
+(tests/unit/test_fate.py). Retries and preemptions are counted apart:
 a lost worker uses a retry, a preemption uses a preemption, and a re-send that was not the
 trial's doing (never started, withdrawn by the driver) uses neither.
 """
@@ -13,6 +18,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import assert_never
 
+from optuna.trial import TrialState
+
+from trialq.driver.objective import objective_of
+from trialq.driver.oom_constraint import OomTelling
+from trialq.errors import SpecError
 from trialq.wire.dispatch import TaskPhase, TaskStatus
 from trialq.wire.messages import Outcome, TrialRequest, TrialResult
 from trialq.wire.outcome import Resent
@@ -27,12 +37,14 @@ as lost in the broker (one check can race a worker's reservation)."""
 
 @dataclass(frozen=True)
 class Limits:
-    """The spec's bounds on re-sending one trial."""
+    """What the spec says of one trial's end: its bounds on re-sending it, and the metrics
+    that are its objective (`study.metric`; None: the lone one it returns)."""
 
     max_retries: int
     max_preemptions: int
     memory_limit_mb: int = 0
     retry_crashes: bool = False
+    objective_metrics: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -67,13 +79,28 @@ class Known:
     """The RSS at which the attempt killed itself for its memory limit, if it did."""
     stop_requested: bool = False
     """The attempt was told to stop (its worker's preemption notice)."""
+    oom_telling: OomTelling | None = None
+    """How the study tells a trial that ran out of memory so its sampler learns
+    (`trialq.driver.oom_constraint`); None: told FAIL. Filled in only where the attempt may
+    be told `oom` (`may_tell_oom`)."""
 
 
 @dataclass(frozen=True)
 class Tell:
-    """The trial is over: tell Optuna this result, once."""
+    """The trial is over: tell Optuna this result, once, as `state` with `values`."""
 
     result: TrialResult
+    """The result as told: its outcome is what the trial is recorded as."""
+    state: TrialState = TrialState.FAIL
+    values: list[float] | None = None
+    """The objective values, for a COMPLETE trial only."""
+    constrained: bool = False
+    """The trial carries the violated `oom` constraint (`oom_as_constraint`)."""
+    terminate: bool = False
+    """Kill the attempt's process first: it may still run (its worker was given up on)."""
+    ends_run: str | None = None
+    """Why the run stops once the trial is told: the spec cannot say which metric is the
+    objective, and every trial would fail the same way."""
 
 
 @dataclass(frozen=True)
@@ -88,6 +115,8 @@ class Resend:
     """A cut-short attempt whose saved files stay linked to the trial."""
     refusal: str | None = None
     """Why the worker would not run it, for a trial its worker refused (`refused`)."""
+    terminate: bool = False
+    """Kill the old attempt's process first: it may still run (its worker was given up on)."""
 
 
 @dataclass(frozen=True)
@@ -106,7 +135,18 @@ Action = Tell | Resend | Terminate | Wait
 
 
 def decide(known: Known, limits: Limits) -> Action:
-    """The one action for an attempt, from what is known of it."""
+    """The one action for an attempt, from what is known of it: whether to tell it (and as
+    what), re-send it, kill it, or wait."""
+    action = _action(known, limits)
+    if isinstance(action, Tell):
+        action = _telling(action.result, known.oom_telling, limits)
+    started = known.status.phase is TaskPhase.RUNNING or known.claim_lost
+    if started and isinstance(action, Tell | Resend):
+        return replace(action, terminate=True)  # given up on: its process may still run
+    return action
+
+
+def _action(known: Known, limits: Limits) -> Action:
     phase = known.status.phase
     if phase is TaskPhase.FINISHED:
         return _finished(known, limits)
@@ -217,6 +257,88 @@ def _crowded_out(known: Known, limits: Limits, result: TrialResult) -> Action:
         return Resend(resends, f"re-sent: a neighbour's out of memory: {result.error or ''}")
     given_up = f"out of memory caused by neighbours, {known.resends.preemptions} times"
     return Tell(result.failed_as(Outcome.ERROR, f"{given_up}: {result.error or ''}"))
+
+
+def _telling(result: TrialResult, oom: OomTelling | None, limits: Limits) -> Tell:
+    """How a result is told: an `ok` result's objective picked out (a missing or non-finite
+    one fails the trial), an out-of-memory one as `oom_as_constraint` says."""
+    try:
+        result, values = objective_of(result, limits.objective_metrics)
+    except SpecError as exc:
+        return Tell(result.failed_as(Outcome.ERROR, str(exc)), ends_run=str(exc))
+    if result.outcome.teaches_a_constraint and oom is not None:
+        # A FAIL trial teaches no sampler anything; see trialq.driver.oom_constraint.
+        return _complete_only(Tell(result, oom.state, oom.values, oom.constrained))
+    return _complete_only(Tell(result, told_state(result.outcome), values))
+
+
+def _complete_only(tell: Tell) -> Tell:
+    """Optuna takes values with a COMPLETE trial only."""
+    return tell if tell.state is TrialState.COMPLETE else replace(tell, values=None)
+
+
+def told_state(outcome: Outcome) -> TrialState:
+    """The state a trial with this outcome is told as (before `oom_as_constraint`)."""
+    return TrialState[outcome.told_as]
+
+
+def may_tell_oom(status: TaskStatus, oom_rss: int | None) -> bool:
+    """Whether the attempt may be told `oom`: only then is the study asked how
+    (`Known.oom_telling`: it reads every completed trial)."""
+    if oom_rss is not None:
+        return True
+    result = status.result
+    return (
+        status.phase is TaskPhase.FINISHED
+        and result is not None
+        and result.outcome.teaches_a_constraint
+        and not result.oom_caused_by_neighbour
+    )
+
+
+@dataclass(frozen=True)
+class Stopped:
+    """Someone else finished the trial while it ran (optuna-dashboard's Fail button): their
+    state stands; kill its process and record it as `stopped`, never retried."""
+
+    note: str
+    counted_as: TrialState
+    outcome: Outcome = Outcome.STOPPED
+
+
+def stopped_outside(state: TrialState, counted_as: TrialState) -> Stopped:
+    """The verdict on an attempt in flight whose trial was finished elsewhere as `state`
+    (`counted_as`: how the run counts it, `trialq.oom_stand_ins.counted_state`)."""
+    note = f"finished from outside as {state.name} while it ran; its process was killed"
+    return Stopped(note, counted_as)
+
+
+@dataclass(frozen=True)
+class Abandon:
+    """A trial a previous driver asked and never sent: fail it with a note (a fresh trial
+    takes its place)."""
+
+    note: str = "never sent: the previous driver stopped between asking and sending it"
+
+
+@dataclass(frozen=True)
+class SendAgain:
+    """A trial a previous driver recorded before it sent it (an older driver recorded ids
+    only after sending): send it, as the same attempt."""
+
+
+@dataclass(frozen=True)
+class Follow:
+    """A trial a previous driver sent: follow its task as one in flight."""
+
+
+def reattach(task_id: str | None, has_params: bool) -> Abandon | SendAgain | Follow:
+    """What becomes of a trial a previous driver left RUNNING. A trial is persisted with its
+    params and task id in one transaction before it is sent, so one with neither was asked
+    and never sent."""
+    if task_id is not None:
+        return Follow()
+    return SendAgain() if has_params else Abandon()
 
 
 def synthetic(request: TrialRequest, outcome: Outcome, detail: str) -> TrialResult:

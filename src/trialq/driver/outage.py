@@ -97,7 +97,7 @@ class Outages:
     def _wait(self, service: str, exc: BaseException) -> None:
         now = self._clock()
         since = self._since.setdefault(service, now)
-        reason = _first_line(exc)
+        reason = _first_line(_what_happened(exc))
         if since == now:
             _log.warning(
                 "%s unreachable (%s); the trials in flight keep running, retrying for up to %g s",
@@ -116,6 +116,13 @@ class Outages:
             _log.warning("%s back after %.1f s", service, self._clock() - since)
         if not self._since:
             self._retry_s = FIRST_RETRY_S
+
+
+def _what_happened(exc: BaseException) -> BaseException:
+    """The error the dispatcher's `BrokerUnreachable` wraps (a lost connection, a timeout)
+    says what happened; its own text only names the service again."""
+    cause = exc.__cause__
+    return cause if isinstance(exc, BrokerUnreachable) and cause is not None else exc
 
 
 def _first_line(exc: BaseException) -> str:

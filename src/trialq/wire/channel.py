@@ -16,13 +16,18 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from trialq.wire.keys import MEMORY_EXCEEDED, ORPHANED_CHECKPOINTS, PRUNE, REPORTS, STOP, trial_key
+from trialq.wire.keys import (
+    DEFAULT_KEY_TTL_S,
+    MEMORY_EXCEEDED,
+    ORPHANED_CHECKPOINTS,
+    PRUNE,
+    REPORTS,
+    STOP,
+    trial_key,
+)
 
 MAX_REPORTS_KEPT = 10_000
 """A trial that reports every step of a long run keeps only this many values in Redis."""
-
-KEY_TTL_S = 7 * 24 * 3600
-"""Channel keys vanish a week after their last write, even if nobody cleans them."""
 
 
 @dataclass(frozen=True)
@@ -68,8 +73,11 @@ class Report:
 class ReportChannel:
     """Both ends of the channel; the trial writes reports, the driver reads them."""
 
-    def __init__(self, client: redis.Redis) -> None:
+    def __init__(self, client: redis.Redis, key_ttl_s: int = DEFAULT_KEY_TTL_S) -> None:
         self._client = client
+        self._key_ttl_s = key_ttl_s
+        """Channel keys vanish this long after their last write, even if nobody cleans them:
+        `TRIALQ_KEY_TTL_S`, handed in by whoever holds the settings."""
 
     def report(self, address: TrialAddress, step: int, value: float) -> None:
         """Append one intermediate value (called by the trial, maybe every epoch).
@@ -79,14 +87,14 @@ class ReportChannel:
         key = address.key(REPORTS)
         pipe = self._client.pipeline(transaction=False)
         pipe.xadd(key, {"step": step, "value": repr(value)}, maxlen=MAX_REPORTS_KEPT)
-        pipe.expire(key, KEY_TTL_S)
+        pipe.expire(key, self._key_ttl_s)
         with contextlib.suppress(redis.RedisError):
             pipe.execute()
 
     def with_timeout(self, seconds: float) -> ReportChannel:
         """The same channel over a client of its own whose every connect and reply is
         awaited `seconds` at most, and never retried: for a caller that retries itself."""
-        return ReportChannel(_client_with_timeout(self._client, seconds))
+        return ReportChannel(_client_with_timeout(self._client, seconds), self._key_ttl_s)
 
     def send_reports(self, address: TrialAddress, reports: Sequence[NumberedReport]) -> None:
         """Append numbered values in one round trip; raises `redis.RedisError` if Redis did
@@ -98,7 +106,7 @@ class ReportChannel:
         for report in reports:
             fields = {"step": report.step, "value": repr(report.value)}
             pipe.xadd(key, fields, id=f"0-{report.seq}", maxlen=MAX_REPORTS_KEPT)  # type: ignore[arg-type]
-        pipe.expire(key, KEY_TTL_S)
+        pipe.expire(key, self._key_ttl_s)
         for answer in pipe.execute(raise_on_error=False):
             if isinstance(answer, redis.ResponseError) and not _already_there(answer):
                 raise answer
@@ -120,7 +128,7 @@ class ReportChannel:
 
     def mark_memory_exceeded(self, address: TrialAddress, rss_bytes: int) -> None:
         """Leave word, before the process kills itself, that it died of its memory limit."""
-        self._client.set(address.key(MEMORY_EXCEEDED), rss_bytes, ex=KEY_TTL_S)
+        self._client.set(address.key(MEMORY_EXCEEDED), rss_bytes, ex=self._key_ttl_s)
 
     def memory_exceeded(self, address: TrialAddress) -> int | None:
         """The RSS at which a lost attempt killed itself for its memory limit, if it did."""
@@ -130,7 +138,7 @@ class ReportChannel:
     def request_stop(self, address: TrialAddress) -> None:
         """Raise the flag that `trial.should_stop()` reads: save and return (called by the
         worker that got SIGTERM, or by anyone who wants the attempt to end early)."""
-        self._client.set(address.key(STOP), 1, ex=KEY_TTL_S)
+        self._client.set(address.key(STOP), 1, ex=self._key_ttl_s)
 
     def stop_requested(self, address: TrialAddress) -> bool:
         """Whether this attempt was told to stop (no, while Redis is away)."""
@@ -153,7 +161,7 @@ class ReportChannel:
 
     def request_prune(self, address: TrialAddress) -> None:
         """Raise the flag that `trial.should_prune()` reads (called by the driver)."""
-        self._client.set(address.key(PRUNE), 1, ex=KEY_TTL_S)
+        self._client.set(address.key(PRUNE), 1, ex=self._key_ttl_s)
 
     def read_new(self, positions: dict[TrialAddress, str]) -> dict[TrialAddress, list[Report]]:
         """Reports after each address's last seen stream id ('0' for none), in one call."""

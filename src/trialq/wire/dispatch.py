@@ -35,11 +35,15 @@ class TaskStatus:
     worker: str | None = None
     withdrawn: bool = False
     """FAILED because a driver withdrew it before it ran (revoked): not the trial's doing."""
+    beating: bool | None = None
+    """Whether the attempt's trial process renewed its beacon, read with this status; None
+    where the dispatcher did not read it (then `Dispatcher.attempt_alive` is asked)."""
 
 
 class TrialReports(Protocol):
     """The driver's end of what running trials report: intermediate values in, prune flags
-    out (`trialq.wire.channel.ReportChannel` over Redis)."""
+    out (`trialq.wire.channel.ReportChannel` over Redis). Its errors are trialq's:
+    `BrokerUnreachable` while the broker is away, else `BrokerError` (`trialq.errors`)."""
 
     def read_new(self, positions: dict[TrialAddress, str]) -> dict[TrialAddress, list[Report]]:
         """Reports after each address's last seen id ('0' for none)."""
@@ -61,11 +65,12 @@ class TrialReports(Protocol):
 
 
 class Dispatcher(Protocol):
-    """Sends trial requests to workers and tells what became of them."""
+    """Sends trial requests to workers and tells what became of them. Its errors are
+    trialq's: `BrokerUnreachable` while the broker is away (the driver rides it out), else
+    `BrokerError` (`trialq.errors`); never its transport's own."""
 
-    def reports(self) -> TrialReports | None:
-        """Where the trials sent through this dispatcher report; None where they cannot
-        (then nothing is pruned)."""
+    def reports(self) -> TrialReports:
+        """Where the trials sent through this dispatcher report."""
 
     def submit(self, request: TrialRequest, queue: str, task_id: str | None = None) -> str:
         """Send one attempt under `task_id` (the driver records it first), else a new id;

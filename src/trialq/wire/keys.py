@@ -9,6 +9,10 @@ kombu's that trialq reads itself are named at the end, marked as kombu's.
 
 from __future__ import annotations
 
+DEFAULT_KEY_TTL_S = 7 * 24 * 3600
+"""The default of `TRIALQ_KEY_TTL_S` (`trialq.settings`): how long Redis keeps what each
+trial leaves behind, a week."""
+
 # --- trialq's own keys --------------------------------------------------------------------
 
 WORKER_PREFIX = "trialq:worker:"

@@ -1,0 +1,65 @@
+"""What the driver holds of each trial it sent and has not yet told, and of each trial on its
+way to being sent; shared by the loop's parts (`trialq.driver.sending`, `.relay`, `.telling`,
+`.watch`)."""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+import optuna
+
+from trialq.driver.fate import Resends
+from trialq.wire.channel import TrialAddress
+from trialq.wire.messages import TrialRequest
+from trialq.wire.record import TrialRecord
+
+
+@dataclass
+class InFlight:
+    """A trial the driver has sent and not yet told."""
+
+    trial: optuna.Trial
+    request: TrialRequest
+    task_id: str
+    resends: Resends = field(default_factory=Resends)
+    reports_seen: str = "0"
+    prune_requested_at: float | None = None
+    terminated: bool = False
+    unseen_checks: int = 0
+    worker: str | None = None
+    """The worker running it, as its status last said (for a trial stopped from outside)."""
+    claimed: bool = False
+    """A trial process's beacon for it was seen while Celery still had it waiting."""
+    sent_at: float = field(default_factory=time.time)
+
+    @property
+    def address(self) -> TrialAddress:
+        """The channel address of the attempt in flight."""
+        return TrialAddress(self.request.study, self.request.number, self.request.attempt)
+
+    @property
+    def worker_host(self) -> str | None:
+        """`gpu-node-3` from Celery's worker name `trialq-12@gpu-node-3`."""
+        return self.worker.rsplit("@", 1)[-1] if self.worker else None
+
+
+@dataclass
+class Recording:
+    """A trial asked and recorded, to be sent once its record is in the database."""
+
+    trial: optuna.Trial
+    request: TrialRequest
+    task_id: str
+    resends: Resends
+    recorded: Future[None]
+
+
+def recorded_resends(record: TrialRecord) -> Resends:
+    """The re-send counts a previous driver recorded; a record from before `retries` was kept
+    counts every attempt that was not a preemption as a retry."""
+    preemptions = record.preemptions or 0
+    attempts = 1 if record.attempts is None else record.attempts
+    retries = record.retries if record.retries is not None else attempts - 1 - preemptions
+    return Resends(retries=retries, preemptions=preemptions)

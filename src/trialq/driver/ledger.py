@@ -1,0 +1,105 @@
+"""The run's books: trials finished by state, GPU-hours used, wall time, and the budgets
+they are held against (`trialq.driver.budget`, which decides; this keeps the figures)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+from trialq.driver import budget as budgets
+from trialq.driver.budget import Budget, Spent, Stop
+from trialq.driver.progress import Counts
+from trialq.driver.spec import StudySpec
+from trialq.oom_stand_ins import counted_state
+from trialq.wire.record import TrialRecord
+
+FINISHED_STATES = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+
+
+class Ledger:
+    """What the study has finished and spent, and the budget that ended the run, if one
+    has."""
+
+    def __init__(
+        self,
+        study: optuna.Study,
+        objectives: int,
+        clock: Callable[[], float],
+        budget: Budget | None,
+    ) -> None:
+        self._study, self._objectives, self._clock = study, objectives, clock
+        self.budget = budget
+        """What the run may spend besides `n_trials`; set by `open` where not given."""
+        self.stop: Stop | None = None
+        """The budget that ended the run, once one has."""
+        self.counts = Counts()
+        self.gpu_hours = 0.0
+        self._started = clock()
+
+    def open(self, budget: Budget) -> int:
+        """Start the run's books: its budget (unless one was given), its clock, and what the
+        study finished in earlier runs. The number of trials to finish."""
+        self.budget = self.budget or budget
+        self._started = self._clock()
+        for frozen in self._study.get_trials(deepcopy=False, states=FINISHED_STATES):
+            self.counts.record(counted_state(frozen))
+            self.gpu_hours += TrialRecord.read(frozen.user_attrs).gpu_hours
+        return self.budget.n_trials
+
+    def record(self, state: TrialState, record: TrialRecord | None = None) -> None:
+        """One more finished trial, and the GPU-hours its record says it used."""
+        self.counts.record(state)
+        if record is not None:
+            self.gpu_hours += record.gpu_hours
+
+    def reached(self) -> Stop | None:
+        """The budget the run just reached, once: None before, and after it is known."""
+        if self.stop is not None or self.budget is None:
+            return None
+        self.stop = budgets.reached(self.budget, self.spent())
+        return self.stop
+
+    def spent(self) -> Spent:
+        return Spent(
+            finished=self.counts.finished,
+            failed=self.counts.failed,
+            wall_s=self._clock() - self._started,
+            gpu_hours=self.gpu_hours,
+            best=self.best_value(),
+        )
+
+    def usage(self) -> dict[str, dict[str, Any]]:
+        """Each budget set, its limit and what is used (the summary's `budgets`)."""
+        assert self.budget is not None, "set by open()"
+        return budgets.usage(self.budget, self.spent())
+
+    def last_run(self) -> dict[str, Any]:
+        """What ended the run and how much of each budget is used (`trialq status`)."""
+        stopped_by = self.stop.budget if self.stop is not None else "n_trials"
+        return {"stopped_by": stopped_by, "budgets": self.usage()}
+
+    def best_value(self) -> float | None:
+        """The best objective value so far; None with several objectives or none complete."""
+        if self._objectives > 1 or self.counts.complete == 0:
+            return None
+        try:
+            return float(self._study.best_value)
+        except ValueError:
+            return None
+
+
+def budget_for(spec: StudySpec, n_trials: int) -> Budget:
+    """The spec's budgets, with `n_trials` (the spec's, or the command line's)."""
+    study = spec.study
+    return Budget(
+        n_trials=n_trials,
+        max_wall_s=study.max_wall_s,
+        hard_wall=study.max_wall_hard,
+        max_gpu_hours=study.max_gpu_hours,
+        goal=study.goal,
+        maximize=study.objective_directions[0] == "maximize",
+        max_failed_trials=study.max_failed_trials,
+    )
