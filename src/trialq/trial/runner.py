@@ -59,9 +59,9 @@ def run_trial(
     With `own_process_group` (a worker's trial process, never a test's own), the process
     leads a process group of its own, and every other process in it is ended when the
     trial has (`trialq.trial.process_group`).
-    With `gpu` (a worker's slot), the trial's GPUs and budget are set in this process's
-    environment before anything imports CUDA; without, the environment's are read
-    (`GpuShare.from_environment`). Either goes to the framework's adapter
+    With `gpu` (a worker's slot, already in this process's environment: the slot's taker put
+    it there before anything imports CUDA), the trial runs on that share; without, the
+    environment's is read (`GpuShare.from_environment`). Either goes to the framework's adapter
     (`trialq.trial.frameworks`): its settings before the import, its cap before the first op.
     """
     share = _gpu_share(gpu)
@@ -221,12 +221,8 @@ def _settle_checkpoint(
 
 
 def _gpu_share(gpu: GpuShare | None) -> GpuShare | None:
-    """The trial's GPUs: the worker's share, set in this process's environment (before any
-    import of CUDA, and for the trial's own children), else what the environment carries."""
-    if gpu is None:
-        return GpuShare.from_environment(os.environ)
-    os.environ.update(gpu.environment())
-    return gpu
+    """The trial's GPUs: the worker's share, else what the environment carries."""
+    return gpu if gpu is not None else GpuShare.from_environment(os.environ)
 
 
 def _largest_peak(record: FrameworkRecord, device: Device) -> int | None:

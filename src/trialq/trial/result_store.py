@@ -1,0 +1,81 @@
+"""Where a trial process leaves its result: trialq's own Redis key, then a word on the study's
+results channel, riding out a Redis restart (docs/reliability.md).
+
+It runs in the trial's own process, after the trial (or, for the GPU memory guard's `oom`,
+just before the process is killed), so it knows nothing of Celery: the Celery task returns
+the same JSON as Celery's own result.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+
+import redis
+
+from trialq.wire.keys import result_key, results_channel
+from trialq.wire.messages import TrialRequest, TrialResult
+
+RESULT_RETRY_DELAYS_S = (0, 0.5, 1, 2, 4, 8, 15, 30, 30, 30)
+"""Waits before each try to store a trial's result: a Redis restart is ridden out for 2 min."""
+
+logger = logging.getLogger("trialq.worker")  # the name log lines show; kept when the code moved
+
+
+class ResultStore:
+    """A trial's result in Redis for `key_ttl_s`, at most `max_result_bytes` of JSON.
+
+    `client` gives the trial process's Redis client (connected after the fork, never
+    inherited), asked at each write.
+    """
+
+    retry_delays_s: tuple[float, ...] = RESULT_RETRY_DELAYS_S
+
+    def __init__(
+        self, client: Callable[[], redis.Redis], key_ttl_s: int, max_result_bytes: int
+    ) -> None:
+        self.client = client
+        self.key_ttl_s = key_ttl_s
+        self.max_result_bytes = max_result_bytes
+
+    def keep(self, request: TrialRequest, task_id: str, message: str) -> None:
+        """Store the result under trialq's own key, waiting out a Redis restart if needed,
+        then announce it on the study's results channel: a driver waiting wakes at once."""
+        error: redis.RedisError | None = None
+        for delay in self.retry_delays_s:
+            time.sleep(delay)
+            try:
+                self.client().set(result_key(task_id), message, ex=self.key_ttl_s)
+                self._announce(request, task_id)
+                return
+            except redis.RedisError as exc:
+                error = exc
+        logger.error(
+            "result of trial %d of study %r (attempt %d, task %s) not stored: Redis refused "
+            "%d tries over %g s, last with: %s",
+            request.number, request.study, request.attempt, task_id,
+            len(self.retry_delays_s), sum(self.retry_delays_s), error,
+        )  # fmt: skip
+
+    def keep_now(self, task_id: str, result: TrialResult) -> None:
+        """Store the result once, without waiting (the process is about to be killed)."""
+        with contextlib.suppress(redis.RedisError):
+            self.client().set(result_key(task_id), result.model_dump_json(), ex=self.key_ttl_s)
+
+    def _announce(self, request: TrialRequest, task_id: str) -> None:
+        """Publish the stored result's task id (best effort: a driver that misses it finds
+        the result at its next pass anyway)."""
+        with contextlib.suppress(redis.RedisError):
+            self.client().publish(results_channel(request.study), task_id)
+
+    def bounded_json(self, result: TrialResult) -> str:
+        """The result as JSON; one too large to store keeps the outcome's facts, not the
+        metrics."""
+        message = result.model_dump_json()
+        limit = self.max_result_bytes
+        if len(message) <= limit:
+            return message
+        refused = f"result of {len(message)} bytes refused (limit {limit})"
+        return result.unstorable(refused).model_dump_json()

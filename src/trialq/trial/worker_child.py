@@ -1,0 +1,212 @@
+"""A worker's trial process: what it does before its attempt, around it and after it.
+
+The worker's parent (`trialq.worker`) builds one `WorkerChild` in each process its pool
+forks, from its settings, its device baseline and its trial slots. The child refuses device
+state it inherited, connects to Redis while it waits idle, takes a slot (whose GPU share it
+puts into its environment, once, before anything imports CUDA), runs the attempt (guarded on
+shared GPUs: `trialq.trial.gpu_attempt`) and leaves its result (`trialq.trial.result_store`).
+No Celery here: the task and the signals that call these steps are the Celery edge's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import time
+from collections.abc import Callable, Mapping
+from contextvars import Token
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from trialq import logs
+from trialq.lifeline import die_with_parent
+from trialq.settings import Settings
+from trialq.trial import checkpoints, process_group
+from trialq.trial.device import TensorFlowDevice
+from trialq.trial.gpu_attempt import GpuLimits, run_on_share
+from trialq.trial.gpu_share import GpuShare
+from trialq.trial.prewarm import device_in_use
+from trialq.trial.result_store import ResultStore
+from trialq.trial.runner import run_trial
+from trialq.trial.slots import TrialSlots, claim_for_trial
+from trialq.trial.telemetry import DeviceBaseline
+from trialq.wire.channel import ReportChannel
+from trialq.wire.heartbeat import RunningTrial, TrialBeacon
+from trialq.wire.keys import result_key, withdrawn_key
+from trialq.wire.messages import TrialRequest, TrialResult
+
+EX_SOFTWARE = 70
+"""Exit status of a pool child that refuses to go on (os.EX_SOFTWARE)."""
+
+logger = logging.getLogger("trialq.worker")  # the name log lines show; kept when the code moved
+
+
+class WorkerChild:
+    """One trial process of a worker, built from what its parent hands it.
+
+    `backend` gives the Celery result backend's Redis client: the trial's own when the
+    backend is the broker, so that a trial opens one connection.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        backend: Callable[[], redis.Redis],
+        slots: TrialSlots | None = None,
+        baseline: DeviceBaseline | None = None,
+    ) -> None:
+        self.settings = settings
+        self.slots = slots
+        self.baseline = baseline
+        self._backend = backend
+        self._redis: redis.Redis | None = None
+        self._beacon: TrialBeacon | None = None
+        self._log_token: Token[Mapping[str, str]] | None = None
+        self.results = ResultStore(self.redis, settings.key_ttl_s, settings.max_result_bytes)
+
+    def redis(self) -> redis.Redis:
+        """This process's Redis (connected after the fork, never inherited)."""
+        if self._redis is None:
+            if self.settings.backend_url == self.settings.broker_url:
+                self._redis = self._backend()
+            else:
+                self._redis = redis.Redis.from_url(self.settings.broker_url)
+        return self._redis
+
+    def prepare(self) -> None:
+        """A new child, before it takes a trial: refuse inherited device state, then connect.
+
+        A spare child waits idle for its trial, so it opens its Redis connections now rather
+        than on the trial's time. It dies with the worker (`trialq.lifeline`): a trial whose
+        worker is gone is retried elsewhere, and must not hold the GPU meanwhile.
+        """
+        die_with_parent(signal.SIGKILL)
+        reason = device_in_use()
+        if reason is not None:
+            logger.critical("pool child %d exits unused: %s before the fork", os.getpid(), reason)
+            os._exit(EX_SOFTWARE)
+        with contextlib.suppress(redis.RedisError):
+            self.redis().ping()
+            if self.redis() is not self._backend():
+                self._backend().ping()
+
+    def claim(self, hostname: str, task_id: str, payload: dict[str, Any]) -> None:
+        """Tell `trialq status` which trial this worker now runs, and name it on every log
+        line until the task ends (Celery's 'succeeded' line included)."""
+        running = _running_trial(hostname, task_id, payload)
+        self._log_token = logs.enter_trial(running)
+        interval, ttl = self.settings.heartbeat_interval_s, self.settings.heartbeat_ttl_s
+        self._beacon = TrialBeacon(
+            self.redis(), running, interval, ttl, on_kill=_end_given_up_attempt
+        ).start()
+
+    def release(self) -> None:
+        """The trial is over, whatever its outcome: this worker no longer runs it."""
+        if self._beacon is not None:
+            self._beacon.stop()
+            self._beacon = None
+        if self._log_token is not None:
+            logs.leave_trial(self._log_token)
+            self._log_token = None
+
+    def run(
+        self,
+        task_id: str,
+        payload: dict[str, Any],
+        timeout_errors: tuple[type[BaseException], ...] = (),
+    ) -> dict[str, Any] | None:
+        """Run one trial attempt and return its `TrialResult` as JSON (stored first); None
+        for one not run: withdrawn by the driver, or a redelivery of one that ended."""
+        request = self.own_import_paths(TrialRequest.model_validate(payload))
+        if self.redis().exists(withdrawn_key(task_id), result_key(task_id)):
+            return None
+        share = self._take_slot()
+        channel = ReportChannel(self.redis())
+        root = self.settings.checkpoint_root or checkpoints.default_root()
+        limits = GpuLimits(
+            self.settings.nvml_module, self.settings.gpu_baseline_tolerance_mb,
+            self.settings.gpu_context_reserve_mb,
+        )  # fmt: skip
+        result = run_on_share(
+            request, share, limits,
+            lambda: self._run(request, channel, root, share, timeout_errors),
+            lambda oom: self.results.keep_now(task_id, oom),
+        )  # fmt: skip
+        message = self.results.bounded_json(result)
+        self.results.keep(request, task_id, message)
+        with contextlib.suppress(OSError, redis.RedisError):
+            checkpoints.remove_orphans(channel, root)  # after the result: off the trial's time
+        if result.device_refused:
+            _stop_taking_trials()
+        return json.loads(message)  # type: ignore[no-any-return]
+
+    def own_import_paths(self, request: TrialRequest) -> TrialRequest:
+        """The request with this worker's import paths (`TRIALQ_IMPORT_PATHS`), whatever the
+        message said: a sender must not choose where an allowed module is imported from."""
+        return request.model_copy(update={"search_paths": self.settings.import_paths})
+
+    def _take_slot(self) -> GpuShare | None:
+        """Wait for a trial slot; put its GPUs and budget into this process's environment
+        (the one place it is set), before anything the trial imports reads
+        `CUDA_VISIBLE_DEVICES`: the device read below, the framework, the trial's children."""
+        slot = claim_for_trial(self.slots) if self.slots is not None else None
+        share = slot.gpu if slot is not None else None
+        if share is not None:
+            os.environ.update(share.environment())
+        return share
+
+    def _run(
+        self,
+        request: TrialRequest,
+        channel: ReportChannel,
+        root: Path | str,
+        share: GpuShare | None,
+        timeout_errors: tuple[type[BaseException], ...],
+    ) -> TrialResult:
+        return run_trial(
+            request,
+            channel=channel,
+            device=TensorFlowDevice(),
+            allowed_modules=self.settings.allowed_modules,
+            timeout_errors=timeout_errors,
+            baseline=self.baseline,
+            checkpoint_root=root,
+            artifact_root=self.settings.artifact_root,
+            own_process_group=True,
+            gpu=share,
+        )
+
+
+def _stop_taking_trials() -> None:
+    """Warm-shut the worker down: its device is not clean, so no trial should go to it.
+
+    A container restart (compose's restart policy, Kubernetes) ends whatever process in it
+    still holds the device, and the new worker measures a clean baseline.
+    """
+    logger.critical("device not back to its baseline; this worker stops taking trials")
+    os.kill(os.getppid(), signal.SIGTERM)
+
+
+def _running_trial(worker: str, task_id: str, payload: dict[str, Any]) -> RunningTrial:
+    request = TrialRequest.model_validate(payload)
+    return RunningTrial(
+        worker=worker,
+        study=request.study,
+        number=request.number,
+        attempt=request.attempt,
+        task_id=task_id,
+        pid=os.getpid(),
+        started_at=time.time(),
+    )
+
+
+def _end_given_up_attempt() -> None:
+    """The driver gave up on this attempt (it re-sent it or told it lost while this process
+    was cut off): end the process and everything it started, at once."""
+    logger.warning("the driver gave up on this attempt: ending its process group")
+    process_group.kill_own_group()

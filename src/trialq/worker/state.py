@@ -1,0 +1,184 @@
+"""`WorkerState`: one worker's parent process, its state and its steps, built from the
+`Settings` it is handed (never read from the environment at import).
+
+What it holds: the settings, the GPU shares its slots give their trials, the device baseline,
+its trial slots and its heartbeat. Its steps, in the order a worker runs them: `prepare`
+(before the pool forks: the framework imported, the GPUs cut into shares, the clean device
+measured), `open_slots` (as the pool starts), `start_heartbeat` (once it consumes),
+`preempt` (SIGTERM), `stop_heartbeat` and `close_slots` (stopping). Each trial process the
+pool forks gets a `WorkerChild` of it (`child`). The Celery edge (`trialq._celery.worker`)
+calls these steps and nothing else.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import sys
+from collections.abc import Callable, Sequence
+
+import redis
+
+from trialq.errors import TrialqError, UsageError
+from trialq.settings import Settings, redacted_url
+from trialq.trial.device import TensorFlowDevice
+from trialq.trial.gpu_inventory import Nvml
+from trialq.trial.gpu_plan import GpuPlan
+from trialq.trial.gpu_share import VISIBLE, GpuShare
+from trialq.trial.prewarm import device_in_use, preload, preload_modules
+from trialq.trial.slots import TrialSlots
+from trialq.trial.telemetry import MIB, DeviceBaseline
+from trialq.trial.worker_child import WorkerChild
+from trialq.wire.heartbeat import GpuBeat, Heartbeat, WorkerBeat
+from trialq.wire.messages import TrialRequest
+from trialq.worker import preemption
+
+logger = logging.getLogger("trialq.worker")  # the name log lines show; kept when the code moved
+pool_logger = logging.getLogger("trialq.pool")
+
+
+class WorkerState:
+    """One worker's parent: its state, and the steps that start, run and stop it."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.baseline: DeviceBaseline | None = None
+        self.gpu_shares: tuple[GpuShare, ...] | None = None
+        """The shares of the worker's GPUs its slots give their trials; None before
+        `plan_gpus`, empty for a worker without `--gpus`."""
+        self.slots: TrialSlots | None = None
+        """Created by `open_slots` in the parent before the pool forks: every child
+        inherits them."""
+        self.heartbeat: Heartbeat | None = None
+
+    # Starting, before the pool forks.
+
+    def prepare(self) -> None:
+        """Import the framework (a refused import stops the worker before anything reads the
+        device), then cut the GPUs into slots, then measure the memory a clean device holds."""
+        self._show_gpu_to_trials()
+        self.preload()
+        self.plan_gpus()
+        self.measure_device_baseline()
+
+    def _show_gpu_to_trials(self) -> None:
+        """`--gpu`: the GPU every trial process sees, through the environment they inherit
+        (read by CUDA in the trial's process only; this process never initialises it)."""
+        visible = self.settings.cuda_visible_devices
+        if visible is not None and not self.settings.gpus:
+            os.environ[VISIBLE] = visible
+
+    def preload(self) -> None:
+        """Import the framework in the parent, before the pool forks (`trialq worker` did
+        already)."""
+        try:
+            preload(preload_modules(self.settings.preload))
+        except TrialqError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            raise SystemExit(exc.exit_code) from None
+
+    def plan_gpus(self) -> tuple[GpuShare, ...]:
+        """The worker's GPUs cut into its slots' shares (read from NVML once, in the parent
+        before the pool forks, and let go)."""
+        if self.gpu_shares is None:
+            self.gpu_shares = self._read_gpu_shares()
+        return self.gpu_shares
+
+    def _read_gpu_shares(self) -> tuple[GpuShare, ...]:
+        settings = self.settings
+        if not settings.gpus:
+            return ()
+        nvml = Nvml.open(settings.nvml_module)
+        if nvml is None:
+            raise UsageError(f"--gpus {settings.gpus}: no NVML here ({settings.nvml_module})")
+        plan = GpuPlan(
+            settings.trials_per_gpu, settings.gpus_per_trial, settings.gpu_memory_mb,
+            settings.gpu_context_reserve_mb,
+        )  # fmt: skip
+        with nvml:
+            return plan.shares(nvml.gpus(settings.gpus))
+
+    def measure_device_baseline(self) -> None:
+        """Before the pool forks any trial process: the memory a clean device holds. Not for
+        a worker that packs trials onto its GPUs: its neighbours' memory is there by right,
+        and each trial checks its GPUs' processes instead (`NeighbourCheck`)."""
+        if self.plan_gpus():
+            return
+        tolerance = self.settings.gpu_baseline_tolerance_mb * MIB
+        self.baseline = DeviceBaseline.measure(TensorFlowDevice(), tolerance)
+
+    # The trial slots, as the pool starts and stops.
+
+    def open_slots(self, count: int) -> TrialSlots:
+        """The worker's `count` trial slots, one GPU share each (made before the pool forks)."""
+        shares = self.gpu_shares or ()
+        if shares and len(shares) != count:
+            pool_logger.warning(
+                "%d trial slots for %d GPU shares: run `trialq worker --gpus`, which sets the "
+                "concurrency from them", count, len(shares),
+            )  # fmt: skip
+        self.slots = TrialSlots.create(count, shares)
+        return self.slots
+
+    def hand_over_slot(self) -> None:
+        """In a trial process whose result was read: let the next trial start now, unless
+        this process holds device state, which only its exit frees."""
+        if self.slots is not None and device_in_use() is None:
+            self.slots.hand_over()
+
+    def close_slots(self) -> None:
+        """Remove the slots' lock files (the worker is stopping)."""
+        if self.slots is not None:
+            self.slots.remove()
+            self.slots = None
+
+    def child(self, backend: Callable[[], redis.Redis]) -> WorkerChild:
+        """The steps of a trial process forked from this parent, with what it inherits."""
+        return WorkerChild(self.settings, backend, self.slots, self.baseline)
+
+    # Running.
+
+    def gpu_beat(self) -> GpuBeat | None:
+        """What the heartbeat says of the worker's GPUs and slots; None without `--gpus`."""
+        shares = self.plan_gpus()
+        if not shares:
+            return None
+        devices = tuple(dict.fromkeys(d for share in shares for d in share.devices))
+        first = shares[0]
+        return GpuBeat(
+            devices=devices, model=first.model or "unknown", total_bytes=first.total_bytes or 0,
+            slots=len(shares), gpus_per_slot=len(first.devices),
+            slot_budget_bytes=first.budget_bytes,
+        )  # fmt: skip
+
+    def start_heartbeat(self, name: str, queues: tuple[str, ...], concurrency: int) -> None:
+        """Beat for this worker in Redis (and its heartbeat file) until it shuts down."""
+        beat = WorkerBeat(
+            name=name,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            queues=queues,
+            gpu=self.settings.cuda_visible_devices,
+            beat_at=0.0,
+            gpus=self.gpu_beat(),
+        )
+        client = redis.Redis.from_url(self.settings.broker_url, socket_timeout=5)
+        interval, ttl = self.settings.heartbeat_interval_s, self.settings.heartbeat_ttl_s
+        self.heartbeat = Heartbeat(client, beat, interval, ttl, mark=self.settings.heartbeat_file)
+        self.heartbeat.start()
+        logger.info(
+            "worker %s ready: broker %s, queues %s, %d trial(s) at a time",
+            name, redacted_url(self.settings.broker_url), ",".join(queues), concurrency,
+        )  # fmt: skip
+
+    # Stopping.
+
+    def preempt(self, running: Sequence[tuple[TrialRequest, int]]) -> None:
+        """SIGTERM (warm shutdown): tell each running trial to save and return, at once, and
+        with `stop_grace_s` set, kill what still runs that much later (`preemption`)."""
+        preemption.preempt(self.settings.broker_url, running, self.settings.stop_grace_s)
+
+    def stop_heartbeat(self) -> None:
+        if self.heartbeat is not None:
+            self.heartbeat.stop()
