@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
 import sys
 import traceback
@@ -317,22 +316,27 @@ def _add_gpu_slot_flags(worker: argparse.ArgumentParser) -> None:
     )
 
 
-_GPU_SLOT_FLAGS = {
-    "gpus": "TRIALQ_GPUS",
-    "trials_per_gpu": "TRIALQ_TRIALS_PER_GPU",
-    "gpus_per_trial": "TRIALQ_GPUS_PER_TRIAL",
-    "gpu_memory_mb": "TRIALQ_GPU_MEMORY_MB",
-    "broker": "TRIALQ_BROKER_URL",
+_WORKER_FLAGS = {
+    "gpus": "gpus",
+    "trials_per_gpu": "trials_per_gpu",
+    "gpus_per_trial": "gpus_per_trial",
+    "gpu_memory_mb": "gpu_memory_mb",
+    "broker": "broker_url",
+    "gpu": "cuda_visible_devices",
+    "preload": "preload",
+    "spare": "spare_processes",
 }
+"""`trialq worker`'s flags and the settings each one gives."""
 
 
-def _gpu_slot_environment(args: argparse.Namespace) -> None:
-    """The GPU flags given, into the environment the worker's settings read."""
-    if args.gpu is not None and (args.gpus or os.environ.get("TRIALQ_GPUS")):
+def _worker_settings(args: argparse.Namespace) -> Settings:
+    """The environment's settings, with the flags given on top (checked as the environment's
+    are): what the worker is built from."""
+    given = {field: getattr(args, flag) for flag, field in _WORKER_FLAGS.items()}
+    settings = Settings(**{field: value for field, value in given.items() if value is not None})
+    if args.gpu is not None and settings.gpus:
         raise UsageError("trialq worker: --gpu (one GPU, one trial) and --gpus exclude each other")
-    for flag, variable in _GPU_SLOT_FLAGS.items():
-        if getattr(args, flag) is not None:
-            os.environ[variable] = str(getattr(args, flag))
+    return settings
 
 
 def _dispatch_trialq(args: argparse.Namespace, rest: list[str]) -> int:
@@ -349,19 +353,12 @@ def _dispatch_trialq(args: argparse.Namespace, rest: list[str]) -> int:
 
 def _worker(args: argparse.Namespace, rest: list[str]) -> int:
     """Start the Celery worker in this process, with the design's settings pinned."""
-    _gpu_slot_environment(args)
-    if args.gpu is not None:
-        os.environ["CUDA_VISIBLE_DEVICES"] = args.gpu  # read by the trial's process only
-    # Read by the worker module's settings, and inherited by a worker that Celery re-executes.
-    if args.preload is not None:
-        os.environ["TRIALQ_PRELOAD"] = args.preload
-    if args.spare is not None:
-        os.environ["TRIALQ_SPARE_PROCESSES"] = str(args.spare)
+    settings = _worker_settings(args)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # Celery's own warm shutdown
     from trialq._celery.launch import WorkerOptions, run_worker
 
     options = WorkerOptions(args.queue, args.concurrency, args.hostname, args.loglevel, rest)
-    return run_worker(Settings(), options)
+    return run_worker(settings, options)
 
 
 def _health(args: argparse.Namespace) -> int:

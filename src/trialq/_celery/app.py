@@ -1,7 +1,7 @@
 """The Celery app and the settings that carry the design (docs/design.md), shared by both ends.
 
 Creating an app touches no network and no GPU; the driver makes one to send tasks, the
-worker module makes the one `celery -A trialq.worker` finds.
+worker's edge (`trialq._celery.worker`) the one its worker runs.
 """
 
 from __future__ import annotations
@@ -87,5 +87,4 @@ def create_app(settings: Settings) -> Celery:
     celery_app.conf.update(celery_config(settings))
     celery_app.conf.update(_transport(settings))
     celery_app.conf.update(_tls_defaults(settings))
-    celery_app.conf.trialq_settings = settings
     return celery_app

@@ -15,14 +15,12 @@ import os
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from trialq.settings import Settings
 from trialq.trial.gpu_share import GpuShare
 from trialq.trial.prewarm import preload, preload_modules
 from trialq.wire.routing import slot_queues
-
-WORKER_APP = "trialq._celery.worker:app"
-"""The app Celery's command loads: its task and signal handlers register on import."""
 
 WITHOUT = ("--without-mingle", "--without-gossip")
 """Celery's start-up steps a trialq worker does without. Mingle asks the other workers for
@@ -67,7 +65,6 @@ def worker_argv(settings: Settings, options: WorkerOptions) -> list[str]:
 
     config = celery_config(settings)
     return [
-        "--app", WORKER_APP,
         "--quiet",  # no banner: kombu's shows `redis://:**@` for a URL with no password
         "worker",
         "--queues", ",".join(options.queues or (options.queue,)),
@@ -82,13 +79,26 @@ def worker_argv(settings: Settings, options: WorkerOptions) -> list[str]:
 
 
 def run_worker(settings: Settings, options: WorkerOptions) -> int:
-    """Preload, then run Celery's worker in this process until it stops; its exit status."""
+    """Preload, then run Celery's worker in this process, on the app built from `settings`,
+    until it stops; its exit status."""
     preload(preload_modules(settings.preload))  # refused here: one line, exit code 2
+    from trialq._celery.worker import build_worker_app
+    from trialq.worker.state import WorkerState
+
+    state = WorkerState(settings)
+    app = build_worker_app(state)
+    return run_celery(app, worker_argv(settings, options.for_slots(state.plan_gpus())))
+
+
+def run_celery(app: Any, argv: list[str]) -> int:
+    """Celery's own command on `argv`, running `app` (handed to it as Celery's `app.start`
+    does: the default of its `--app` option); its exit status, which `app.start` drops."""
     from celery.bin.celery import celery as celery_command
 
-    from trialq._celery.worker import worker  # the app, its task and signal handlers
-
-    argv = worker_argv(settings, options.for_slots(worker.plan_gpus()))
-    # `app.worker_main` drops the worker's exit status; Celery's own command returns it.
-    status = celery_command.main(args=argv, standalone_mode=False)
+    app_option = next(param for param in celery_command.params if param.name == "app")
+    app_option.default = app
+    try:
+        status = celery_command.main(args=argv, standalone_mode=False)
+    finally:
+        app_option.default = None
     return status if isinstance(status, int) else 0

@@ -9,16 +9,15 @@ to report ready. Measured here, that was 0.2 s a trial at best and 5 s at worst 
 - it keeps `spare_processes` forked, idle processes beyond its trial slots. The consumer's
   prefetch follows `num_processes`, which stays at the trial slots, so no more trials run at
   once than before; the next trial simply goes to a process that is already up.
-- every trial holds a slot lock for the whole life of its process (`claim_trial_slot`) and
-  takes it only once the previous holder's process has exited entirely, so a trial that
-  starts in a spare still waits for its predecessor: the device is clean when a trial
-  starts, and no two trials of a worker ever share a slot. A worker that owns GPUs
-  (`--gpus`) gives each slot a share of them (`GpuShare`, set on the app as
-  `trialq_gpu_shares` before the pool starts), which the slot's trials run on. A process
-  that never initialised a device hands its slot over as soon as its result is read
-  (`hand_over_trial_slot`): its exit frees nothing the next trial needs. The slots
-  themselves (`trialq.trial.slots`) know nothing of Celery; this pool creates them before it
-  forks and removes them when it stops.
+- every trial holds a slot lock for the whole life of its process and takes it only once
+  the previous holder's process has exited entirely, so a trial that starts in a spare
+  still waits for its predecessor: the device is clean when a trial starts, and no two
+  trials of a worker ever share a slot. A worker that owns GPUs (`--gpus`) gives each slot
+  a share of them (`GpuShare`), which the slot's trials run on. A process that never
+  initialised a device hands its slot over as soon as its result is read
+  (`hand_over_trial_slot`): its exit frees nothing the next trial needs. The slots are the
+  worker's (`trialq.worker.WorkerState`, which knows nothing of Celery); this pool has it
+  open them before it forks and close them when it stops.
 - it reaps an exited child as soon as the child can be reaped, not at the next 5 s timer,
   and without Celery's 10 ms wait on the reaped child's pipe.
 - it builds, once in the parent, the C parser that every new child would build for itself:
@@ -40,10 +39,9 @@ from billiard import pool as billiard_pool
 from celery.concurrency import asynpool
 from celery.concurrency.prefork import TaskPool
 
-from trialq.trial.gpu_share import GpuShare
-from trialq.trial.prewarm import device_in_use
+from trialq._celery.worker import current_room
 from trialq.trial.process_group import kill_group_of
-from trialq.trial.slots import POLL_S, TrialSlot, TrialSlots, claim_for_trial
+from trialq.trial.slots import POLL_S
 
 logger = logging.getLogger("trialq.pool")  # the name log lines show; kept when the module moved
 
@@ -52,19 +50,6 @@ _RESULT_READ_WAIT_S = 30.0
 
 _REAP_FIRST_RETRY_S = 0.002
 _REAP_LAST_RETRY_S = 0.5
-
-_slots: TrialSlots | None = None
-"""This worker's slots: set by `TrialPool` in the parent before it forks, so every child
-inherits them; process-wide because the child's task and its pool process both read them."""
-
-
-def claim_trial_slot() -> TrialSlot | None:
-    """Wait until this trial may use the device: its predecessor's process has exited; the
-    slot taken, whose GPU share the trial runs on.
-
-    A no-op outside `TrialPool` (e.g. `celery worker -P solo`), where nothing overlaps.
-    """
-    return claim_for_trial(_slots) if _slots is not None else None
 
 
 def hand_over_trial_slot() -> None:
@@ -76,8 +61,9 @@ def hand_over_trial_slot() -> None:
     the parent has read its last message. A process that never initialised a device
     holds nothing the next trial must wait for.
     """
-    if _slots is not None and device_in_use() is None:
-        _slots.hand_over()
+    room = current_room()
+    if room is not None:
+        room.hand_over_slot()
 
 
 class TrialProcess(asynpool.Worker):  # type: ignore[misc]
@@ -173,30 +159,17 @@ class TrialPool(TaskPool):  # type: ignore[misc]
     """The process that started the pool: the only one that may stop it."""
 
     def on_start(self) -> None:
-        global _slots
         warm_child_start()
         self._owner_pid = os.getpid()
+        room = current_room()
         slots = self.limit
-        _slots = TrialSlots.create(slots, self._gpu_shares(slots))
-        self.limit = slots + self._spare_processes()
+        if room is not None:
+            room.open_slots(slots)
+        self.limit = slots + (room.settings.spare_processes if room is not None else 0)
         try:
             super().on_start()
         finally:
             self.limit = slots
-
-    def _gpu_shares(self, slots: int) -> tuple[GpuShare, ...]:
-        """The worker's GPU shares, one a slot (set on the app before the pool starts)."""
-        shares: tuple[GpuShare, ...] = getattr(self.app.conf, "trialq_gpu_shares", None) or ()
-        if shares and len(shares) != slots:
-            logger.warning(
-                "%d trial slots for %d GPU shares: run `trialq worker --gpus`, which sets the "
-                "concurrency from them", slots, len(shares),
-            )  # fmt: skip
-        return shares
-
-    def _spare_processes(self) -> int:
-        settings = getattr(self.app.conf, "trialq_settings", None) if self.app else None
-        return int(getattr(settings, "spare_processes", 0))
 
     @property
     def num_processes(self) -> int:
@@ -232,7 +205,6 @@ class TrialPool(TaskPool):  # type: ignore[misc]
 
 
 def _remove_slots() -> None:
-    global _slots
-    if _slots is not None:
-        _slots.remove()
-        _slots = None
+    room = current_room()
+    if room is not None:
+        room.close_slots()

@@ -18,6 +18,3 @@ def __getattr__(name: str) -> Any:
 
         return app_from_environment()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-__all__ = ["app"]

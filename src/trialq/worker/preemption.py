@@ -26,7 +26,9 @@ from trialq.wire.messages import TrialRequest
 logger = logging.getLogger("trialq.worker")  # the name log lines show; kept when the code moved
 
 
-def preempt(broker_url: str, running: Sequence[tuple[TrialRequest, int]], grace: float | None) -> None:
+def preempt(
+    broker_url: str, running: Sequence[tuple[TrialRequest, int]], grace: float | None
+) -> None:
     """Tell each running trial (its request, its process) to stop; kill it `grace` later."""
     if not running:
         return
