@@ -57,9 +57,9 @@ def test_the_worker_command_line_carries_the_apps_design_settings() -> None:
     conf = create_app(settings).conf
     options = WorkerOptions(queue="q1", concurrency=3, hostname=None, loglevel="DEBUG", extra=["-E"])
     argv = worker_argv(settings, options)
-    flags = dict(zip(argv[4:-3:2], argv[5:-3:2], strict=True))
-    assert argv[:2] == ["--app", "trialq._celery.worker:app"] and argv[3] == "worker"
-    assert argv[2] == "--quiet", "Celery's banner names a password where there is none"
+    flags = dict(zip(argv[2:-3:2], argv[3:-3:2], strict=True))
+    assert argv[1] == "worker", "the app is handed to Celery's command, not named"
+    assert argv[0] == "--quiet", "Celery's banner names a password where there is none"
     assert flags["--max-tasks-per-child"] == str(conf.worker_max_tasks_per_child) == "1"
     assert flags["--prefetch-multiplier"] == str(conf.worker_prefetch_multiplier) == "1"
     assert flags["--queues"] == "q1" and flags["--concurrency"] == "3"

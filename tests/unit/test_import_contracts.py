@@ -19,6 +19,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "src" / "trialq"
 CELERY_EDGE = "Only trialq._celery imports celery, kombu and billiard directly"
+WORKER_ROOM = "The worker's parent never imports Celery or its edge"
 
 RUN_LINT_IMPORTS = (
     "import sys; from importlinter.cli import lint_imports_command; "
@@ -89,6 +90,22 @@ def test_the_tree_keeps_every_contract() -> None:
             "views/status.py",
             "import trialq._celery.dispatcher",
             "The views never import the Celery edge or the trial side",
+        ),
+        ("worker/state.py", "import trialq._celery.app", WORKER_ROOM),
+        (  # indirect: the worker's state imports the wire's heartbeat
+            "wire/heartbeat.py",
+            "import kombu",
+            WORKER_ROOM,
+        ),
+        (
+            "worker/preemption.py",
+            "import trialq.views.rows",
+            "The worker's parent never imports the driver, the views or optuna",
+        ),
+        (
+            "trial/slots.py",
+            "import trialq.worker.state",
+            "Trial, wire, driver and views never import the worker's parent",
         ),
         (  # indirect: the views' summary imports what counts an out-of-memory trial
             "oom_stand_ins.py",

@@ -9,8 +9,8 @@ from trial_requests import trial_request
 
 from trialq._celery.app import celery_config
 from trialq._celery.dispatcher import CeleryDispatcher
-from trialq._celery.worker import WorkerState
 from trialq.settings import Settings
+from trialq.trial.result_store import ResultStore
 from trialq.wire.keys import result_key, withdrawn_key
 
 
@@ -37,11 +37,12 @@ def test_the_setting_is_read_from_the_environment_and_a_week_by_default(
 
 
 def test_a_worker_keeps_a_trial_s_result_for_the_setting_s_time() -> None:
-    state = WorkerState(Settings(broker_url="redis://127.0.0.1:1/0", key_ttl_s=90))
-    state.result_retry_delays_s = (0.0,)
-    state._redis = RecordingRedis()  # type: ignore[assignment]
-    state.keep_result(trial_request(), "task-1", '{"outcome": "ok"}')
-    assert state._redis.expiries == {result_key("task-1"): 90}  # type: ignore[attr-defined]
+    settings = Settings(broker_url="redis://127.0.0.1:1/0", key_ttl_s=90)
+    client = RecordingRedis()
+    store = ResultStore(lambda: client, settings.key_ttl_s, settings.max_result_bytes)  # type: ignore[arg-type, return-value]
+    store.retry_delays_s = (0.0,)
+    store.keep(trial_request(), "task-1", '{"outcome": "ok"}')
+    assert client.expiries == {result_key("task-1"): 90}
 
 
 def test_the_driver_marks_a_task_withdrawn_for_the_setting_s_time(redis_url: str) -> None:

@@ -13,17 +13,28 @@ from collections.abc import Iterator
 
 import pytest
 
-from trialq._celery import pool as pool_module
-from trialq._celery.app import create_app
+from trialq._celery import worker as worker_module
 from trialq._celery.pool import TrialPool
+from trialq._celery.worker import build_worker_app
 from trialq.settings import Settings
+from trialq.worker.state import WorkerState
 
 pytestmark = pytest.mark.usefixtures("no_framework_here")  # forks from this process
 
 
 @pytest.fixture
-def started_pool() -> Iterator[TrialPool]:
-    app = create_app(Settings(spare_processes=1))
+def room(monkeypatch: pytest.MonkeyPatch) -> WorkerState:
+    """A worker's state, its app built here (and forgotten after the test)."""
+    for name in ("_room", "_child", "_app"):
+        monkeypatch.setattr(worker_module, name, None)
+    state = WorkerState(Settings(spare_processes=1, broker_url="redis://127.0.0.1:1/0"))
+    build_worker_app(state)
+    return state
+
+
+@pytest.fixture
+def started_pool(room: WorkerState) -> Iterator[TrialPool]:
+    app = worker_module._app
     pool = TrialPool(limit=1, app=app, initargs=(app, "pool-shutdown@test"))
     pool.start()
     yield pool
@@ -49,10 +60,10 @@ def _in_a_forked_child(action: str, pool: TrialPool) -> int:
 
 @pytest.mark.parametrize("action", ["stop", "terminate"])
 def test_a_pool_stopped_from_a_forked_child_is_left_to_its_parent(
-    started_pool: TrialPool, action: str
+    started_pool: TrialPool, room: WorkerState, action: str
 ) -> None:
     processes = list(started_pool._pool._pool)
-    slots = pool_module._slots
+    slots = room.slots
     assert slots is not None and len(processes) == 2  # one trial slot, one spare
 
     assert _in_a_forked_child(action, started_pool) == 0
@@ -60,4 +71,4 @@ def test_a_pool_stopped_from_a_forked_child_is_left_to_its_parent(
     assert slots.directory.is_dir(), "the child removed the worker's trial slots"
     assert all(p.exitcode is None for p in processes), "the child stopped the parent's processes"
     started_pool.stop()  # the parent, as ever
-    assert pool_module._slots is None and not slots.directory.exists()
+    assert room.slots is None and not slots.directory.exists()

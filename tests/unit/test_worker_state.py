@@ -1,10 +1,16 @@
-"""The worker's state on one object, built from the settings it is given; Celery's signals
-reach it through one handler each, which runs its steps in a stated order."""
+"""The worker's parent has a room of its own (`trialq.worker`): its state on one object built
+from the settings it is handed, no Celery in it, and a Celery edge that only calls its steps:
+a bootstep prepares it before the pool forks, one handler per signal forwards the rest. The
+trial process's result is kept by the trial wing (`trialq.trial.result_store`)."""
 
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
+import types
 import weakref
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -13,11 +19,14 @@ from celery import signals
 from trial_requests import trial_request
 
 from trialq._celery import worker as worker_module
-from trialq._celery.worker import WorkerState
+from trialq._celery.worker import WorkerStateStep, build_worker_app
 from trialq.settings import Settings
+from trialq.trial.result_store import ResultStore
 from trialq.wire.keys import result_key, results_channel
+from trialq.worker.state import WorkerState
 
 REQUEST = trial_request(study="digits", number=7, attempt=2, params={"x": 0.5})
+NOWHERE = "redis://127.0.0.1:1/0"
 
 
 class FlakyRedis:
@@ -38,16 +47,23 @@ class FlakyRedis:
         self.published.append((channel, message))
 
 
-def _state(client: FlakyRedis) -> WorkerState:
-    state = WorkerState(Settings(broker_url="redis://127.0.0.1:1/0"))
-    state.result_retry_delays_s = (0.0, 0.0, 0.0)
-    state._redis = client  # type: ignore[assignment]
-    return state
+@pytest.fixture
+def fresh_edge(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The Celery edge's worker, as this test leaves it, not kept for the next test."""
+    for name in ("_room", "_child", "_app"):
+        monkeypatch.setattr(worker_module, name, None)
+    yield
+
+
+def _store(client: FlakyRedis) -> ResultStore:
+    store = ResultStore(lambda: client, key_ttl_s=60, max_result_bytes=1000)  # type: ignore[arg-type, return-value]
+    store.retry_delays_s = (0.0, 0.0, 0.0)
+    return store
 
 
 def test_a_result_is_stored_once_redis_is_back(caplog: pytest.LogCaptureFixture) -> None:
     client = FlakyRedis(failures=2)
-    _state(client).keep_result(REQUEST, "task-1", '{"outcome": "ok"}')
+    _store(client).keep(REQUEST, "task-1", '{"outcome": "ok"}')
     assert client.stored == {result_key("task-1"): '{"outcome": "ok"}'}
     assert client.published == [(results_channel("digits"), "task-1")], "a driver waits on it"
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
@@ -58,7 +74,7 @@ def test_giving_up_on_a_result_is_an_error_naming_the_trial_and_why(
 ) -> None:
     client = FlakyRedis(failures=3)
     with caplog.at_level(logging.ERROR, logger="trialq.worker"):
-        _state(client).keep_result(REQUEST, "task-1", '{"outcome": "ok"}')
+        _store(client).keep(REQUEST, "task-1", '{"outcome": "ok"}')
     assert client.stored == {}
     assert client.published == [], "nothing stored, nothing announced"
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
@@ -68,31 +84,84 @@ def test_giving_up_on_a_result_is_an_error_naming_the_trial_and_why(
         assert part in line, line
 
 
-def test_the_state_is_built_from_the_settings_it_is_given() -> None:
+def test_the_state_is_built_from_the_settings_it_is_given(fresh_edge: None) -> None:
     settings = Settings(broker_url="redis://127.0.0.1:1/3", cuda_visible_devices="1")
     state = WorkerState(settings)
     assert state.settings is settings
-    assert state.app.conf.broker_url == "redis://127.0.0.1:1/3"
-    assert state.baseline is None and state.heartbeat is None
+    assert state.baseline is None and state.heartbeat is None and state.slots is None
+    app = build_worker_app(state)
+    assert app.conf.broker_url == "redis://127.0.0.1:1/3", "the app is the state's settings'"
+    assert worker_module.room() is state
+    child = worker_module.child()
+    assert child.settings is settings and child.results.key_ttl_s == settings.key_ttl_s
 
 
-def test_one_handler_per_signal_runs_the_worker_s_steps_in_order(
-    monkeypatch: pytest.MonkeyPatch,
+def test_the_worker_room_imports_no_celery_and_builds_nothing_at_import() -> None:
+    """Importing the room reads no settings and starts no Celery; `celery -A trialq.worker`
+    still finds the app, built then."""
+    code = (
+        "import sys, trialq.worker, trialq.worker.state\n"
+        "assert 'celery' not in sys.modules, 'the room imported Celery'\n"
+        "from celery.app.utils import find_app\n"
+        "app = find_app('trialq.worker')\n"
+        "assert 'trialq.run_trial' in app.tasks, sorted(app.tasks)\n"
+        "assert find_app('trialq.worker') is app, 'built once'\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+
+
+def test_the_bootstep_prepares_the_state_before_the_pool_forks(
+    fresh_edge: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    state = WorkerState(Settings(broker_url=NOWHERE))
+    app = build_worker_app(state)
+    assert WorkerStateStep in app.steps["worker"], "registered on the worker's blueprint"
+    assert "celery.worker.components:Pool" in WorkerStateStep.requires, "the pool exists first"
     steps: list[str] = []
-    for name in ("preload", "measure_device_baseline", "start_heartbeat"):
-        monkeypatch.setattr(worker_module.worker, name, lambda *_a, _n=name, **_k: steps.append(_n))
+    for name in ("preload", "plan_gpus", "measure_device_baseline"):
+        monkeypatch.setattr(state, name, lambda *_a, _n=name, **_k: steps.append(_n))
+    WorkerStateStep(types.SimpleNamespace()).create(types.SimpleNamespace())
+    assert steps == ["preload", "plan_gpus", "measure_device_baseline"]
+
+
+def test_worker_ready_freezes_then_starts_the_heartbeat(
+    fresh_edge: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    state = WorkerState(Settings(broker_url=NOWHERE))
+    build_worker_app(state)
+    steps: list[Any] = []
     monkeypatch.setattr(worker_module, "_freeze_started_worker", lambda: steps.append("freeze"))
-    signals.worker_init.send(sender=None)
-    signals.worker_ready.send(sender=None)
-    assert steps == ["preload", "measure_device_baseline", "freeze", "start_heartbeat"]
+    monkeypatch.setattr(state, "start_heartbeat", lambda *args: steps.append(args))
+    consumer = _Consumer(
+        hostname="w@h",
+        app=types.SimpleNamespace(
+            amqp=types.SimpleNamespace(queues=types.SimpleNamespace(consume_from={"b": 1, "a": 2}))
+        ),
+        pool=types.SimpleNamespace(num_processes=3),
+    )
+    signals.worker_ready.send(sender=consumer)
+    assert steps == ["freeze", ("w@h", ("a", "b"), 3)]
+
+
+class _Consumer(types.SimpleNamespace):
+    """What worker_ready's sender (Celery's consumer) is read for; hashable, as a sender."""
+
+    __hash__ = object.__hash__
+
+
+def test_signals_without_a_worker_built_here_do_nothing(fresh_edge: None) -> None:
+    """A test's own pool forks in a process that built no worker: nothing to forward to."""
+    signals.worker_process_init.send(sender=None)
+    signals.worker_shutting_down.send(sender="w@h", how="Warm")
+    signals.worker_shutdown.send(sender=None)
+    assert worker_module._child is None
 
 
 @pytest.mark.parametrize(
     "signal",
     [
         signals.after_setup_logger,
-        signals.worker_init,
         signals.worker_before_create_process,
         signals.worker_process_init,
         signals.worker_ready,
@@ -106,9 +175,10 @@ def test_trialq_connects_one_handler_to_each_signal(signal: Any) -> None:
     ours = [
         receiver
         for _key, receiver in signal.receivers
-        if getattr(_live(receiver), "__module__", "") == worker_module.__name__
+        if getattr(_live(receiver), "__module__", "").startswith("trialq.")
     ]
     assert len(ours) == 1, ours
+    assert _live(ours[0]).__module__ == worker_module.__name__, "only the Celery edge connects"
 
 
 def _live(receiver: Any) -> Any:
