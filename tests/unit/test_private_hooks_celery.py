@@ -549,3 +549,29 @@ def test_a_malformed_entry_is_set_aside_by_a_real_kombu_channel(redis_url: str) 
     assert received == [{"ok": 1}], hook.gone(f"the real message after them: {received!r}")
     aside = client.lrange("trialq:poison:hooks", 0, -1)
     assert sorted(aside) == [b"[1]", b"not json"], hook.gone(f"set aside: {aside!r}")
+
+
+APP_OPTION = Hook(
+    "celery.bin.celery.celery's `--app` option (name 'app', type click.UNPROCESSED), whose "
+    "default may be a Celery app object, as Celery's own `app.start` sets it",
+    "src/trialq/_celery/launch.py (run_celery)",
+    "`trialq worker` cannot hand Celery's command the app built from its settings: it stops "
+    "at its start",
+)
+
+
+def test_celery_s_command_takes_an_app_object_as_its_app_option_s_default() -> None:
+    import click
+    from celery import Celery
+    from celery.bin.celery import celery as celery_command
+
+    from trialq._celery.launch import run_celery
+
+    options = [param for param in celery_command.params if param.name == "app"]
+    assert len(options) == 1, APP_OPTION.gone("no single option named 'app'")
+    assert options[0].type is click.UNPROCESSED, APP_OPTION.gone(
+        f"its type is {options[0].type!r}: an app object would be turned into its str"
+    )
+    app = Celery("hook-check", broker="memory://", set_as_current=False)
+    assert run_celery(app, ["inspect", "--help"]) == 0, APP_OPTION.gone("the command failed")
+    assert options[0].default is None, "the default is put back"
