@@ -184,3 +184,34 @@ def test_trialq_connects_one_handler_to_each_signal(signal: Any) -> None:
 def _live(receiver: Any) -> Any:
     """The function Celery keeps a (weak) reference to."""
     return receiver() if isinstance(receiver, weakref.ReferenceType) else receiver
+
+
+def test_trialq_worker_s_flags_become_its_settings_not_environment_variables(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    """The flags go on top of the environment's settings, checked as those are (a password
+    file still reaches the broker given by flag), and no variable is written for them."""
+    import os
+
+    from trialq.cli import _trialq_parser, _worker_settings
+    from trialq.errors import UsageError
+
+    (tmp_path / "secret").write_text("s3cret\n")
+    monkeypatch.setenv("TRIALQ_BROKER_PASSWORD_FILE", str(tmp_path / "secret"))
+    monkeypatch.delenv("TRIALQ_GPUS", raising=False)
+    before = dict(os.environ)
+    args, _rest = _trialq_parser().parse_known_args(
+        ["worker", "--gpus", "all", "--trials-per-gpu", "2", "--gpu-memory-mb", "900",
+         "--preload", "none", "--spare", "0", "--broker", "redis://h:6379/2"]
+    )  # fmt: skip
+    settings = _worker_settings(args)
+    assert dict(os.environ) == before, "the worker's flags were written to the environment"
+    assert (settings.gpus, settings.trials_per_gpu, settings.gpu_memory_mb) == ("all", 2, 900)
+    assert (settings.preload, settings.spare_processes) == ("none", 0)
+    assert settings.broker_url == "redis://:s3cret@h:6379/2"
+
+    one_gpu, _ = _trialq_parser().parse_known_args(["worker", "--gpu", "1"])
+    assert _worker_settings(one_gpu).cuda_visible_devices == "1"
+    monkeypatch.setenv("TRIALQ_GPUS", "all")
+    with pytest.raises(UsageError, match=r"--gpu .* and --gpus exclude each other"):
+        _worker_settings(one_gpu)
