@@ -244,6 +244,28 @@ def _trialq_parser() -> _Parser:
     parser = _Parser(prog="trialq", description="trialq workers, status, reports and health.")
     _add_version(parser)
     commands = parser.add_subparsers(dest="command", required=True)
+    _add_worker_parser(commands)
+    status = commands.add_parser("status", help="a study's trials and the live workers")
+    status.add_argument("study", help=STUDY_ARGUMENT_HELP)
+    status.add_argument(
+        "--storage", help="Optuna storage URL (default: the spec's, else TRIALQ_STORAGE)"
+    )
+    status.add_argument("--broker", help="broker URL, for live workers")
+    status.add_argument("--json", action="store_true")
+    report = commands.add_parser("report", help="a study's plots and an offline HTML page")
+    report.add_argument("study", help=STUDY_ARGUMENT_HELP)
+    report.add_argument("--out", type=Path, required=True, help="folder for index.html, PNGs")
+    report.add_argument(
+        "--storage", help="Optuna storage URL (default: the spec's, else TRIALQ_STORAGE)"
+    )
+    health = commands.add_parser("health", help="exit 0 if a worker on this host beats")
+    health.add_argument("--max-age", type=float, help="seconds since the last beat")
+    health.add_argument("--broker", help="broker URL (default: TRIALQ_BROKER_URL)")
+    return parser
+
+
+def _add_worker_parser(commands: Any) -> None:
+    """`trialq worker` and its flags."""
     worker = commands.add_parser(
         "worker",
         help="run a Celery worker: one trial per process",
@@ -278,23 +300,6 @@ def _trialq_parser() -> _Parser:
         help="idle processes kept forked beyond the trial slots (default: "
         "TRIALQ_SPARE_PROCESSES, else 1)",
     )
-    status = commands.add_parser("status", help="a study's trials and the live workers")
-    status.add_argument("study", help=STUDY_ARGUMENT_HELP)
-    status.add_argument(
-        "--storage", help="Optuna storage URL (default: the spec's, else TRIALQ_STORAGE)"
-    )
-    status.add_argument("--broker", help="broker URL, for live workers")
-    status.add_argument("--json", action="store_true")
-    report = commands.add_parser("report", help="a study's plots and an offline HTML page")
-    report.add_argument("study", help=STUDY_ARGUMENT_HELP)
-    report.add_argument("--out", type=Path, required=True, help="folder for index.html, PNGs")
-    report.add_argument(
-        "--storage", help="Optuna storage URL (default: the spec's, else TRIALQ_STORAGE)"
-    )
-    health = commands.add_parser("health", help="exit 0 if a worker on this host beats")
-    health.add_argument("--max-age", type=float, help="seconds since the last beat")
-    health.add_argument("--broker", help="broker URL (default: TRIALQ_BROKER_URL)")
-    return parser
 
 
 def _add_gpu_slot_flags(worker: argparse.ArgumentParser) -> None:

@@ -6,10 +6,12 @@ is what keeps that trial waiting until its predecessor's process has exited enti
 device is clean when it starts and no two trials of a worker ever share it.
 
 The protocol is a lock file per slot, created by the worker's parent before it forks and held
-by a trial process for its whole life. No Celery here: the pool (`trialq._celery.pool`) only
-creates, hands over and removes the slots. A slot is a small value (`TrialSlot`): what it gives
-its trial, a share of the worker's GPUs (`GpuShare`: which GPUs, the memory budget on each),
-rides on it, so whichever process claims the slot runs its trial on that share.
+by a trial process for its whole life. No Celery here: the worker's parent
+(`trialq.worker.WorkerState`) opens them as its pool starts and removes them as it stops, and
+each trial process claims one (`trialq.trial.worker_child`). A slot is a small value
+(`TrialSlot`): what it gives its trial, a share of the worker's GPUs (`GpuShare`: which GPUs,
+the memory budget on each), rides on it, so whichever process claims the slot runs its trial
+on that share.
 """
 
 from __future__ import annotations
