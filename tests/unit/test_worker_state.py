@@ -92,6 +92,9 @@ def test_the_state_is_built_from_the_settings_it_is_given(fresh_edge: None) -> N
     app = build_worker_app(state)
     assert app.conf.broker_url == "redis://127.0.0.1:1/3", "the app is the state's settings'"
     assert worker_module.room() is state
+    import trialq.worker
+
+    assert trialq.worker.app is app, "`celery -A trialq.worker` names the app built here"
     child = worker_module.child()
     assert child.settings is settings and child.results.key_ttl_s == settings.key_ttl_s
 

@@ -17,7 +17,6 @@ states, so nothing depends on the order Celery connects handlers in.
 
 from __future__ import annotations
 
-import functools
 import gc
 import logging
 from typing import Any
@@ -78,11 +77,11 @@ def build_worker_app(state: WorkerState) -> Celery:
     return app
 
 
-@functools.cache
 def app_from_environment() -> Celery:
-    """The app `celery -A trialq.worker worker` runs: its settings read from the environment
-    once, here, when Celery first asks for it (never at an import)."""
-    return build_worker_app(WorkerState(Settings()))
+    """The app `celery -A trialq.worker worker` runs: the one this process built already
+    (`trialq worker`), else one built now, its settings read from the environment once, here,
+    when Celery first asks for it (never at an import)."""
+    return _app if _app is not None else build_worker_app(WorkerState(Settings()))
 
 
 def _run_trial_task(self: Any, payload: dict[str, Any]) -> dict[str, Any]:
