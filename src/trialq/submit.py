@@ -22,7 +22,7 @@ from trialq.driver.drift import check_spec_against_study
 from trialq.driver.ledger import budget_for
 from trialq.driver.loop import DriverOptions, StudyDriver
 from trialq.driver.progress import NoProgress, ProgressSink, RichProgress
-from trialq.driver.search_space import load_search_space
+from trialq.driver.search_space import DefineSpace, load_search_space
 from trialq.driver.spec import StudySpec, load_spec
 from trialq.driver.study import open_study, storage_url
 from trialq.driver.study_lock import holding_study, holding_study_file
@@ -52,36 +52,16 @@ def submit_study(
     reached: `budget_overrides` set `trialq.driver.budget.Budget` fields for this run) and
     return the summary."""
     spec = load_spec(spec_path)
-    if (budget_overrides or {}).get("goal") is not None and len(
-        spec.study.objective_directions
-    ) > 1:
-        raise UsageError(
-            "submit-study: --goal: a study with several objectives has no one best value"
-        )
-    define_space = load_search_space(spec)  # runs the user's module: once, before the study
-    _check_time_limits(spec, settings)
-    if local_workers is None:
-        CeleryDispatcher(settings).check_reachable()  # before the study is created
-        check_a_worker_fits(spec, settings.broker_url)
+    define_space = _checked_before_the_study(spec, settings, local_workers, budget_overrides)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     url = storage_url(spec, storage_override, settings.storage)
     target = n_trials or spec.study.n_trials
+    outage_limit = outage_limit_s or spec.study.outage_limit_s
     with ExitStack() as stack:
-        cluster = None
-        if local_workers is not None:
-            # Started first: the workers import and beat while the study is opened.
-            cluster = LocalCluster(
-                local_workers,
-                spec.trial.queue,
-                local_allow_list(spec),
-                extra_env={**local_folders(spec, settings), **local_preload(spec)},
-                log_dir=local_logs(spec),
-                log_level="DEBUG" if verbose else "INFO",
-            )
-            stack.callback(cluster.stop)
-            cluster.start()
+        # Started first: the workers import and beat while the study is opened.
+        cluster = _start_local_cluster(stack, spec, settings, local_workers, verbose)
         stack.enter_context(holding_study_file(url, spec.study.name))  # SQLite: before opening
-        study = open_study(spec, url, retry_for_s=outage_limit_s or spec.study.outage_limit_s)
+        study = open_study(spec, url, retry_for_s=outage_limit)
         study_lock = stack.enter_context(holding_study(study))  # before anything is written
         for note in check_spec_against_study(spec, study):
             _say(f"note: {note}")
@@ -89,31 +69,19 @@ def submit_study(
         if not _announce_progress(study, target):
             return study_summary(study)
         if cluster is not None:
-            # The first worker to beat is enough: trials wait in the queue for the others.
-            cluster.wait_for_workers(1)
-            stack.callback(_say, f"workers' logs: {cluster.log_dir}")
-            settings = settings.model_copy(
-                update={"broker_url": cluster.broker_url, "result_backend": cluster.broker_url}
-            )
-            check_a_worker_fits(spec, cluster.broker_url)
+            settings = _use_local_cluster(stack, cluster, spec, settings)
         spec = routed(spec)  # from here, the queue is the trial's GPU class's
         study.set_user_attr(
-            BROKER_ATTR, "local" if local_workers is not None else redacted_url(settings.broker_url)
+            BROKER_ATTR, "local" if cluster is not None else redacted_url(settings.broker_url)
         )
         dispatcher = CeleryDispatcher(settings)
         progress: ProgressSink = NoProgress(show_failures=True)
         if show_progress:
             progress = stack.enter_context(RichProgress(spec.study.name, target))
-        workers = local_workers or dispatcher.live_worker_count(spec.trial.queue)
-        if workers == 0:
-            print(
-                f"warning: no live worker consumes queue {spec.trial.queue!r} yet; "
-                "trials wait in the queue until one starts",
-                file=sys.stderr,
-            )
+        workers = local_workers or _live_workers(dispatcher, spec)
         options = DriverOptions(
             max_in_flight=spec.study.max_in_flight or max(1, workers),
-            outage_limit_s=outage_limit_s or spec.study.outage_limit_s,
+            outage_limit_s=outage_limit,
         )
         budget = replace(budget_for(spec, target), **(budget_overrides or {}))
         driver = StudyDriver(
@@ -124,6 +92,76 @@ def submit_study(
         _say(driver.stop.line)
     stopped_by = driver.stop.budget if driver.stop is not None else "n_trials"
     return {**study_summary(study), "stopped_by": stopped_by, "budgets": driver.usage()}
+
+
+def _checked_before_the_study(
+    spec: StudySpec,
+    settings: Settings,
+    local_workers: int | None,
+    budget_overrides: Mapping[str, Any] | None,
+) -> DefineSpace | None:
+    """Everything refused before the study is created or opened; the spec's define-by-run
+    space, whose module this imports (once, before the study)."""
+    if (budget_overrides or {}).get("goal") is not None and len(
+        spec.study.objective_directions
+    ) > 1:
+        raise UsageError(
+            "submit-study: --goal: a study with several objectives has no one best value"
+        )
+    define_space = load_search_space(spec)
+    _check_time_limits(spec, settings)
+    if local_workers is None:
+        CeleryDispatcher(settings).check_reachable()
+        check_a_worker_fits(spec, settings.broker_url)
+    return define_space
+
+
+def _start_local_cluster(
+    stack: ExitStack,
+    spec: StudySpec,
+    settings: Settings,
+    local_workers: int | None,
+    verbose: bool,
+) -> LocalCluster | None:
+    """`--local`'s embedded Redis and workers, stopped when `stack` closes; None without it."""
+    if local_workers is None:
+        return None
+    cluster = LocalCluster(
+        local_workers,
+        spec.trial.queue,
+        local_allow_list(spec),
+        extra_env={**local_folders(spec, settings), **local_preload(spec)},
+        log_dir=local_logs(spec),
+        log_level="DEBUG" if verbose else "INFO",
+    )
+    stack.callback(cluster.stop)
+    cluster.start()
+    return cluster
+
+
+def _use_local_cluster(
+    stack: ExitStack, cluster: LocalCluster, spec: StudySpec, settings: Settings
+) -> Settings:
+    """The settings that reach `cluster`'s Redis, once its first worker beats: trials wait in
+    the queue for the others."""
+    cluster.wait_for_workers(1)
+    stack.callback(_say, f"workers' logs: {cluster.log_dir}")
+    check_a_worker_fits(spec, cluster.broker_url)
+    return settings.model_copy(
+        update={"broker_url": cluster.broker_url, "result_backend": cluster.broker_url}
+    )
+
+
+def _live_workers(dispatcher: CeleryDispatcher, spec: StudySpec) -> int:
+    """The live workers on the trial's queue, warning when there are none yet."""
+    workers = dispatcher.live_worker_count(spec.trial.queue)
+    if workers == 0:
+        print(
+            f"warning: no live worker consumes queue {spec.trial.queue!r} yet; "
+            "trials wait in the queue until one starts",
+            file=sys.stderr,
+        )
+    return workers
 
 
 def routed(spec: StudySpec) -> StudySpec:

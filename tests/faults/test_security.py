@@ -4,6 +4,7 @@ secret in any output."""
 from __future__ import annotations
 
 import subprocess
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -171,9 +172,18 @@ def quadratic(params, trial):
 
 
 def _run_quadratic(redis_url: str, search_paths: tuple[str, ...] = ()) -> dict[str, float]:
-    dispatcher = CeleryDispatcher(Settings(broker_url=redis_url))
-    request = trial_request(search_paths=search_paths, params={"x": 2.0})
-    task_id = dispatcher.submit(request, "gpu")
+    """Run `trials:quadratic`; a message naming `search_paths` (a field a sender may add,
+    as drivers before the wire dropped it did) is sent as a plain Celery client would."""
+    settings = Settings(broker_url=redis_url)
+    dispatcher = CeleryDispatcher(settings)
+    request = trial_request(params={"x": 2.0})
+    if search_paths:
+        payload = {**request.model_dump(mode="json"), "search_paths": list(search_paths)}
+        task_id = str(uuid.uuid4())
+        app = Celery(broker=redis_url, backend=redis_url)
+        app.send_task("trialq.run_trial", args=[payload], task_id=task_id, queue="gpu")
+    else:
+        task_id = dispatcher.submit(request, "gpu")
 
     def finished() -> TaskStatus | None:
         status = dispatcher.statuses([task_id])[task_id]

@@ -97,9 +97,7 @@ class CeleryDispatcher:
         """Celery's task metas live in the broker's Redis: one round trip reads them with
         trialq's own results."""
         self._key_ttl_s = settings.key_ttl_s
-        self._studies: set[str] = set()
-        """The studies this dispatcher sent trials of: it listens for their results."""
-        self._results: redis.client.PubSub | None = None
+        self._announcements = ResultAnnouncements(self._broker)
         self._pending_ids_script = self._broker.register_script(_PENDING_IDS_LUA)
 
     def check_reachable(self) -> None:
@@ -112,7 +110,7 @@ class CeleryDispatcher:
     def submit(self, request: TrialRequest, queue: str, task_id: str | None = None) -> str:
         """Publish the request on the queue with its soft and hard time limits."""
         task_id = task_id or str(uuid.uuid4())
-        self._listen(request.study)  # before the trial is sent: its result is not missed
+        self._announcements.listen(request.study)  # before the send: none is missed
         try:
             self._app.send_task(
                 TASK_NAME,
@@ -240,8 +238,23 @@ class CeleryDispatcher:
         return sum(queue in beat.queues for beat in beats)
 
     def wait_for_results(self, timeout_s: float) -> bool:
-        """Wait for a trial of a study sent through here to announce its stored result
-        (`keys.results_channel`), or `timeout_s`. Without a subscription (nothing sent yet,
+        """Wait for a trial of a study sent through here to announce its stored result, or
+        `timeout_s` (`ResultAnnouncements.wait`)."""
+        return self._announcements.wait(timeout_s)
+
+
+class ResultAnnouncements:
+    """The driver's subscription to its studies' results channels (`keys.results_channel`):
+    its pause between passes ends when a trial's result is stored, not at a fixed tick."""
+
+    def __init__(self, broker: redis.Redis) -> None:
+        self._broker = broker
+        self._studies: set[str] = set()
+        """The studies trials were sent for: their channels are listened to."""
+        self._results: redis.client.PubSub | None = None
+
+    def wait(self, timeout_s: float) -> bool:
+        """Wait for an announcement, or `timeout_s`. Without a subscription (nothing sent yet,
         or Redis away) this is a plain sleep: the driver's next pass asks Redis itself."""
         deadline = time.monotonic() + timeout_s
         try:
@@ -253,7 +266,7 @@ class CeleryDispatcher:
         time.sleep(max(0.0, deadline - time.monotonic()))
         return False
 
-    def _listen(self, study: str) -> None:
+    def listen(self, study: str) -> None:
         """Subscribe to the study's results channel, once (best effort: without it the
         driver's pause is a sleep)."""
         if study in self._studies:

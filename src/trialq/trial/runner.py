@@ -14,6 +14,7 @@ import sys
 import time
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,12 +37,23 @@ from trialq.wire.messages import Outcome, TrialRequest, TrialResult
 _log = logging.getLogger("trialq.runner")  # the name log lines show; kept when the module moved
 
 
+@dataclass(frozen=True)
+class Importable:
+    """Where this worker lets an entrypoint come from: the modules it allows
+    (`TRIALQ_ALLOWED_MODULES`) and the folders it imports them from (`TRIALQ_IMPORT_PATHS`),
+    the worker's own settings, never a message's."""
+
+    allowed_modules: tuple[str, ...]
+    import_paths: tuple[str, ...] = ()
+
+
 def run_trial(
     request: TrialRequest,
     *,
     channel: ReportChannel | None,
     device: Device,
     allowed_modules: tuple[str, ...],
+    import_paths: tuple[str, ...] = (),
     timeout_errors: tuple[type[BaseException], ...] = (),
     baseline: DeviceBaseline | None = None,
     checkpoint_root: Path | str | None = None,
@@ -65,6 +77,7 @@ def run_trial(
     (`trialq.trial.frameworks`): its settings before the import, its cap before the first op.
     """
     share = _gpu_share(gpu)
+    importable = Importable(allowed_modules, import_paths)
     group = process_group.own_group() if own_process_group else nullcontext()
     with logs.trial_context(request), group:
         _log.info("trial started entrypoint=%s", request.entrypoint)
@@ -76,7 +89,7 @@ def run_trial(
                 used = folder if ckpt is not None else None  # None: the trial runs without
                 save = _save_quietly(used) if used is not None else None
                 result = _attempt(
-                    request, channel, device, allowed_modules, timeout_errors, ckpt, saver, save,
+                    request, channel, device, importable, timeout_errors, ckpt, saver, save,
                     share,
                 )  # fmt: skip
                 if used is not None:
@@ -91,7 +104,7 @@ def _attempt(
     request: TrialRequest,
     channel: ReportChannel | None,
     device: Device,
-    allowed_modules: tuple[str, ...],
+    importable: Importable,
     timeout_errors: tuple[type[BaseException], ...],
     checkpoint_dir: Path | None = None,
     artifact_saver: Saver | None = None,
@@ -108,7 +121,7 @@ def _attempt(
     try:
         with Sampler(device) as sampler, _memory_cap(request, address, channel):
             outcome, metrics, error = _outcome(
-                request, context, device, allowed_modules, timeout_errors, framework
+                request, context, device, importable, timeout_errors, framework
             )
     finally:
         _flush(reports, timeout_errors)
@@ -142,13 +155,13 @@ def _outcome(
     request: TrialRequest,
     context: TrialContext,
     device: Device,
-    allowed_modules: tuple[str, ...],
+    importable: Importable,
     timeout_errors: tuple[type[BaseException], ...],
     framework: FrameworkSession,
 ) -> tuple[Outcome, dict[str, float], str | None]:
     """Every way the entrypoint can end, as (outcome, metrics, error)."""
     try:
-        metrics = _call_entrypoint(request, context, device, allowed_modules, framework)
+        metrics = _call_entrypoint(request, context, device, importable, framework)
     except TrialPruned:
         return Outcome.PRUNED, {}, None
     except timeout_errors:
@@ -245,18 +258,19 @@ def _call_entrypoint(
     request: TrialRequest,
     context: TrialContext,
     device: Device,
-    allowed_modules: tuple[str, ...],
+    importable: Importable,
     framework: FrameworkSession,
 ) -> dict[str, float]:
     """Allowed, then: the framework's environment, the import, its cap, the call."""
     entrypoint = request.entrypoint
+    allowed_modules = importable.allowed_modules
     if not entrypoint.is_allowed(allowed_modules):
         raise EntrypointRefused(
             f"entrypoint {entrypoint} is not in this worker's allowed modules "
             f"({', '.join(allowed_modules) or 'none'}); set TRIALQ_ALLOWED_MODULES"
         )
     device.prepare()
-    with importable_from(*(Path(p) for p in request.search_paths)):
+    with importable_from(*(Path(p) for p in importable.import_paths)):
         framework.before_import(entrypoint.source(Path.cwd()))
         before = set(sys.modules)
         train = _load(entrypoint)

@@ -122,11 +122,11 @@ class WorkerChild:
     ) -> dict[str, Any] | None:
         """Run one trial attempt and return its `TrialResult` as JSON (stored first); None
         for one not run: withdrawn by the driver, or a redelivery of one that ended."""
-        request = self.own_import_paths(TrialRequest.model_validate(payload))
+        request = TrialRequest.model_validate(payload)
         if self.redis().exists(withdrawn_key(task_id), result_key(task_id)):
             return None
         share = self._take_slot()
-        channel = ReportChannel(self.redis())
+        channel = ReportChannel(self.redis(), self.settings.key_ttl_s)
         root = self.settings.checkpoint_root or checkpoints.default_root()
         limits = GpuLimits(
             self.settings.nvml_module, self.settings.gpu_baseline_tolerance_mb,
@@ -144,11 +144,6 @@ class WorkerChild:
         if result.device_refused:
             _stop_taking_trials()
         return json.loads(message)  # type: ignore[no-any-return]
-
-    def own_import_paths(self, request: TrialRequest) -> TrialRequest:
-        """The request with this worker's import paths (`TRIALQ_IMPORT_PATHS`), whatever the
-        message said: a sender must not choose where an allowed module is imported from."""
-        return request.model_copy(update={"search_paths": self.settings.import_paths})
 
     def _take_slot(self) -> GpuShare | None:
         """Wait for a trial slot; put its GPUs and budget into this process's environment
@@ -173,6 +168,7 @@ class WorkerChild:
             channel=channel,
             device=TensorFlowDevice(),
             allowed_modules=self.settings.allowed_modules,
+            import_paths=self.settings.import_paths,  # the worker's own, never a message's
             timeout_errors=timeout_errors,
             baseline=self.baseline,
             checkpoint_root=root,

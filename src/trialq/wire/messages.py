@@ -97,10 +97,6 @@ class TrialRequest(_Message):
     None only in a request from an older driver, which sent the limit beside the request: no
     hard limit but the worker's own then."""
     memory_limit_mb: int = Field(default=0, ge=0)
-    search_paths: tuple[str, ...] = ()
-    """Ignored from the wire: a worker replaces it with its own `TRIALQ_IMPORT_PATHS` before
-    the trial runs, so no message chooses where an allowed module is imported from (issue
-    26.7). Kept so that requests of drivers that still send it validate as before."""
     checkpoint_key: str | None = Field(default=None, pattern=CHECKPOINT_KEY_PATTERN)
     """Where, under the worker's checkpoint root, this trial's `checkpoint_dir` is: the same
     for every attempt of the trial, and for no other trial (a random token per trial)."""

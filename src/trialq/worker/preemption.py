@@ -27,20 +27,23 @@ logger = logging.getLogger("trialq.worker")  # the name log lines show; kept whe
 
 
 def preempt(
-    broker_url: str, running: Sequence[tuple[TrialRequest, int]], grace: float | None
+    broker_url: str,
+    running: Sequence[tuple[TrialRequest, int]],
+    grace: float | None,
+    key_ttl_s: int,
 ) -> None:
     """Tell each running trial (its request, its process) to stop; kill it `grace` later."""
     if not running:
         return
-    send_stop_notices(broker_url, [request for request, _pid in running])
+    send_stop_notices(broker_url, [request for request, _pid in running], key_ttl_s)
     kill_later([pid for _request, pid in running], grace)
 
 
-def send_stop_notices(broker_url: str, requests: Sequence[TrialRequest]) -> None:
+def send_stop_notices(broker_url: str, requests: Sequence[TrialRequest], key_ttl_s: int) -> None:
     """Set each attempt's stop flag; a Redis that refuses leaves them running until killed."""
     try:
         client = redis.Redis.from_url(broker_url, socket_timeout=5)
-        channel = ReportChannel(client)
+        channel = ReportChannel(client, key_ttl_s)
         for request in requests:
             channel.request_stop(TrialAddress(request.study, request.number, request.attempt))
     except redis.RedisError as exc:

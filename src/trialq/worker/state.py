@@ -177,7 +177,9 @@ class WorkerState:
     def preempt(self, running: Sequence[tuple[TrialRequest, int]]) -> None:
         """SIGTERM (warm shutdown): tell each running trial to save and return, at once, and
         with `stop_grace_s` set, kill what still runs that much later (`preemption`)."""
-        preemption.preempt(self.settings.broker_url, running, self.settings.stop_grace_s)
+        preemption.preempt(
+            self.settings.broker_url, running, self.settings.stop_grace_s, self.settings.key_ttl_s
+        )
 
     def stop_heartbeat(self) -> None:
         if self.heartbeat is not None:

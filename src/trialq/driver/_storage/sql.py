@@ -268,12 +268,21 @@ def _write_rows(connection: sqlalchemy.Connection, batch: Mapping[int, TrialWrit
             for key, value in getattr(writes, attr).items()
         ]
         _upsert(connection, model, rows, key="key")
-    intermediate = models.TrialIntermediateValueModel
-    reports = []
+    _upsert(connection, models.TrialIntermediateValueModel, _report_rows(batch), key="step")
+    values = _value_rows(batch)
+    _insert(connection, models.TrialValueModel, values)  # with the finishing state, once
+
+
+def _report_rows(batch: Mapping[int, TrialWrites]) -> list[dict[str, Any]]:
+    """The batch's intermediate values as `trial_intermediate_values` rows."""
+    from optuna.storages._rdb import models
+
+    to_stored = models.TrialIntermediateValueModel.intermediate_value_to_stored_repr
+    rows = []
     for trial_id, writes in batch.items():
         for step, value in writes.intermediate_values.items():
-            stored, kind = intermediate.intermediate_value_to_stored_repr(value)
-            reports.append(
+            stored, kind = to_stored(value)
+            rows.append(
                 {
                     "trial_id": trial_id,
                     "step": step,
@@ -281,20 +290,21 @@ def _write_rows(connection: sqlalchemy.Connection, batch: Mapping[int, TrialWrit
                     "intermediate_value_type": kind,
                 }
             )
-    _upsert(connection, intermediate, reports, key="step")
-    values = []
+    return rows
+
+
+def _value_rows(batch: Mapping[int, TrialWrites]) -> list[dict[str, Any]]:
+    """The batch's objective values as `trial_values` rows."""
+    from optuna.storages._rdb import models
+
+    rows = []
     for trial_id, writes in batch.items():
         for objective, value in enumerate(writes.values or ()):
-            stored_value, value_type = models.TrialValueModel.value_to_stored_repr(value)
-            values.append(
-                {
-                    "trial_id": trial_id,
-                    "objective": objective,
-                    "value": stored_value,
-                    "value_type": value_type,
-                }
+            stored, kind = models.TrialValueModel.value_to_stored_repr(value)
+            rows.append(
+                {"trial_id": trial_id, "objective": objective, "value": stored, "value_type": kind}
             )
-    _insert(connection, models.TrialValueModel, values)  # with the finishing state, once
+    return rows
 
 
 def _change_state(
