@@ -70,7 +70,7 @@ def test_ctrl_c_ends_the_driver_while_the_database_hangs(
     driver = run.start()
     wait_until(lambda: finished_count(run) >= 1, 120, "a trial to finish")
     proxy.hang()
-    time.sleep(4.0)  # the driver's checks of its lock and of the study are waiting by now
+    wait_until(lambda: proxy.held_requests() >= 1, 30, "the driver to wait on the database")
     driver.send_signal(signal.SIGINT)
     took, err = _ended(driver, 10)
     assert driver.returncode == 130, err
