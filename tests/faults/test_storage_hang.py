@@ -70,7 +70,8 @@ def test_ctrl_c_ends_the_driver_while_the_database_hangs(
     driver = run.start()
     wait_until(lambda: finished_count(run) >= 1, 120, "a trial to finish")
     proxy.hang()
-    wait_until(lambda: proxy.held_requests() >= 1, 30, "the driver to wait on the database")
+    # Its check of the lock or the study, and its writer's commit: both held by the hang.
+    wait_until(lambda: proxy.held_requests() >= 2, 30, "the driver to wait on the database")
     driver.send_signal(signal.SIGINT)
     took, err = _ended(driver, 10)
     assert driver.returncode == 130, err
