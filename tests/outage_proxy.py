@@ -28,7 +28,6 @@ class OutageProxy:
         self._closed = False
         self._flowing = threading.Event()
         self._flowing.set()
-        self._held: set[socket.socket] = set()
         threading.Thread(target=self._accept_forever, daemon=True).start()
 
     def cut(self) -> None:
@@ -42,12 +41,6 @@ class OutageProxy:
     def hang(self) -> None:
         """Keep every connection open, accept new ones, and forward nothing."""
         self._flowing.clear()
-
-    def held_requests(self) -> int:
-        """How many client connections have sent something a hang is holding back: the
-        statements left waiting for an answer."""
-        with self._lock:
-            return len(self._held)
 
     def restore(self) -> None:
         """Let connections through again (and what a hang held back)."""
@@ -79,32 +72,21 @@ class OutageProxy:
             upstream.settimeout(None)
             with self._lock:
                 self._open += [client, upstream]
-            for source, sink, asks in ((client, upstream, True), (upstream, client, False)):
-                pump = (source, sink, asks)
-                threading.Thread(target=self._pump, args=pump, daemon=True).start()
+            for source, sink in ((client, upstream), (upstream, client)):
+                pump = (source, sink, self._flowing)
+                threading.Thread(target=_pump, args=pump, daemon=True).start()
 
-    def _pump(self, source: socket.socket, sink: socket.socket, asks: bool) -> None:
-        """Forward `source` to `sink`; `asks`: the source is the client, sending requests."""
-        try:
-            while data := source.recv(65536):
-                self._hold(source if asks else None)
-                sink.sendall(data)
-        except OSError:
-            pass
-        finally:
-            _close(source)
-            _close(sink)
 
-    def _hold(self, client: socket.socket | None) -> None:
-        """Wait while the proxy hangs; a client's request is counted as held meanwhile."""
-        if self._flowing.is_set():
-            return
-        held = {client} if client is not None else set()
-        with self._lock:
-            self._held |= held
-        self._flowing.wait()
-        with self._lock:
-            self._held -= held
+def _pump(source: socket.socket, sink: socket.socket, flowing: threading.Event) -> None:
+    try:
+        while data := source.recv(65536):
+            flowing.wait()
+            sink.sendall(data)
+    except OSError:
+        pass
+    finally:
+        _close(source)
+        _close(sink)
 
 
 def _close(sock: socket.socket) -> None:
