@@ -15,6 +15,7 @@ import pytest
 import redis
 import sqlalchemy
 from services import POSTGRES_SERVER_URL, POSTGRES_URL, TEST_REDIS_URL, WORKER, create_database_once
+from tiers import in_fast_tier
 
 from trialq.local import LocalCluster
 
@@ -114,6 +115,19 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         for marker in SERIAL_GROUPS:
             if item.get_closest_marker(marker):
                 item.add_marker(pytest.mark.xdist_group(marker))
+        if _in_fast_tier(item):
+            item.add_marker(pytest.mark.unit)
+
+
+def _in_fast_tier(item: pytest.Item) -> bool:
+    """`tiers.in_fast_tier` for a collected test."""
+    callspec = getattr(item, "callspec", None)
+    return in_fast_tier(
+        item.path,
+        getattr(item, "fixturenames", ()),
+        callspec.params if callspec is not None else {},
+        slow=item.get_closest_marker("slow") is not None,
+    )
 
 
 @pytest.fixture(autouse=True)

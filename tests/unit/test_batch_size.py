@@ -92,6 +92,7 @@ def _context() -> TrialContext:
     return TrialContext(TrialAddress("s", 0, 1), {}, None)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("oom", [_torch_oom, _jax_oom, _wrapped_oom])
 @pytest.mark.parametrize(
     ("threshold", "start", "maximum", "margin", "expected"),

@@ -13,6 +13,8 @@ from trialq.trial.device import FakeDevice
 from trialq.trial.runner import run_trial
 from trialq.wire.messages import Outcome, TrialResult
 
+pytestmark = pytest.mark.slow  # each trains a real model on the CPU
+
 
 class StandInChannel:
     """A driver in miniature: keeps every report, asks for pruning after `prune_after` of

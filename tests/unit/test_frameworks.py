@@ -78,6 +78,7 @@ print(json.dumps(seen))
 """
 
 
+@pytest.mark.slow
 @needs_jax
 def test_jax_gets_no_preallocation_and_its_fraction_before_the_import() -> None:
     """The fraction under the name this jaxlib reads (a stale old one removed: both at once
@@ -105,6 +106,7 @@ print(json.dumps(seen))
 """
 
 
+@pytest.mark.slow
 @needs_torch
 def test_torch_gets_expandable_segments_before_the_import_and_no_cap_on_cpu() -> None:
     code = _before_import("tiny_torch_trial", "torch", list(CLEARED[1:3])) + TORCH_AFTER
@@ -197,6 +199,7 @@ def _run_trial(entry: str, choice: str = "auto", **params: Any) -> dict[str, Any
     return result
 
 
+@pytest.mark.slow
 @needs_torch
 def test_a_tiny_torch_trial_records_torch_and_no_gpu_figures() -> None:
     result = _run_trial("tiny_torch_trial:step")
@@ -206,6 +209,7 @@ def test_a_tiny_torch_trial_records_torch_and_no_gpu_figures() -> None:
     assert result["gpu_cap_applied"] is False and result["gpu_budget_bytes"] is None
 
 
+@pytest.mark.slow
 @needs_jax
 def test_a_tiny_jax_trial_records_jax() -> None:
     result = _run_trial("tiny_jax_trial:step")
@@ -214,6 +218,7 @@ def test_a_tiny_jax_trial_records_jax() -> None:
     assert result["gpu_peaks_bytes"] is None and result["gpu_cap_applied"] is False
 
 
+@pytest.mark.slow
 @needs_torch
 def test_a_framework_reached_through_another_module_is_found_after_the_import() -> None:
     result = _run_trial("tiny_helper_trial:step")
@@ -221,6 +226,7 @@ def test_a_framework_reached_through_another_module_is_found_after_the_import() 
     assert result["framework"] == "torch"
 
 
+@pytest.mark.slow
 @needs_torch
 @needs_jax
 @pytest.mark.parametrize("entry", ["tiny_torch_trial:step", "tiny_jax_trial:step"])
@@ -229,6 +235,7 @@ def test_an_oom_reraised_as_another_error_ends_the_trial_as_oom(entry: str) -> N
     assert result["outcome"] == "oom", result["error"]
 
 
+@pytest.mark.slow
 @needs_torch
 def test_the_spec_names_the_framework_over_what_the_source_imports() -> None:
     result = _run_trial("tiny_torch_trial:step", choice="jax")

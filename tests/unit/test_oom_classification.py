@@ -89,6 +89,7 @@ print(json.dumps([classify(oom), classify(outer), classify(other)]))
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None, reason="no TensorFlow")
 def test_tensorflow_resource_exhausted_alone_and_wrapped() -> None:
     """In a process of its own: the test process must not hold TensorFlow."""

@@ -24,22 +24,29 @@ from trialq.trial.slots import TrialSlots
 pytestmark = pytest.mark.usefixtures("no_framework_here")  # forks from this process
 
 
-def _hold_slot(directory: str, count: int, held: multiprocessing.synchronize.Event) -> None:
+def _hold_slot(
+    directory: str,
+    count: int,
+    held: multiprocessing.synchronize.Event,
+    release: multiprocessing.synchronize.Event,
+) -> None:
     slots = TrialSlots(Path(directory), count)
     assert slots.claim(timeout_s=5)
     held.set()
-    time.sleep(1.0)
+    release.wait(30)  # until the test has seen the slot taken
 
 
 def test_a_slot_is_held_until_its_process_exits(tmp_path: Path) -> None:
     slots = TrialSlots.create(1)
     try:
-        held = multiprocessing.Event()
-        holder = multiprocessing.Process(target=_hold_slot, args=(slots.directory, 1, held))
+        held, release = multiprocessing.Event(), multiprocessing.Event()
+        args = (slots.directory, 1, held, release)
+        holder = multiprocessing.Process(target=_hold_slot, args=args)
         holder.start()
         assert held.wait(10)
         other = TrialSlots(slots.directory, 1)
         assert not other.claim(timeout_s=0.2), "two processes held one slot"
+        release.set()
         assert other.claim(timeout_s=10), "the slot was not freed when its holder exited"
         assert not holder.is_alive()
         other.release()

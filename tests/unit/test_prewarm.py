@@ -60,6 +60,7 @@ print(json.dumps(seen))
 """
 
 
+@pytest.mark.slow
 def test_the_guard_tells_an_imported_tensorflow_from_an_initialised_one() -> None:
     pytest.importorskip("tensorflow")
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
@@ -204,6 +205,7 @@ print("ran:", device_in_use())
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="no JAX")
 def test_the_guard_tells_an_imported_jax_from_one_whose_backends_started() -> None:
     probe = subprocess.run(

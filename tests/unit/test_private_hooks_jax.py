@@ -85,6 +85,7 @@ def seen() -> dict[str, Any]:
     return observed
 
 
+@pytest.mark.slow
 def test_backends_are_initialized_is_false_until_an_op_runs(seen: dict[str, Any]) -> None:
     assert seen["bridge"], BACKENDS.gone("`import jax` does not load the module")
     assert seen["callable"], BACKENDS.gone("the module has no such function")
@@ -97,6 +98,7 @@ def test_the_preload_check_finds_the_name_in_jaxs_source() -> None:
     assert gap is None, BACKENDS.gone(gap)
 
 
+@pytest.mark.slow
 def test_jaxlib_reads_both_fraction_names_and_refuses_both_at_once(seen: dict[str, Any]) -> None:
     """Why trialq sets one name and removes the other (docs/frameworks.md, JAX)."""
     options = seen["options"]

@@ -28,9 +28,12 @@ from trialq.trial.frameworks.tensorflow import (
     tensorflow_guard_gap,
 )
 
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("tensorflow") is None, reason="TensorFlow is not installed"
-)
+pytestmark = [
+    pytest.mark.skipif(
+        importlib.util.find_spec("tensorflow") is None, reason="TensorFlow is not installed"
+    ),
+    pytest.mark.slow,  # TensorFlow's import alone takes seconds
+]
 
 PREWARM = "src/trialq/trial/frameworks/tensorflow.py"
 LOSS = (

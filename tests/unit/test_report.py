@@ -16,6 +16,8 @@ from studies import finished_study
 from trialq.cli import trialq_main
 from trialq.views.report import write_report
 
+pytestmark = pytest.mark.slow  # real plots, and a real browser loading the page
+
 
 @pytest.fixture
 def storage(tmp_path: Path) -> str:

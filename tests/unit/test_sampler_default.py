@@ -202,6 +202,7 @@ def test_the_default_tpe_proposes_fewer_running_params_again_than_optuna4s(
     assert default < baseline
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n_trials", [50, 200])
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_default_proposes_nothing_already_running(tmp_path: Path, n_trials: int, seed: int) -> None:

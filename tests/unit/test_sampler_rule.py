@@ -144,6 +144,7 @@ def _oom_share(told_as_penalty: bool, seed: int) -> float:
     return ooms / 15
 
 
+@pytest.mark.slow
 def test_the_penalty_steers_gp_away_from_what_does_not_fit() -> None:
     """Told FAIL, an OOM trial is invisible to GP, which keeps asking past the edge where
     the values are best; told the penalty, it learns the edge."""
