@@ -32,6 +32,7 @@ import pytest
 import yaml
 from waiting import wait_for_redis
 
+from trialq.trial.mps import pinned_limits
 from trialq.wire.keys import queue_running_key
 
 Obj = dict[str, Any]
@@ -1347,8 +1348,14 @@ def test_mps_shares_by_replicas_and_the_readme_states_its_fault_domain() -> None
     ((resource,),) = [config["sharing"]["mps"]["resources"]]
     assert resource["name"] == "nvidia.com/gpu" and resource["replicas"] >= 2
     for deployment in worker_deployments(objs):
-        # MPS enforces each pod's memory itself; the worker budgets within what it sees.
+        # MPS enforces each pod's memory itself; the worker budgets within its pinned limit,
+        # which NVML does not show: the limit is in its environment, a card's share at most.
         assert option(worker_args(deployment, objs), "--gpu-memory-mb") is None
+        env = {e["name"]: e.get("value") for e in
+               deployment["spec"]["template"]["spec"]["containers"][0]["env"]}  # fmt: skip
+        limits = pinned_limits(env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"])
+        assert set(limits) == {0}, "one GPU a pod: ordinal 0"
+        assert resource["replicas"] * (limits[0] // 2**20 + CUDA_CONTEXT_MIB) <= SMALLEST_CARD_MIB
     for text in (
         (K8S / "README.md").read_text(encoding="utf-8"),
         (K8S / "components" / "gpu-sharing-mps" / "kustomization.yaml").read_text(),
