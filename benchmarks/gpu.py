@@ -1,6 +1,6 @@
 """trialq on a real GPU: memory, packing, an overrun, CUDA contexts and start costs.
 
-    python -m benchmarks.gpu [--quick]
+    python -m benchmarks.gpu [--quick] [--sections a,b,c,d,e] [--out PATH]
 
 Needs an NVIDIA GPU (nvidia-smi and NVML), PyTorch with CUDA, and JAX with CUDA for (d)'s
 JAX figures. Without a GPU it prints one line and exits 2, writing nothing: no figure here is
@@ -18,8 +18,11 @@ processes (an embedded Redis, `submit-study`'s driver in this process) and measu
 (e) a trial's start cost with its framework preloaded (`TRIALQ_PRELOAD=torch,torch._dynamo`)
     and without (`none`).
 
-Writes benchmarks/last_gpu.json (device, date, driver and versions, every figure) and prints
-the table for the README's "GPU figures".
+Writes benchmarks/last_gpu.json (or `--out`: device, date, driver and versions, every
+figure) as each section ends, and each of (b)'s runs as it ends, so a run cut at its time limit
+keeps what it measured (`"sections_done"` says which; `"complete"` is true once all asked for
+have run). Then prints the table for the README's "GPU figures". `--sections` runs some of
+them (a lent GPU machine runs them in two calls: benchmarks/gpu_machine.sh).
 """
 
 from __future__ import annotations
@@ -27,10 +30,12 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import shutil
 import statistics
 import subprocess
 import sys
+from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -45,6 +50,9 @@ NO_GPU = (
     "nothing measured, nothing written"
 )
 PACKINGS = (1, 2, 4, 8)
+SECTIONS = ("a", "b", "c", "d", "e")
+JAX_NO_PREALLOCATION = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+"""JAX takes 75 % of the card at its first op unless told not to: its context alone is asked."""
 FRAMEWORK_PACKAGES = ("torch", "jax", "jaxlib", "lightning", "optuna", "celery", "trialq")
 
 
@@ -99,9 +107,12 @@ def memory_over_trials(trials: int) -> dict[str, list[int]]:
     return {"in_process": in_process, "trialq": at_start}
 
 
-def throughput(trials: int) -> list[dict[str, Any]]:
-    """(b): trials per hour per GPU at each packing, for the small and the mid-sized model."""
-    runs = []
+def throughput(
+    trials: int, on_run: Callable[[list[dict[str, Any]]], None] = lambda runs: None
+) -> list[dict[str, Any]]:
+    """(b): trials per hour per GPU at each packing, for the small and the mid-sized model;
+    `on_run` is handed the runs so far as each ends (it saves them)."""
+    runs: list[dict[str, Any]] = []
     for model, space in (
         ("small", {"learning_rate": (1e-4, 1e-2)}),
         ("mid", {"width": (1024, 4096)}),
@@ -110,6 +121,7 @@ def throughput(trials: int) -> list[dict[str, Any]]:
             with GpuWorker(per_gpu=per_gpu) as worker, NvmlSampler() as sampler:
                 summary = run_study(worker, model, trials, space)
             runs.append(_throughput_run(model, per_gpu, summary, sampler, worker.gpu_count))
+            on_run(runs)
     return runs
 
 
@@ -146,10 +158,10 @@ def overrun() -> dict[str, Any]:
 def contexts() -> dict[str, Any]:
     """(d): what creating a CUDA context costs each framework, and JAX held to its budget."""
     probes = {
-        "torch": "import torch; torch.zeros(1, device='cuda'); torch.cuda.synchronize()",
-        "jax": "import jax.numpy as j; j.zeros(1).block_until_ready()",
+        "torch": ("import torch; torch.zeros(1, device='cuda'); torch.cuda.synchronize()", {}),
+        "jax": ("import jax.numpy as j; j.zeros(1).block_until_ready()", JAX_NO_PREALLOCATION),
     }
-    cost = {name: _context_cost(code) for name, code in probes.items()}
+    cost = {name: _context_cost(code, env) for name, (code, env) in probes.items()}
     with GpuWorker(per_gpu=4) as worker:
         summary = run_study(worker, "jax_over_budget", 1, {"x": (0, 1)})
     attrs = summary["trials"][0]["user_attrs"]
@@ -161,7 +173,7 @@ def contexts() -> dict[str, Any]:
     return {"cost": cost, "jax_cap": {"held": held, "peak": peak, "budget": budget, "attrs": attrs}}
 
 
-def _context_cost(code: str) -> int | None:
+def _context_cost(code: str, env: dict[str, str]) -> int | None:
     """The device's memory in use while a fresh process holds only a context, less before."""
     from benchmarks.gpu_trials import device_used_bytes
 
@@ -169,7 +181,10 @@ def _context_cost(code: str) -> int | None:
     probe = (
         f"{code}\nfrom benchmarks.gpu_trials import device_used_bytes\nprint(device_used_bytes())"
     )
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT)
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT,
+        env={**os.environ, **env},
+    )  # fmt: skip
     if done.returncode != 0:
         return None  # the framework is missing or has no CUDA here: said as n/a
     return int(done.stdout.strip().splitlines()[-1]) - before
@@ -192,31 +207,66 @@ def start_cost(trials: int) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="fewer trials: a smoke run")
+    parser.add_argument(
+        "--sections", type=_sections, default=SECTIONS, help="which of a,b,c,d,e (default all)"
+    )
+    parser.add_argument("--out", type=Path, default=None, help=f"default {OUT}")
     args = parser.parse_args(argv)
     found = gpus()
     if not found:
         print(NO_GPU, file=sys.stderr)
         return 2
-    record = measure(found, args.quick)
-    gpu_report.write_json(record, OUT)
+    out = args.out or OUT
+    record = measure(found, args.quick, args.sections, lambda r: gpu_report.write_json(r, out))
     print(gpu_report.table(record))
-    print(f"written: {OUT.relative_to(ROOT)}")
+    print(f"written: {out}")
     return 0
 
 
-def measure(found: list[dict[str, Any]], quick: bool) -> dict[str, Any]:
-    """Every section, in order, on this machine's GPUs."""
-    return {
+def _sections(text: str) -> tuple[str, ...]:
+    chosen = tuple(part.strip() for part in text.split(",") if part.strip())
+    unknown = sorted(set(chosen) - set(SECTIONS))
+    if unknown or not chosen:
+        raise argparse.ArgumentTypeError(f"sections are {','.join(SECTIONS)}, not {text!r}")
+    return chosen
+
+
+def measure(
+    found: list[dict[str, Any]],
+    quick: bool,
+    sections: tuple[str, ...] = SECTIONS,
+    save: Callable[[dict[str, Any]], None] = lambda record: None,
+) -> dict[str, Any]:
+    """The sections asked for, in order, on this machine's GPUs; the record is saved before
+    the first, after each section and after each of (b)'s runs."""
+    record: dict[str, Any] = {
         "date": datetime.date.today().isoformat(),
         "device": {**found[0], "count": len(found)},
         "versions": versions(),
         "quick": quick,
-        "memory_over_trials": memory_over_trials(8 if quick else 30),
-        "throughput": throughput(8 if quick else 32),
-        "overrun": overrun(),
-        "contexts": contexts(),
-        "start_cost": start_cost(4 if quick else 16),
+        "sections_done": [],
+        "complete": False,
     }
+    save(record)
+
+    def keep_runs(runs: list[dict[str, Any]]) -> None:
+        save({**record, "throughput": runs})
+
+    steps: dict[str, tuple[str, Callable[[], Any]]] = {
+        "a": ("memory_over_trials", lambda: memory_over_trials(8 if quick else 30)),
+        "b": ("throughput", lambda: throughput(8 if quick else 32, keep_runs)),
+        "c": ("overrun", overrun),
+        "d": ("contexts", contexts),
+        "e": ("start_cost", lambda: start_cost(4 if quick else 16)),
+    }
+    for section in sections:
+        key, run = steps[section]
+        record[key] = run()
+        record["sections_done"].append(section)
+        save(record)
+    record["complete"] = True
+    save(record)
+    return record
 
 
 if __name__ == "__main__":

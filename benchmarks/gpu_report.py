@@ -4,6 +4,7 @@ into the README's "GPU figures"). Pure: figures in, text out; nothing is measure
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,13 +24,17 @@ def table(record: dict[str, Any]) -> str:
         f"({device['memory_mib']} MiB), driver {device['driver']}, "
         + ", ".join(f"{k} {v}" for k, v in sorted(record["versions"].items()) if v)
     )
-    rows = [
-        *_memory_rows(record["memory_over_trials"]),
-        *_throughput_rows(record["throughput"]),
-        *_overrun_rows(record["overrun"]),
-        *_context_rows(record["contexts"]),
-        *_start_rows(record["start_cost"]),
+    sections: list[tuple[str, Callable[[Any], list[tuple[str, str]]]]] = [
+        ("memory_over_trials", _memory_rows),
+        ("throughput", _throughput_rows),
+        ("overrun", _overrun_rows),
+        ("contexts", _context_rows),
+        ("start_cost", _start_rows),
     ]
+    # A run of some sections, or one cut at its limit, shows what it measured and no more.
+    rows = [row for key, rows_of in sections if key in record for row in rows_of(record[key])]
+    if not record.get("complete", True):
+        head += " (cut short: only the sections done)"
     lines = [head, "", "| measure | figure |", "|---|---|"]
     return "\n".join(lines + [f"| {name} | {figure} |" for name, figure in rows]) + "\n"
 

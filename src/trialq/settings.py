@@ -142,6 +142,16 @@ class Settings(BaseSettings):
     allocations: set aside per trial from the card, and allowed over the budget by the GPU
     memory guard."""
 
+    mps_pinned_device_mem_limit: str | None = Field(
+        default=None,
+        validation_alias=AliasChoices(
+            "mps_pinned_device_mem_limit", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
+        ),
+    )
+    """`CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` (no `TRIALQ_` prefix: MPS reads it), the memory an
+    MPS client may hold on each device ordinal (`0=4G,1=4G`): a worker with `--gpus` plans
+    its slots within it, not the whole card (`trialq.trial.mps`)."""
+
     nvml_module: str = "pynvml"
     """The NVML binding imported to read GPUs (nvidia-ml-py's `pynvml`). Tests on machines
     without a GPU name a fake here; its readings are a fake's, never a GPU's."""

@@ -32,6 +32,9 @@ import pytest
 import yaml
 from waiting import wait_for_redis
 
+from trialq.trial.mps import pinned_limits
+from trialq.wire.keys import queue_running_key
+
 Obj = dict[str, Any]
 
 REPO = Path(__file__).resolve().parents[2]
@@ -586,7 +589,10 @@ def test_scale_down_counts_running_trials(target: str) -> None:
     spec = scaled_object["spec"]
     triggers = triggers_by_name(scaled_object)
     assert triggers["running"]["type"] == "redis"
-    assert triggers["running"]["metadata"]["listName"] == "unacked"  # kombu's in-flight hash
+    # The queue's own running count, which its trial processes keep (not kombu's `unacked`
+    # hash, which holds every queue's in-flight messages).
+    running = triggers["running"]["metadata"]["listName"]
+    assert running == queue_running_key(worker_queue(render(target)))
     modifiers = spec["advanced"]["scalingModifiers"]
     terms = [term.strip() for term in modifiers["formula"].split("+")]
     assert sorted(terms) == ["queued", "running"], modifiers["formula"]
@@ -1127,10 +1133,25 @@ NODES = {
         "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB",
         "nvidia.com/gpu.memory": "40960",
     },
+    "a100-80": {
+        "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB",
+        "nvidia.com/gpu.memory": "81920",
+    },
+    "l40s": {"nvidia.com/gpu.product": "NVIDIA-L40S", "nvidia.com/gpu.memory": "46068"},
     "l4": {"nvidia.com/gpu.product": "NVIDIA-L4", "nvidia.com/gpu.memory": "23034"},
+    # GFD under the device plugin's time-slicing or MPS sharing: `-SHARED` appended.
+    "l4-shared": {"nvidia.com/gpu.product": "NVIDIA-L4-SHARED", "nvidia.com/gpu.memory": "23034"},
+    "h100-shared": {
+        "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3-SHARED",
+        "nvidia.com/gpu.memory": "81559",
+    },
     "t4": {"nvidia.com/gpu.product": "Tesla-T4", "nvidia.com/gpu.memory": "15360"},
 }
-CLASS_NODES = {"trialq-worker-large": {"h100", "a100-40"}, "trialq-worker-l4": {"l4"}}
+# `large` is more than 40 GiB: the A100 40GB (40960 MiB) is not one.
+CLASS_NODES = {
+    "trialq-worker-large": {"h100", "a100-80", "l40s", "h100-shared"},
+    "trialq-worker-l4": {"l4", "l4-shared"},
+}
 
 
 def schedules_on(pod_spec: Obj, labels: dict[str, str]) -> bool:
@@ -1211,7 +1232,8 @@ def test_each_queue_has_one_worker_and_one_scaled_object() -> None:
         triggers = triggers_by_name(scaled_object)
         assert triggers["queued"]["type"] == "redis"
         assert triggers["queued"]["metadata"]["listName"] == queues[target], target
-        assert triggers["running"]["metadata"]["listName"] == "unacked"
+        # Each class counts the trials running on its own workers only.
+        assert triggers["running"]["metadata"]["listName"] == queue_running_key(queues[target])
         # Pods wanted = trials / the slots of one pod.
         slots = pod_slots(deployments[target], objs)
         assert float(scaled_object["spec"]["advanced"]["scalingModifiers"]["target"]) == slots
@@ -1326,8 +1348,14 @@ def test_mps_shares_by_replicas_and_the_readme_states_its_fault_domain() -> None
     ((resource,),) = [config["sharing"]["mps"]["resources"]]
     assert resource["name"] == "nvidia.com/gpu" and resource["replicas"] >= 2
     for deployment in worker_deployments(objs):
-        # MPS enforces each pod's memory itself; the worker budgets within what it sees.
+        # MPS enforces each pod's memory itself; the worker budgets within its pinned limit,
+        # which NVML does not show: the limit is in its environment, a card's share at most.
         assert option(worker_args(deployment, objs), "--gpu-memory-mb") is None
+        env = {e["name"]: e.get("value") for e in
+               deployment["spec"]["template"]["spec"]["containers"][0]["env"]}  # fmt: skip
+        limits = pinned_limits(env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"])
+        assert set(limits) == {0}, "one GPU a pod: ordinal 0"
+        assert resource["replicas"] * (limits[0] // 2**20 + CUDA_CONTEXT_MIB) <= SMALLEST_CARD_MIB
     for text in (
         (K8S / "README.md").read_text(encoding="utf-8"),
         (K8S / "components" / "gpu-sharing-mps" / "kustomization.yaml").read_text(),

@@ -119,12 +119,13 @@ def test_each_slot_has_its_own_devices_and_budget_and_packed_trials_all_run(
     results = [status.result for status in statuses]
     assert [r.outcome if r else None for r in results] == [Outcome.OK] * 4, results
     records = _records(log)
-    assert sorted(str(r["visible"]) for r in records) == ["0", "0", "1", "1"]
+    # Named by UUID, as the worker guards them: never an index CUDA may order otherwise.
+    assert sorted(str(r["visible"]) for r in records) == ["GPU-fake-0"] * 2 + ["GPU-fake-1"] * 2
     expected = (FAKE_TOTAL - 2 * RESERVE_MB * MIB) // 2
     assert {int(str(r["budget"])) for r in records} == {expected}
     # Two trials on one GPU at once: each saw the other's memory, and neither was refused.
     on_gpu0 = sorted((float(str(r["started"])), float(str(r["ended"]))) for r in records
-                     if r["visible"] == "0")  # fmt: skip
+                     if r["visible"] == "GPU-fake-0")  # fmt: skip
     assert on_gpu0[1][0] < on_gpu0[0][1], "the two trials on GPU 0 did not overlap"
 
 
@@ -145,7 +146,7 @@ def test_an_over_budget_trial_ends_oom_by_the_guard_while_its_neighbour_complete
     assert "GPU memory guard" in (over.result.error or "")
     assert not over.result.oom_caused_by_neighbour
     assert ok.result is not None and ok.result.outcome is Outcome.OK, ok
-    assert ok.result.gpu_process_peak_bytes == {"0": 2000 * MIB}
+    assert ok.result.gpu_process_peak_bytes == {"GPU-fake-0": 2000 * MIB}  # `--gpus 0`
 
 
 def test_a_two_gpu_trial_sees_two_devices(
@@ -161,8 +162,9 @@ def test_a_two_gpu_trial_sees_two_devices(
     ])  # fmt: skip
 
     assert status.result is not None and status.result.outcome is Outcome.OK, status
-    assert [r["visible"] for r in _records(log)] == ["0,1"]
-    assert status.result.gpu_process_peak_bytes == {"0": 500 * MIB, "1": 500 * MIB}
+    assert [r["visible"] for r in _records(log)] == ["GPU-fake-0,GPU-fake-1"]
+    peaks = {"GPU-fake-0": 500 * MIB, "GPU-fake-1": 500 * MIB}
+    assert status.result.gpu_process_peak_bytes == peaks
 
 
 def _spec(path: Path, entrypoint: str, gpu_memory_mb: int, **trial: object) -> Path:

@@ -71,3 +71,52 @@ def test_the_writer_keeps_the_record_and_the_table_names_every_figure(tmp_path: 
         "| (e) trial start, torch preloaded | 0.064 s (median) |",
     ]:
         assert expected in text.splitlines(), expected
+
+
+def test_each_section_is_written_as_it_ends_so_a_cut_run_keeps_its_figures(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sections replaced by stand-ins returning MADE-UP figures; the third one is cut short."""
+    out = tmp_path / "last_gpu.json"
+    monkeypatch.setattr(gpu, "versions", lambda: {"torch": "0.0-made-up"})
+    monkeypatch.setattr(gpu, "memory_over_trials", lambda trials: {"made_up": MADE_UP})
+
+    def throughput(trials: int, on_run: object) -> list[dict[str, int]]:
+        runs = [{"made_up_run": 1}]
+        on_run(runs)  # type: ignore[operator]
+        raise TimeoutError("cut at the limit, in (b)'s second run")
+
+    monkeypatch.setattr(gpu, "throughput", throughput)
+    device = {"name": "MADE-UP GPU", "driver": "0.0", "memory_mib": MADE_UP}
+    with pytest.raises(TimeoutError):
+        gpu.measure([device], True, ("a", "b", "c"), lambda r: gpu_report.write_json(r, out))
+    kept = json.loads(out.read_text())
+    assert kept["sections_done"] == ["a"] and kept["complete"] is False
+    assert kept["memory_over_trials"] == {"made_up": MADE_UP}
+    assert kept["throughput"] == [{"made_up_run": 1}], "(b)'s finished run is kept"
+    assert "overrun" not in kept
+
+
+def test_the_jax_context_probe_asks_jax_not_to_preallocate(monkeypatch: pytest.MonkeyPatch) -> None:
+    """JAX takes 75 % of the card at its first op by default: that is no context's cost."""
+    import benchmarks.gpu_trials
+
+    seen: dict[str, str] = {}
+
+    def run(command: list[str], **kwargs: object) -> object:
+        seen.update(kwargs["env"])  # type: ignore[arg-type]
+        return type("Done", (), {"returncode": 0, "stdout": f"{MADE_UP}\n"})()
+
+    monkeypatch.setattr(benchmarks.gpu_trials, "device_used_bytes", lambda: 0)
+    monkeypatch.setattr(gpu.subprocess, "run", run)
+    assert gpu._context_cost("import jax", gpu.JAX_NO_PREALLOCATION) == MADE_UP
+    assert seen["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false"
+
+
+def test_a_record_of_some_sections_shows_those_and_says_it_was_cut() -> None:
+    record = _made_up_record()
+    del record["throughput"], record["start_cost"]
+    record["complete"] = False
+    text = gpu_report.table(record)
+    assert "(cut short: only the sections done)" in text.splitlines()[0]
+    assert "(b)" not in text and "(a)" in text

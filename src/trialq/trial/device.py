@@ -92,14 +92,15 @@ def _visible_handle(nvml: ModuleType, visible: str | None) -> Any | None:
     """NVML's handle for CUDA's first visible device: by UUID, else by index.
 
     An index is taken as NVML's (PCI bus order); CUDA orders by speed unless
-    CUDA_DEVICE_ORDER=PCI_BUS_ID, so name GPUs by UUID where models are mixed. A container
-    given one GPU sees it as index 0 in both. MIG instances are not measured.
+    CUDA_DEVICE_ORDER=PCI_BUS_ID, so name GPUs by UUID where models are mixed (a worker with
+    `--gpus` does). A container given one GPU sees it as index 0 in both. A MIG device is
+    named by its `MIG-` UUID.
     """
     if visible is not None and not visible.strip():
         return None  # CUDA_VISIBLE_DEVICES="" hides every GPU
     first = (visible or "0").split(",")[0].strip()
     try:
-        if first.startswith("GPU-"):
+        if first.startswith(("GPU-", "MIG-")):
             return nvml.nvmlDeviceGetHandleByUUID(first)
         index = int(first)
         return nvml.nvmlDeviceGetHandleByIndex(index) if index >= 0 else None

@@ -4,9 +4,17 @@ NVML is the driver's view: reading it creates no CUDA context, so the worker's p
 its GPUs here before it forks trial processes, and each trial process reads its own GPUs'
 processes (its memory guard, its start check). The binding is `pynvml` (nvidia-ml-py); tests
 on machines without a GPU name a fake module instead (`TRIALQ_NVML_MODULE`), never presented
-as a GPU. GPUs are named as CUDA names them in `CUDA_VISIBLE_DEVICES`: an index (NVML's PCI
-order; set `CUDA_DEVICE_ORDER=PCI_BUS_ID` where models are mixed), `GPU-<uuid>`, or
-`MIG-<uuid>`.
+as a GPU.
+
+Every GPU is named by its UUID, as `CUDA_VISIBLE_DEVICES` accepts it: `GPU-<uuid>` for a
+whole card, `MIG-<uuid>` for a MIG device. An index would be NVML's (PCI bus order) while
+CUDA's default order is fastest first, so on a host with mixed cards a trial given `1` could
+run on another card than the one its worker guards; a UUID names the same device to both.
+A card in MIG mode is no CUDA device itself: its MIG devices are, each with its own memory
+(NVML's MIG handle: `nvmlDeviceGetMigMode`, `nvmlDeviceGetMaxMigDeviceCount`,
+`nvmlDeviceGetMigDeviceHandleByIndex`), so `all`, an index or a card's UUID name every MIG
+device of a card in MIG mode that this process can see (a pod given one MIG device sees
+that one; NVML answers the others Not Found or No Permission).
 
 Process ids are the ones NVML reports, which are the host's: in a container, the worker sees
 its own trial processes among them only where it shares the host's PID namespace (Compose
@@ -22,14 +30,21 @@ from typing import Any
 
 from trialq.errors import UsageError
 
+MIG_ENABLED = 1
+"""NVML's `NVML_DEVICE_MIG_ENABLE`: the current mode of a card cut into MIG devices."""
+
 
 @dataclass(frozen=True)
 class Gpu:
-    """One GPU of the host: its CUDA name, its model and its memory."""
+    """One CUDA device of the host (a card, or a MIG device): its UUID, model and memory."""
 
     id: str
+    """`GPU-<uuid>` or `MIG-<uuid>`, as NVML and `CUDA_VISIBLE_DEVICES` name it."""
     model: str
     total_bytes: int
+    index: int | None = None
+    """NVML's index of the card (a MIG device's parent): CUDA's ordinal for it where
+    `CUDA_DEVICE_ORDER=PCI_BUS_ID`, as MPS's per-device limits count (`trialq.trial.mps`)."""
 
 
 class Nvml:
@@ -63,21 +78,63 @@ class Nvml:
         self._handles.clear()
 
     def gpus(self, selection: str) -> tuple[Gpu, ...]:
-        """The GPUs `selection` names: `all`, indices (`0,1`) or UUIDs, in its order."""
+        """The devices `selection` names, in its order: `all`, NVML indices (`0,1`) or UUIDs;
+        a card in MIG mode as its MIG devices."""
         if selection.strip() == "all":
-            ids = [str(index) for index in range(self._nvml.nvmlDeviceGetCount())]
+            parts = [str(index) for index in range(self._nvml.nvmlDeviceGetCount())]
         else:
-            ids = [part.strip() for part in selection.split(",") if part.strip()]
-        return tuple(self._gpu(gpu_id) for gpu_id in ids)
+            parts = [part.strip() for part in selection.split(",") if part.strip()]
+        return tuple(gpu for part in parts for gpu in self._devices(part))
 
-    def _gpu(self, gpu_id: str) -> Gpu:
+    def _devices(self, part: str) -> list[Gpu]:
         try:
-            handle = self.handle(gpu_id)
-            model = _text(self._nvml.nvmlDeviceGetName(handle))
-            total = int(self._nvml.nvmlDeviceGetMemoryInfo(handle).total)
-        except Exception as exc:
-            raise UsageError(f"GPU {gpu_id!r}: NVML does not know it ({exc})") from None
-        return Gpu(gpu_id, model, total)
+            handle = self._open(part)
+            if part.startswith("MIG-"):
+                return [self._describe(handle, self._card_index(handle))]
+            index = int(self._nvml.nvmlDeviceGetIndex(handle))
+            migs = self._mig_handles(handle)
+            return [self._describe(h, index) for h in ([handle] if migs is None else migs)]
+        except self._nvml.NVMLError as exc:
+            raise UsageError(f"GPU {part!r}: NVML does not know it ({exc})") from None
+
+    def _open(self, part: str) -> Any:
+        if part.startswith(("GPU-", "MIG-")):
+            return self._nvml.nvmlDeviceGetHandleByUUID(part)
+        if not part.isdigit():
+            raise UsageError(f"GPU {part!r}: neither an index nor a GPU-/MIG- UUID")
+        return self._nvml.nvmlDeviceGetHandleByIndex(int(part))
+
+    def _mig_handles(self, card: Any) -> list[Any] | None:
+        """The MIG devices of a card in MIG mode that NVML shows this process; None for a
+        card that is not in MIG mode (or cannot be: NVML answers Not Supported)."""
+        try:
+            current, _pending = self._nvml.nvmlDeviceGetMigMode(card)
+        except self._nvml.NVMLError:
+            return None
+        if current != MIG_ENABLED:
+            return None
+        found = []
+        for slot in range(int(self._nvml.nvmlDeviceGetMaxMigDeviceCount(card))):
+            try:
+                found.append(self._nvml.nvmlDeviceGetMigDeviceHandleByIndex(card, slot))
+            except self._nvml.NVMLError:
+                continue  # no MIG device at this slot, or not this container's
+        return found
+
+    def _card_index(self, mig: Any) -> int | None:
+        """The index of a MIG device's card, where NVML says it."""
+        try:
+            card = self._nvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(mig)
+            return int(self._nvml.nvmlDeviceGetIndex(card))
+        except self._nvml.NVMLError:
+            return None
+
+    def _describe(self, handle: Any, index: int | None) -> Gpu:
+        uuid = _text(self._nvml.nvmlDeviceGetUUID(handle))
+        self._handles[uuid] = handle
+        model = _text(self._nvml.nvmlDeviceGetName(handle))
+        total = int(self._nvml.nvmlDeviceGetMemoryInfo(handle).total)
+        return Gpu(uuid, model, total, index)
 
     def handle(self, gpu_id: str) -> Any:
         """NVML's handle for a GPU as CUDA names it."""

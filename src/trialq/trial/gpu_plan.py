@@ -4,7 +4,9 @@ A worker that owns GPUs (`trialq worker --gpus`) groups them `gpus_per_trial` at
 runs `trials_per_gpu` trials on each group at once, so it has `len(gpus) / gpus_per_trial *
 trials_per_gpu` slots. Each trial's budget on each of its GPUs is `--gpu-memory-mb` where
 given, else the card shared evenly after every trial's CUDA context is set aside
-(`context_reserve_bytes` each: a context takes memory no framework cap counts).
+(`context_reserve_bytes` each: a context takes memory no framework cap counts). A worker that
+is an MPS client with a pinned memory limit plans within the limit, not the card
+(`trialq.trial.mps`).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from dataclasses import dataclass
 from trialq.errors import UsageError
 from trialq.trial.gpu_inventory import Gpu
 from trialq.trial.gpu_share import GpuShare
+from trialq.trial.mps import limited, pinned_limits
 
 MIB = 2**20
 
@@ -30,6 +33,9 @@ class GpuPlan:
     gpu_memory_mb: int = 0
     """Each trial's budget on each of its GPUs; 0: the card shared evenly."""
     context_reserve_mb: int = CONTEXT_RESERVE_MB
+    mps_pinned_limits: str | None = None
+    """`CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` where the worker has it (`0=4G`): each GPU's memory
+    is then no more than its limit."""
 
     def shares(self, gpus: tuple[Gpu, ...]) -> tuple[GpuShare, ...]:
         """One share per slot: for each group of GPUs, `trials_per_gpu` of them."""
@@ -40,6 +46,7 @@ class GpuPlan:
                 f"--gpus-per-trial {self.gpus_per_trial}: {len(gpus)} GPUs do not split into "
                 f"groups of {self.gpus_per_trial}"
             )
+        gpus = limited(gpus, self.mps_pinned_limits)
         groups = [
             gpus[i : i + self.gpus_per_trial] for i in range(0, len(gpus), self.gpus_per_trial)
         ]
@@ -52,6 +59,7 @@ class GpuPlan:
             budget_bytes=self.budget_bytes(group[0].id, total),
             model=group[0].model,
             total_bytes=total,
+            mps_limit_bytes=total if pinned_limits(self.mps_pinned_limits) else None,
         )
 
     def budget_bytes(self, gpu_id: str, total_bytes: int) -> int:

@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from trialq.trial.mps import PINNED_LIMIT, limit_text, pinned_limits
+
 VISIBLE = "CUDA_VISIBLE_DEVICES"
 BUDGET = "TRIALQ_GPU_BUDGET_BYTES"
 MODEL = "TRIALQ_GPU_MODEL"
@@ -29,7 +31,11 @@ class GpuShare:
     model: str | None = None
     """The GPUs' model as NVML names it (`NVIDIA H100 80GB HBM3`), where known."""
     total_bytes: int | None = None
-    """Each GPU's memory as NVML counts it, where known."""
+    """Each GPU's memory as NVML counts it (or MPS's pinned limit, lower), where known."""
+    mps_limit_bytes: int | None = None
+    """MPS's pinned limit on each of the GPUs, where the worker is an MPS client with one
+    (`trialq.trial.mps`): carried as `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` counted from the
+    trial's own first device, since its ordinals are not the worker's."""
 
     @property
     def visible(self) -> str:
@@ -44,6 +50,8 @@ class GpuShare:
                 env[name] = str(value)
         if self.model:
             env[MODEL] = self.model
+        if self.mps_limit_bytes is not None:
+            env[PINNED_LIMIT] = limit_text(self.mps_limit_bytes, len(self.devices))
         return env
 
     @classmethod
@@ -54,7 +62,9 @@ class GpuShare:
         if not visible or visible == "-1":
             return None
         devices = tuple(part.strip() for part in visible.split(",") if part.strip())
-        return cls(devices, _int(env.get(BUDGET)), env.get(MODEL) or None, _int(env.get(TOTAL)))
+        mps = min(pinned_limits(env.get(PINNED_LIMIT)).values(), default=None)
+        budget, total = _int(env.get(BUDGET)), _int(env.get(TOTAL))
+        return cls(devices, budget, env.get(MODEL) or None, total, mps)
 
 
 def _int(text: str | None) -> int | None:

