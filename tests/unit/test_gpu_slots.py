@@ -15,6 +15,7 @@ import fake_nvml
 import pytest
 
 from trialq.errors import UsageError
+from trialq.trial.gpu_attribution import ProcessView
 from trialq.trial.gpu_guard import GpuGuard, GpuOverrun
 from trialq.trial.gpu_inventory import Gpu, Nvml
 from trialq.trial.gpu_plan import GpuPlan
@@ -76,7 +77,7 @@ def test_the_start_check_refuses_a_stranger_on_the_gpu_but_not_a_neighbour(nvml:
     holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
         fake_nvml.hold(2 * GIB, pid=holder.pid)  # a process a finished trial left behind
-        check = NeighbourCheck(tolerance_bytes=256 * MIB, settle_s=0.2)
+        check = NeighbourCheck(tolerance_bytes=256 * MIB, settle_s=0.2, view=ProcessView.PIDS)
 
         refused = check.refusal(nvml, share, lambda: {os.getpid()})
         as_neighbour = check.refusal(nvml, share, lambda: {os.getpid(), holder.pid})
