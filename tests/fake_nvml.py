@@ -111,13 +111,13 @@ def _hold_locked(path: Path, n_bytes: int) -> None:
     os.pwrite(fd, str(n_bytes).encode(), 0)
 
 
-def fakeCreateContext(n_bytes: int) -> None:  # noqa: N802 (NVML's style)
+def fakeCreateContext(n_bytes: int) -> None:
     """The fake's stand-in for a CUDA context: this process holds `n_bytes` on its visible GPU
     (trialq's start probe calls it where the binding is a fake, never on a GPU)."""
     hold(n_bytes)
 
 
-def fakeAllocatorBytes(handle: int) -> int:  # noqa: N802 (NVML's style)
+def fakeAllocatorBytes(handle: int) -> int:
     """The fake's stand-in for a framework allocator's figure: what this process holds on the
     GPU, read in the process itself, whatever NVML's family says of it."""
     me = (_namespace(), os.getpid())
