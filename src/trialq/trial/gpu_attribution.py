@@ -40,8 +40,12 @@ class ProcessView(StrEnum):
         """Whether a pid NVML lists is this namespace's, to be judged as such."""
         return self in (ProcessView.PIDS, ProcessView.PIDS_WITHOUT_MEMORY)
 
+    def said(self) -> str:
+        """`pids (NVML names ...)`: the worker's ready line's words."""
+        return f"{self.value} ({self.describe()})"
+
     def describe(self) -> str:
-        """The words of the worker's ready line and `trialq status`."""
+        """What the view means, in words."""
         return {
             ProcessView.PIDS: "NVML names this worker's processes and their memory",
             ProcessView.PIDS_WITHOUT_MEMORY: "NVML names this worker's processes, not their "
