@@ -172,6 +172,8 @@ def test_packing_runs_and_an_over_budget_trial_ends_while_its_neighbour_complete
     results = _run(redis_url, "gpu", [packed, packed, over, packed])
 
     assert f"GPU processes: {ProcessView(family.view).said()}" in _ready_line(log)
+    (beat,) = heartbeat.live_workers(redis.Redis.from_url(redis_url))
+    assert beat.gpus is not None and beat.gpus.processes == family.view  # `trialq status`'s
     first, second, overrun, fourth = results
     assert [r.outcome for r in (first, second, fourth)] == [Outcome.OK] * 3, results
     assert overrun.outcome is Outcome.OOM and "GPU memory guard" in (overrun.error or "")
