@@ -10,9 +10,12 @@ for nothing, as the driver frees what a process held when it exits.
 How it names processes is the driver family a test picks (`behave_as`, kept in
 `$FAKE_NVML_DIR/driver.json`), as real drivers answer a caller in a container that does not
 share the host's PID namespace (docs/oom.md, "What NVML can be trusted for"):
-- pids `shared` (the default): every process by its own pid, as with the host's PID namespace;
+- pids `shared` (the default): every process by its own pid, as with the host's PID namespace
+  (every caller in one namespace: no containers);
 - pids `host`: every process by a "host" pid that no namespace has (a driver that does not
   translate pids: NVIDIA/nvidia-docker#1483, #179);
+- pids `callers`: the caller's namespace's processes by their pids there, the others by host
+  pids (translated where it can be);
 - pids `translated`: the caller's namespace's processes by their pids, the others left out;
 - memory `reported`, `zero` or `unavailable` (`usedGpuMemory` None: pynvml's reading of
   NVML_VALUE_NOT_AVAILABLE), as some drivers and virtualisation layers report it;
@@ -81,7 +84,7 @@ def behave_as(
     directory: Path, pids: str = "shared", memory: str = "reported", processes: str = "ok"
 ) -> None:
     """Answer as a driver family does (the module's docstring): a test's step."""
-    assert pids in ("shared", "host", "translated") and processes in ("ok", "error")
+    assert pids in ("shared", "host", "callers", "translated") and processes in ("ok", "error")
     assert memory in ("reported", "zero", "unavailable")
     family = {"pids": pids, "memory": memory, "processes": processes}
     (directory / "driver.json").write_text(json.dumps(family))
@@ -193,9 +196,11 @@ def nvmlDeviceGetComputeRunningProcesses(handle: int) -> list[_Process]:
     pids, here = family.get("pids", "shared"), _namespace()
     found = []
     for holder in _holders(handle):
-        if pids == "translated" and holder.namespace != here:
+        foreign = holder.namespace != here
+        if pids == "translated" and foreign:
             continue  # a translating driver leaves other namespaces' processes out
-        pid = _host_pid(holder) if pids == "host" else holder.pid
+        untranslated = pids == "host" or (pids == "callers" and foreign)
+        pid = _host_pid(holder) if untranslated else holder.pid
         found.append(_Process(pid, _memory(holder.used, family.get("memory", "reported"))))
     return found
 

@@ -61,6 +61,7 @@ class Family:
 FAMILIES = {
     "host-pids": Family("host", "reported", "ok", "other-pids", "framework"),
     "translated": Family("translated", "reported", "ok", "pids", "nvml-pids"),
+    "callers-pids": Family("callers", "reported", "ok", "pids", "nvml-pids"),
     "memory-zero": Family("translated", "zero", "ok", "pids-without-memory", "framework"),
     "memory-unavailable": Family("translated", "unavailable", "ok", "pids-without-memory", "framework"),
     "no-process-list": Family("shared", "reported", "error", "no-process-list", "framework"),
@@ -203,7 +204,7 @@ def test_own_and_neighbour_ooms_are_told_apart(
     assert "cannot attribute" in (crowded.gpu_accounting_note or ""), crowded
 
 
-@pytest.mark.parametrize("pids", ["host", "translated"])
+@pytest.mark.parametrize("pids", ["host", "callers", "translated"])
 def test_two_pods_share_one_gpu_and_neither_takes_the_other_for_a_stranger(
     redis_url: str, tmp_path: Path, fake_gpu: Path, pod: Callable[..., Path], pids: str
 ) -> None:

@@ -183,7 +183,10 @@ class NeighbourCheck:
         started = time.monotonic()
         tree = worker_tree or worker_processes
         while True:
-            look = self._look(nvml, share, tree())
+            try:
+                look = self._look(nvml, share, tree())
+            except Exception as exc:  # whatever a reading raised: unchecked, never a failure
+                return StartCheck(note=self._unchecked(exc))
             waited = time.monotonic() - started
             if not look.strangers and not look.short:
                 return StartCheck(note=look.failed)
@@ -198,6 +201,13 @@ class NeighbourCheck:
     ) -> str | None:
         """Why the trial may not start on its GPUs now, or None (`check`'s refusal)."""
         return self.check(nvml, share, worker_tree).refusal
+
+    def _unchecked(self, exc: Exception) -> str:
+        text = f"GPU start check failed ({type(exc).__name__}: {exc})"
+        (self.warnings or OncePerWorker(_log)).warn(
+            f"start-{type(exc).__name__}", f"{text}; trials run"
+        )
+        return f"{text}: started unchecked"
 
     def _look(self, nvml: Nvml, share: GpuShare, tree: set[int]) -> _Look:
         limit = None if share.budget_bytes is None else share.budget_bytes + self.context_bytes
@@ -263,8 +273,14 @@ def _in_this_container(pid: int) -> bool:
     another pod's process, or an MPS server, seen with the host's PID namespace, is not."""
     try:
         return Path(f"/proc/{pid}/cgroup").read_text() == Path("/proc/self/cgroup").read_text()
+    except FileNotFoundError:
+        return False  # no such process here: a pid of another namespace
     except OSError:
+        pass
+    try:
         return bool(psutil.pid_exists(pid))
+    except (OverflowError, ValueError):  # not a pid this kernel could have given
+        return False
 
 
 def worker_processes() -> set[int]:
