@@ -50,7 +50,10 @@ def probe(nvml: Nvml, gpu_id: str, nvml_module: str) -> ProbeResult:
         nvml.processes(gpu_id)
     except Exception as exc:  # NVMLError: no process list here at all
         return ProbeResult(ProcessView.NO_PROCESSES, f"{type(exc).__name__}: {exc}")
-    child = _start(gpu_id, nvml_module)
+    try:
+        child = _start(gpu_id, nvml_module)
+    except OSError as exc:  # no process to start: not found out, the worker starts anyway
+        return ProbeResult(ProcessView.UNKNOWN, f"the probe did not start: {exc}")
     try:
         ready = _ready(child)
         if ready is not None:
