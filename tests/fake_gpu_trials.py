@@ -73,3 +73,11 @@ def _start_stranger(n_bytes: int, live_s: float) -> None:
         n_bytes=n_bytes, live_s=live_s,
     )  # fmt: skip
     subprocess.run([sys.executable, "-c", code], check=True, start_new_session=True)
+
+
+def runs_out_of_memory(params: dict[str, Any], trial: TrialContext) -> float:
+    """Holds `hold_mb` for `sleep_s`, then fails with CUDA's out-of-memory message: its own
+    OOM, or a neighbour's, by what the others held meanwhile."""
+    fake_nvml.hold(int(params.get("hold_mb", 100)) * MIB)
+    time.sleep(float(params.get("sleep_s", 0.5)))
+    raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB (fake GPU)")

@@ -3,9 +3,9 @@
 Workers load it in place of `pynvml` through `TRIALQ_NVML_MODULE=fake_nvml` (with `tests/` on
 their `PYTHONPATH`). It reports the fake GPUs a test describes in `$FAKE_NVML_DIR/gpus.json`
 (`[{"uuid": "GPU-fake-0", "name": "FakeGPU", "total": BYTES}, ...]`), and as each fake GPU's
-compute processes, the files `$FAKE_NVML_DIR/used/<uuid>/<pid>` holding a byte count, written
-by fake trials (`hold`) for their own pid; a file whose process has exited counts for nothing,
-as the driver frees what a process held when it exits.
+compute processes, the files `$FAKE_NVML_DIR/used/<uuid>/<pid namespace>-<pid>` holding a byte
+count, written by fake trials (`hold`) for their own pid; a file whose process has exited counts
+for nothing, as the driver frees what a process held when it exits.
 
 It answers as nvidia-ml-py does where trialq asks (errors are `NVMLError` with the code in
 `value`, as pynvml's): a card without MIG answers `nvmlDeviceGetMigMode` Not Supported. A card
@@ -15,10 +15,29 @@ described with `"mig_mode": 1` and `"mig": [{"uuid": "MIG-...", "name": ..., "to
 Permission for one marked `"visible": false` (another pod's), and a MIG handle answers its own
 UUID, name and memory. With `"privileged": false` the card in MIG mode refuses its own memory
 and processes (No Permission), as NVML does in an unprivileged container.
+
+How it names processes is the driver family a test picks (`behave_as`, kept in
+`$FAKE_NVML_DIR/driver.json`), as real drivers answer a caller in a container that does not
+share the host's PID namespace (docs/oom.md, "What NVML can be trusted for"):
+- pids `shared` (the default): every process by its own pid, as with the host's PID namespace
+  (every caller in one namespace: no containers);
+- pids `host`: every process by a "host" pid that no namespace has (a driver that does not
+  translate pids: NVIDIA/nvidia-docker#1483, #179);
+- pids `callers`: the caller's namespace's processes by their pids there, the others by host
+  pids (translated where it can be);
+- pids `translated`: the caller's namespace's processes by their pids, the others left out;
+- memory `reported`, `zero` or `unavailable` (`usedGpuMemory` None: pynvml's reading of
+  NVML_VALUE_NOT_AVAILABLE), as some drivers and virtualisation layers report it;
+- processes `error`: every process query raises `NVMLError`.
+The device's memory in use (`nvmlDeviceGetMemoryInfo`) is every process's, whatever the family.
+Two callers in two PID namespaces (`unshare --pid --fork --mount-proc`) share one fake GPU as two
+pods do: a holder keeps a lock on its file, which tells a caller in another namespace it lives.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 from dataclasses import dataclass
@@ -28,6 +47,12 @@ from typing import Any
 import psutil
 
 FAKE_NAME = "FakeGPU (fake NVML, not a GPU)"
+
+PID_MAX_LIMIT = 2**22
+"""Linux's largest pid (`PID_MAX_LIMIT` on 64 bits): the fake's "host" pids lie above it."""
+
+_held: dict[Path, int] = {}
+"""The files this process holds memory through, each with its open, locked descriptor."""
 
 
 NVML_ERROR_INVALID_ARGUMENT = 2
@@ -70,7 +95,16 @@ class _Memory:
 @dataclass(frozen=True)
 class _Process:
     pid: int
-    usedGpuMemory: int
+    usedGpuMemory: int | None
+
+
+@dataclass(frozen=True)
+class _Holder:
+    """A process holding memory on a fake GPU: its pid namespace, its pid there, its bytes."""
+
+    namespace: int
+    pid: int
+    used: int
 
 
 def describe(directory: Path, count: int, total_bytes: int) -> None:
@@ -82,12 +116,61 @@ def describe(directory: Path, count: int, total_bytes: int) -> None:
     (directory / "gpus.json").write_text(json.dumps(gpus))
 
 
+def behave_as(
+    directory: Path, pids: str = "shared", memory: str = "reported", processes: str = "ok"
+) -> None:
+    """Answer as a driver family does (the module's docstring): a test's step."""
+    assert pids in ("shared", "host", "callers", "translated") and processes in ("ok", "error")
+    assert memory in ("reported", "zero", "unavailable")
+    family = {"pids": pids, "memory": memory, "processes": processes}
+    (directory / "driver.json").write_text(json.dumps(family))
+
+
 def hold(n_bytes: int, pid: int | None = None) -> None:
-    """A fake trial holds `n_bytes` on each GPU of its `CUDA_VISIBLE_DEVICES`."""
+    """A fake trial holds `n_bytes` on each GPU of its `CUDA_VISIBLE_DEVICES`; `pid`: on behalf
+    of another process of this namespace, alive for as long as that process is."""
     for uuid in _visible_uuids():
         folder = _dir() / "used" / uuid
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / str(pid or os.getpid())).write_text(str(n_bytes))
+        path = folder / f"{_namespace()}-{pid or os.getpid()}"
+        if pid is None or pid == os.getpid():
+            _hold_locked(path, n_bytes)
+        else:
+            path.write_text(str(n_bytes))
+
+
+def _hold_locked(path: Path, n_bytes: int) -> None:
+    """Write this process's figure through a descriptor it keeps locked until it exits."""
+    fd = _held.get(path)
+    if fd is None:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        _held[path] = fd
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, str(n_bytes).encode(), 0)
+
+
+def fakeCreateContext(n_bytes: int) -> None:
+    """The fake's stand-in for a CUDA context: this process holds `n_bytes` on its visible GPU
+    (trialq's start probe calls it where the binding is a fake, never on a GPU)."""
+    hold(n_bytes)
+
+
+def fakeAllocatorBytes(handle: _Handle) -> int:
+    """The fake's stand-in for a framework allocator's figure: what this process holds on the
+    GPU, read in the process itself, whatever NVML's family says of it."""
+    me = (_namespace(), os.getpid())
+    return sum(h.used for h in _holders(handle) if (h.namespace, h.pid) == me)
+
+
+def _namespace() -> int:
+    """This process's PID namespace (the inode of /proc/self/ns/pid)."""
+    return os.stat("/proc/self/ns/pid").st_ino
+
+
+def _family() -> dict[str, str]:
+    path = _dir() / "driver.json"
+    return dict(json.loads(path.read_text())) if path.is_file() else {}
 
 
 def _visible_uuids() -> list[str]:
@@ -197,22 +280,50 @@ def nvmlDeviceGetDeviceHandleFromMigDeviceHandle(handle: _Handle) -> _Handle:
 
 def nvmlDeviceGetComputeRunningProcesses(handle: _Handle) -> list[_Process]:
     _refuses_card(handle)
+    family = _family()
+    if family.get("processes") == "error":
+        raise NVMLError(NVML_ERROR_NOT_SUPPORTED)  # every process query fails, as some drivers'
+    pids, here = family.get("pids", "shared"), _namespace()
+    found = []
+    for holder in _holders(handle):
+        foreign = holder.namespace != here
+        if pids == "translated" and foreign:
+            continue  # a translating driver leaves other namespaces' processes out
+        untranslated = pids == "host" or (pids == "callers" and foreign)
+        pid = _host_pid(holder) if untranslated else holder.pid
+        found.append(_Process(pid, _memory(holder.used, family.get("memory", "reported"))))
+    return found
+
+
+def _host_pid(holder: _Holder) -> int:
+    """A pid no namespace has, distinct for each (namespace, pid): what an untranslating
+    driver reports to a caller in a container."""
+    return PID_MAX_LIMIT + 1 + (holder.namespace % 1000) * PID_MAX_LIMIT + holder.pid
+
+
+def _memory(used: int, memory: str) -> int | None:
+    return {"reported": used, "zero": 0}.get(memory)
+
+
+def _holders(handle: _Handle) -> list[_Holder]:
+    """Every live process holding memory on the GPU, whichever namespace it is in."""
     folder = _dir() / "used" / str(_described(handle)["uuid"])
     found = []
     for path in sorted(folder.glob("*")) if folder.is_dir() else []:
         try:
-            pid, used = int(path.name), int(path.read_text() or 0)
+            namespace, pid = (int(part) for part in path.name.split("-"))
+            used = int(path.read_text() or 0)
         except (ValueError, OSError):
             continue
-        if _alive(pid):
-            found.append(_Process(pid, used))
+        if _alive(namespace, pid, path):
+            found.append(_Holder(namespace, pid, used))
     return found
 
 
 def nvmlDeviceGetMemoryInfo(handle: _Handle) -> _Memory:
     _refuses_card(handle)
     total = int(_described(handle)["total"])
-    used = sum(p.usedGpuMemory for p in nvmlDeviceGetComputeRunningProcesses(handle))
+    used = sum(holder.used for holder in _holders(handle))
     return _Memory(total, used, max(0, total - used))
 
 
@@ -220,8 +331,28 @@ def nvmlDeviceGetUtilizationRates(handle: _Handle) -> object:
     raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
 
 
-def _alive(pid: int) -> bool:
+def _alive(namespace: int, pid: int, path: Path) -> bool:
+    """A process of this namespace by its pid; one of another by the lock it keeps."""
+    if namespace != _namespace():
+        return _locked(path)
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+def _locked(path: Path) -> bool:
+    if path in _held:
+        return True
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        with contextlib.suppress(OSError):
+            os.close(fd)  # closing drops a lock taken here
+    return False

@@ -152,6 +152,11 @@ class Settings(BaseSettings):
     MPS client may hold on each device ordinal (`0=4G,1=4G`): a worker with `--gpus` plans
     its slots within it, not the whole card (`trialq.trial.mps`)."""
 
+    gpu_unattributed_wait_s: float = Field(default=30.0, ge=0)
+    """How long a trial waits at its start while memory that no process of this worker can
+    be named for holds part of its share (another pod's, or any where NVML names none of the
+    worker's processes); then it runs, and its result says so (docs/oom.md)."""
+
     nvml_module: str = "pynvml"
     """The NVML binding imported to read GPUs (nvidia-ml-py's `pynvml`). Tests on machines
     without a GPU name a fake here; its readings are a fake's, never a GPU's."""

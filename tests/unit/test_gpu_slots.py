@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -15,10 +16,12 @@ import fake_nvml
 import pytest
 
 from trialq.errors import UsageError
+from trialq.trial.gpu_attribution import ProcessView
 from trialq.trial.gpu_guard import GpuGuard, GpuOverrun
 from trialq.trial.gpu_inventory import Gpu, Nvml
 from trialq.trial.gpu_plan import GpuPlan
 from trialq.trial.gpu_share import GpuShare
+from trialq.trial.once_per_worker import OncePerWorker
 from trialq.trial.telemetry import NeighbourCheck
 from trialq.wire.heartbeat import GpuBeat, WorkerBeat
 from trialq.wire.routing import slot_queues, trial_queue
@@ -76,7 +79,7 @@ def test_the_start_check_refuses_a_stranger_on_the_gpu_but_not_a_neighbour(nvml:
     holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
         fake_nvml.hold(2 * GIB, pid=holder.pid)  # a process a finished trial left behind
-        check = NeighbourCheck(tolerance_bytes=256 * MIB, settle_s=0.2)
+        check = NeighbourCheck(tolerance_bytes=256 * MIB, settle_s=0.2, view=ProcessView.PIDS)
 
         refused = check.refusal(nvml, share, lambda: {os.getpid()})
         as_neighbour = check.refusal(nvml, share, lambda: {os.getpid(), holder.pid})
@@ -145,3 +148,26 @@ def test_gpus_beat_under_a_key_of_their_own_so_older_readers_parse_the_heartbeat
     assert "gpus" not in beat.heartbeat_json()
     assert WorkerBeat.from_json({**beat.heartbeat_json(), "later": 1}, gpus) == beat
     assert gpus.describe() == "2 x FakeGPU (16.0 GiB), 8 slots of 1 GPU x 3.5 GiB"
+
+
+def test_a_guard_without_a_figure_of_its_own_says_the_gpu_was_unguarded(nvml: Nvml) -> None:
+    share = GpuShare(("0",), 7 * GIB, CARD.model, 16 * GIB)
+    guard = GpuGuard(nvml, share, 512 * MIB, lambda _: None, ProcessView.OTHER_PIDS,
+                     allocator=lambda _position, _device: None)  # fmt: skip
+    fake_nvml.hold(12 * GIB)  # over its share, but nothing says it is the trial's
+
+    assert guard._sample() is None and guard.peaks() == {}
+    assert guard.accounting() == "unguarded"
+    assert "GPU 0 unguarded: no figure of the trial's own memory" in (guard.accounting_note() or "")
+    assert not guard.neighbour_caused()  # without its own figure, an OOM stays its own
+
+
+def test_a_warning_is_said_once_per_worker_folder(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    log = logging.getLogger("trialq.test-once")
+    for _trial_process in range(3):
+        OncePerWorker(log, tmp_path).warn("nvml", "NVML failed")
+    OncePerWorker(log, tmp_path).warn("other", "something else")
+
+    assert [r.getMessage() for r in caplog.records] == ["NVML failed", "something else"]

@@ -122,10 +122,10 @@ def test_the_bootstep_prepares_the_state_before_the_pool_forks(
     assert WorkerStateStep in app.steps["worker"], "registered on the worker's blueprint"
     assert "celery.worker.components:Pool" in WorkerStateStep.requires, "the pool exists first"
     steps: list[str] = []
-    for name in ("preload", "plan_gpus", "measure_device_baseline"):
+    for name in ("preload", "plan_gpus", "probe_gpus", "measure_device_baseline"):
         monkeypatch.setattr(state, name, lambda *_a, _n=name, **_k: steps.append(_n))
     WorkerStateStep(types.SimpleNamespace()).create(types.SimpleNamespace())
-    assert steps == ["preload", "plan_gpus", "measure_device_baseline"]
+    assert steps == ["preload", "plan_gpus", "probe_gpus", "measure_device_baseline"]
 
 
 def test_worker_ready_freezes_then_starts_the_heartbeat(

@@ -1,7 +1,9 @@
 """An attempt on GPUs it shares with its neighbours (`trialq worker --gpus`): refused where
 a stranger holds them (`NeighbourCheck`; the one refusal of a device that is not clean,
 `TrialResult.device_refused_here`), else run under the GPU memory guard (`GpuGuard`), its
-own OOM told apart from one its neighbours caused.
+own OOM told apart from one its neighbours caused. Both follow what NVML's process list can
+be trusted for on this host (`ProcessView`, found at the worker's start), and what they could
+not attribute or read is said on the result, never a failure (docs/oom.md).
 
 It runs in the trial's own process, around `run_trial`, before anything imports CUDA:
 NVML reads the GPUs without a CUDA context.
@@ -12,11 +14,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
+from trialq.trial.gpu_attribution import ProcessView
 from trialq.trial.gpu_guard import GpuGuard, GpuOverrun
 from trialq.trial.gpu_inventory import Nvml
 from trialq.trial.gpu_share import GpuShare
-from trialq.trial.telemetry import MIB, NeighbourCheck
+from trialq.trial.once_per_worker import OncePerWorker
+from trialq.trial.telemetry import MIB, NeighbourCheck, StartCheck
 from trialq.wire.messages import Outcome, TrialRequest, TrialResult
 
 logger = logging.getLogger("trialq.worker")  # the name log lines show; kept when the code moved
@@ -25,11 +30,23 @@ logger = logging.getLogger("trialq.worker")  # the name log lines show; kept whe
 @dataclass(frozen=True)
 class GpuLimits:
     """What the worker's settings say of a trial's GPUs: the NVML binding, the memory a
-    stranger may hold before a GPU counts as not clean, and one CUDA context's reserve."""
+    stranger may hold before a GPU counts as not clean, one CUDA context's reserve; how long
+    memory nobody can be named for is waited on; what NVML's processes are worth here; and
+    the worker's folder its trial processes mark warnings said in (`OncePerWorker`)."""
 
     nvml_module: str
     tolerance_mb: int
     context_reserve_mb: int
+    unattributed_wait_s: float = 30.0
+    view: ProcessView = ProcessView.UNKNOWN
+    warned_in: Path | None = None
+
+    def start_check(self, warnings: OncePerWorker) -> NeighbourCheck:
+        """The start check these limits make."""
+        return NeighbourCheck(
+            self.tolerance_mb * MIB, view=self.view, context_bytes=self.context_reserve_mb * MIB,
+            unattributed_wait_s=self.unattributed_wait_s, warnings=warnings,
+        )  # fmt: skip
 
 
 def run_on_share(
@@ -40,20 +57,43 @@ def run_on_share(
     leave: Callable[[TrialResult], None],
 ) -> TrialResult:
     """`run()` on the slot's GPUs, guarded; `leave` stores the guard's `oom` before it kills
-    the trial's process. Without a share (or NVML), `run()` as it is."""
-    nvml = Nvml.open(limits.nvml_module) if share is not None else None
-    if nvml is None or share is None:
+    the trial's process. Without a share, `run()` as it is; without NVML, unguarded."""
+    if share is None:
         return run()
+    warnings = OncePerWorker(logger, limits.warned_in)
+    nvml = Nvml.open(limits.nvml_module)
+    if nvml is None:
+        note = f"unguarded: NVML ({limits.nvml_module}) did not open in the trial process"
+        warnings.warn("nvml-open", f"{note}; trials run unguarded")
+        return run().with_gpu_accounting("unguarded", note)
     with nvml:
-        refusal = NeighbourCheck(limits.tolerance_mb * MIB).refusal(nvml, share)
-        if refusal is not None:
-            logger.critical("%s", refusal)
-            return TrialResult.device_refused_here(request, refusal)
-        reserve = limits.context_reserve_mb * MIB
-        with GpuGuard(nvml, share, reserve, _leave_oom(request, leave)) as guard:
-            result = run()
-        neighbours = result.outcome is Outcome.OOM and guard.neighbour_caused()
-        return result.with_gpu_guard(guard.peaks(), neighbours)
+        start = limits.start_check(warnings).check(nvml, share)
+        if start.refusal is not None:
+            logger.critical("%s", start.refusal)
+            return TrialResult.device_refused_here(request, start.refusal)
+        return _guarded(request, nvml, share, limits, start, run, leave, warnings)
+
+
+def _guarded(
+    request: TrialRequest,
+    nvml: Nvml,
+    share: GpuShare,
+    limits: GpuLimits,
+    start: StartCheck,
+    run: Callable[[], TrialResult],
+    leave: Callable[[TrialResult], None],
+    warnings: OncePerWorker,
+) -> TrialResult:
+    """`run()` under the GPU memory guard; its result with what the guard saw."""
+    reserve = limits.context_reserve_mb * MIB
+    on_overrun = _leave_oom(request, leave)
+    with GpuGuard(nvml, share, reserve, on_overrun, limits.view, warnings=warnings) as guard:
+        result = run()
+    neighbours = result.outcome is Outcome.OOM and guard.neighbour_caused()
+    notes = "; ".join(note for note in (start.note, guard.accounting_note()) if note) or None
+    return result.with_gpu_guard(guard.peaks(), neighbours).with_gpu_accounting(
+        guard.accounting(), notes
+    )
 
 
 def _leave_oom(

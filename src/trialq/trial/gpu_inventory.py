@@ -16,9 +16,9 @@ A card in MIG mode is no CUDA device itself: its MIG devices are, each with its 
 device of a card in MIG mode that this process can see (a pod given one MIG device sees
 that one; NVML answers the others Not Found or No Permission).
 
-Process ids are the ones NVML reports, which are the host's: in a container, the worker sees
-its own trial processes among them only where it shares the host's PID namespace (Compose
-`pid: host`, Kubernetes `hostPID: true`); elsewhere a trial's own memory reads as nothing.
+Process ids are the ones NVML reports, which depend on the driver and the container: what
+they can be trusted for is found out at the worker's start (`trialq.trial.nvml_probe`) and
+judged by `trialq.trial.gpu_attribution`.
 """
 
 from __future__ import annotations
@@ -149,10 +149,21 @@ class Nvml:
         """Memory in use on the GPU, by every process and the driver's reservations."""
         return int(self._nvml.nvmlDeviceGetMemoryInfo(self.handle(gpu_id)).used)
 
-    def processes(self, gpu_id: str) -> dict[int, int]:
-        """The memory each process holds on the GPU, by pid (NVML's compute processes)."""
+    def processes(self, gpu_id: str) -> dict[int, int | None]:
+        """The memory each process holds on the GPU, by pid as NVML gives it (NVML's compute
+        processes; None where NVML has no figure: pynvml's NVML_VALUE_NOT_AVAILABLE)."""
         listed = self._nvml.nvmlDeviceGetComputeRunningProcesses(self.handle(gpu_id))
-        return {int(p.pid): int(p.usedGpuMemory or 0) for p in listed}
+        return {int(p.pid): _figure(p.usedGpuMemory) for p in listed}
+
+    def allocator_stand_in(self, gpu_id: str) -> int | None:
+        """A FAKE binding's stand-in for a framework allocator's figure of this process on
+        the GPU (tests/fake_nvml.py); None from a real NVML, which has no such thing."""
+        stand_in = getattr(self._nvml, "fakeAllocatorBytes", None)
+        return None if stand_in is None else int(stand_in(self.handle(gpu_id)))
+
+
+def _figure(used: int | None) -> int | None:
+    return None if used is None else int(used)
 
 
 def _text(value: str | bytes) -> str:

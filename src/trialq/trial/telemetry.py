@@ -8,27 +8,33 @@ a process that outlived its trial.
 
 A worker that packs trials onto its GPUs (`trialq worker --gpus`) cannot read a device's
 total that way: its neighbours' memory is there by right. Its check (`NeighbourCheck`) reads
-NVML's processes on each of the trial's GPUs and refuses a GPU that a process holds which
-is none of this worker's live trial processes (nor one of theirs): a process a finished
-trial left behind, or anything else that is not the worker's.
+NVML's processes on each of the trial's GPUs and refuses a GPU that a process of this
+container holds which is none of this worker's live trial processes (nor one of theirs): a
+process a finished trial left behind. Memory it cannot name anyone for (another pod's, an MPS
+server's, or any where NVML names no process of this worker) is waited on, then noted.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from statistics import fmean
 from types import TracebackType
+from typing import TypeVar
 
 import psutil
 
 from trialq.trial.device import Device
+from trialq.trial.gpu_attribution import ProcessView, Reading, Stranger, shortfall, strangers
 from trialq.trial.gpu_inventory import Nvml
 from trialq.trial.gpu_share import GpuShare
+from trialq.trial.once_per_worker import OncePerWorker
 
 SAMPLE_INTERVAL_S = 0.5
 """How often the trial process reads its device; NVML's own utilisation window is ~1/6 s
@@ -39,6 +45,9 @@ SETTLE_S = 5.0
 refuses: the driver may still be tearing down the previous trial's process."""
 
 MIB = 2**20
+
+_log = logging.getLogger("trialq.gpu")
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -142,42 +151,136 @@ class DeviceBaseline:
 
 
 @dataclass(frozen=True)
+class StartCheck:
+    """The start check's verdict: a refusal (the trial does not run), or a run with a note
+    of what it could not attribute or read (None: clean)."""
+
+    refusal: str | None = None
+    note: str | None = None
+
+
+@dataclass(frozen=True)
 class NeighbourCheck:
-    """Whether a trial's GPUs are clean to start on, per GPU, knowing its neighbours: no
-    process holds more than `tolerance_bytes` on them unless it is one of this worker's live
-    trial processes or their children (`worker_tree`, read in the trial process)."""
+    """Whether a trial's GPUs are clean to start on, per GPU, knowing its neighbours
+    (`trialq.trial.gpu_attribution`, docs/oom.md): a process of this container that is none
+    of this worker's live trial processes or their children (`worker_tree`, read in the trial
+    process) and holds more than `tolerance_bytes` is refused for, where NVML names this
+    namespace's processes; memory that no one can be named for is waited on, then noted."""
 
     tolerance_bytes: int
     settle_s: float = SETTLE_S
+    view: ProcessView = ProcessView.UNKNOWN
+    context_bytes: int = 0
+    unattributed_wait_s: float = SETTLE_S
+    warnings: OncePerWorker | None = None
+
+    def check(
+        self, nvml: Nvml, share: GpuShare, worker_tree: Callable[[], set[int]] | None = None
+    ) -> StartCheck:
+        """Refuse for a stranger still there after `settle_s` (a finished trial's process
+        still exiting is waited for); run, with a note, once memory nobody can be named for
+        has held part of the trial's share for `unattributed_wait_s`."""
+        started = time.monotonic()
+        tree = worker_tree or worker_processes
+        while True:
+            try:
+                look = self._look(nvml, share, tree())
+            except Exception as exc:  # whatever a reading raised: unchecked, never a failure
+                return StartCheck(note=self._unchecked(exc))
+            waited = time.monotonic() - started
+            if not look.strangers and not look.short:
+                return StartCheck(note=look.failed)
+            if look.strangers and waited >= self.settle_s:
+                return StartCheck(refusal=_refusal(look.strangers))
+            if not look.strangers and waited >= self.unattributed_wait_s:
+                return StartCheck(note=_joined(_short_note(look.short, share, waited), look.failed))
+            time.sleep(min(0.25, self.settle_s, self.unattributed_wait_s) or 0.01)
 
     def refusal(
         self, nvml: Nvml, share: GpuShare, worker_tree: Callable[[], set[int]] | None = None
     ) -> str | None:
-        """Why the trial may not start on its GPUs now, or None; a stranger that goes within
-        `settle_s` (a finished trial's process still exiting) is waited for."""
-        deadline = time.monotonic() + self.settle_s
-        tree = worker_tree or worker_processes
-        strangers = self._strangers(nvml, share, tree())
-        while strangers and time.monotonic() < deadline:
-            time.sleep(min(0.25, self.settle_s))
-            strangers = self._strangers(nvml, share, tree())
-        if not strangers:
-            return None
-        held = ", ".join(
-            f"pid {pid} holds {_mib(used)} on GPU {gpu}" for gpu, pid, used in strangers
-        )
-        return (
-            f"GPU not clean: {held}, and is none of this worker's trial processes (a process "
-            "an earlier trial left behind?); the trial was not run"
-        )
+        """Why the trial may not start on its GPUs now, or None (`check`'s refusal)."""
+        return self.check(nvml, share, worker_tree).refusal
 
-    def _strangers(self, nvml: Nvml, share: GpuShare, tree: set[int]) -> list[tuple[str, int, int]]:
-        found = []
+    def _unchecked(self, exc: Exception) -> str:
+        text = f"GPU start check failed ({type(exc).__name__}: {exc})"
+        (self.warnings or OncePerWorker(_log)).warn(
+            f"start-{type(exc).__name__}", f"{text}; trials run"
+        )
+        return f"{text}: started unchecked"
+
+    def _look(self, nvml: Nvml, share: GpuShare, tree: set[int]) -> _Look:
+        limit = None if share.budget_bytes is None else share.budget_bytes + self.context_bytes
+        look = _Look()
         for gpu in share.devices:
-            for pid, used in sorted(nvml.processes(gpu).items()):
-                if pid not in tree and used > self.tolerance_bytes:
-                    found.append((gpu, pid, used))
-        return found
+            listed = self._try(look, gpu, "processes", nvml.processes)
+            used = self._try(look, gpu, "memory", nvml.used_bytes)
+            reading = Reading(listed, used)
+            look.strangers += strangers(
+                self.view, gpu, listed, tree, self.tolerance_bytes, _in_this_container
+            )
+            lacking = shortfall(reading, share.total_bytes, limit, self.tolerance_bytes)
+            if lacking:
+                look.short[gpu] = lacking
+        return look
+
+    def _try(self, look: _Look, gpu: str, what: str, read: Callable[[str], _T]) -> _T | None:
+        try:
+            return read(gpu)
+        except Exception as exc:  # NVMLError and kin: that part goes unchecked, with a note
+            if what == "processes" and self.view is ProcessView.NO_PROCESSES:
+                return None  # known at the worker's start: nothing to say per trial
+            text = f"NVML failed on GPU {gpu} ({what}: {type(exc).__name__}: {exc})"
+            look.failed = _joined(look.failed, f"start check incomplete: {text}")
+            (self.warnings or OncePerWorker(_log)).warn(
+                f"start-{what}-{type(exc).__name__}", f"GPU start check: {text}; trials run"
+            )
+            return None
+
+
+@dataclass
+class _Look:
+    """One look at a trial's GPUs: strangers, the share others hold per GPU, NVML failures."""
+
+    strangers: list[Stranger] = field(default_factory=list)
+    short: dict[str, int] = field(default_factory=dict)
+    failed: str | None = None
+
+
+def _refusal(found: list[Stranger]) -> str:
+    held = ", ".join(stranger.text() for stranger in found)
+    return (
+        f"GPU not clean: {held}, and is none of this worker's trial processes (a process "
+        "an earlier trial left behind?); the trial was not run"
+    )
+
+
+def _short_note(short: dict[str, int], share: GpuShare, waited: float) -> str:
+    held = ", ".join(f"{_mib(n)} on GPU {gpu}" for gpu, n in short.items())
+    return (
+        f"started after waiting {waited:.0f} s with part of its share held by memory this "
+        f"worker cannot attribute to a process ({held}; budget "
+        f"{_mib(share.budget_bytes or 0)} each): a neighbour's OOM can follow"
+    )
+
+
+def _joined(*notes: str | None) -> str | None:
+    return "; ".join(note for note in notes if note) or None
+
+
+def _in_this_container(pid: int) -> bool:
+    """Whether `pid` is a process of this PID namespace and this container (its cgroup):
+    another pod's process, or an MPS server, seen with the host's PID namespace, is not."""
+    try:
+        return Path(f"/proc/{pid}/cgroup").read_text() == Path("/proc/self/cgroup").read_text()
+    except FileNotFoundError:
+        return False  # no such process here: a pid of another namespace
+    except OSError:
+        pass
+    try:
+        return bool(psutil.pid_exists(pid))
+    except (OverflowError, ValueError):  # not a pid this kernel could have given
+        return False
 
 
 def worker_processes() -> set[int]:

@@ -29,6 +29,7 @@ from trialq.settings import Settings
 from trialq.trial import checkpoints, process_group
 from trialq.trial.device import TensorFlowDevice
 from trialq.trial.gpu_attempt import GpuLimits, run_on_share
+from trialq.trial.gpu_attribution import ProcessView
 from trialq.trial.gpu_share import GpuShare
 from trialq.trial.prewarm import device_in_use
 from trialq.trial.result_store import ResultStore
@@ -59,10 +60,13 @@ class WorkerChild:
         backend: Callable[[], redis.Redis],
         slots: TrialSlots | None = None,
         baseline: DeviceBaseline | None = None,
+        view: ProcessView = ProcessView.UNKNOWN,
     ) -> None:
         self.settings = settings
         self.slots = slots
         self.baseline = baseline
+        self.view = view
+        """What NVML's process list can be trusted for on this host (the parent's probe)."""
         self._backend = backend
         self._redis: redis.Redis | None = None
         self._beacon: TrialBeacon | None = None
@@ -130,7 +134,8 @@ class WorkerChild:
         root = self.settings.checkpoint_root or checkpoints.default_root()
         limits = GpuLimits(
             self.settings.nvml_module, self.settings.gpu_baseline_tolerance_mb,
-            self.settings.gpu_context_reserve_mb,
+            self.settings.gpu_context_reserve_mb, self.settings.gpu_unattributed_wait_s,
+            self.view, self.slots.directory if self.slots is not None else None,
         )  # fmt: skip
         result = run_on_share(
             request, share, limits,

@@ -47,13 +47,18 @@ class GpuBeat:
     gpus_per_slot: int
     slot_budget_bytes: int | None
     """What one trial may hold on each of its GPUs; None: the whole GPU."""
+    processes: str | None = None
+    """What NVML's process list can be trusted for on the worker's host, as its start probe
+    found (`trialq.trial.gpu_attribution.ProcessView`'s value); None: not probed."""
 
     def describe(self) -> str:
-        """`2 x NVIDIA H100 80GB HBM3 (79.6 GiB), 8 slots of 1 GPU x 19.4 GiB`."""
+        """`2 x NVIDIA H100 80GB HBM3 (79.6 GiB), 8 slots of 1 GPU x 19.4 GiB, NVML
+        processes: pids`."""
         budget = "the whole GPU" if self.slot_budget_bytes is None else _gib(self.slot_budget_bytes)
+        found = "" if self.processes is None else f", NVML processes: {self.processes}"
         return (
             f"{len(self.devices)} x {self.model} ({_gib(self.total_bytes)}), {self.slots} slots "
-            f"of {self.gpus_per_slot} GPU x {budget}"
+            f"of {self.gpus_per_slot} GPU x {budget}{found}"
         )
 
     @classmethod

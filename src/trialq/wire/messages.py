@@ -136,6 +136,8 @@ class Measured(TypedDict, total=False):
     gpu_utilization_mean: float | None
     gpu_process_peak_bytes: dict[str, int]
     oom_caused_by_neighbour: bool
+    gpu_accounting: str | None
+    gpu_accounting_note: str | None
     last_step: int | None
     reports_dropped: int
     fitted_batch_size: int | None
@@ -181,6 +183,13 @@ class TrialResult(_Message):
     oom_caused_by_neighbour: bool = False
     """An `oom` that the trial's neighbours on a shared GPU caused: the trial stayed within
     its budget while they held part of it. Re-sent, never told to the sampler."""
+    gpu_accounting: str | None = None
+    """Where the GPU memory guard's figure of the trial's own memory came from on a shared GPU:
+    `nvml-pids`, `framework` (its allocator's, plus a CUDA context) or `unguarded` (one per
+    GPU where they differ); None without a slot's GPUs (docs/oom.md)."""
+    gpu_accounting_note: str | None = None
+    """What the start check and the guard could not attribute or read, in words (memory no
+    process could be named for at the start, a GPU left unguarded, NVML failing); None: none."""
     error: str | None = None
     last_step: int | None = None
     reports_dropped: int = 0
@@ -254,6 +263,11 @@ class TrialResult(_Message):
         GPU, and whether an `oom` was its neighbours' doing."""
         update = {"gpu_process_peak_bytes": peaks, "oom_caused_by_neighbour": neighbour_caused}
         return self.model_copy(update=update)
+
+    def with_gpu_accounting(self, accounting: str, note: str | None) -> TrialResult:
+        """This result saying where its GPU memory guard's figure of the trial's own memory
+        came from, and what could not be attributed or read (docs/oom.md)."""
+        return self.model_copy(update={"gpu_accounting": accounting, "gpu_accounting_note": note})
 
     def with_checkpoint_removed(self, removed: bool) -> TrialResult:
         """This result, saying whether its process removed the trial's checkpoint folder."""

@@ -48,6 +48,8 @@ class TrialRecord(BaseModel):
     gpu_utilization_mean: float | None = None
     gpu_process_peak_bytes: dict[str, int] | None = None
     oom_caused_by_neighbour: bool | None = None
+    gpu_accounting: str | None = None
+    gpu_accounting_note: str | None = None
     reports_dropped: int | None = None
     fitted_batch_size: int | None = None
 

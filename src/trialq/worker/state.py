@@ -23,9 +23,11 @@ import redis
 from trialq.errors import TrialqError, UsageError
 from trialq.settings import Settings, redacted_url
 from trialq.trial.device import TensorFlowDevice
+from trialq.trial.gpu_attribution import ProcessView
 from trialq.trial.gpu_inventory import Nvml
 from trialq.trial.gpu_plan import GpuPlan
 from trialq.trial.gpu_share import VISIBLE, GpuShare
+from trialq.trial.nvml_probe import ProbeResult, probe
 from trialq.trial.prewarm import device_in_use, preload, preload_modules
 from trialq.trial.slots import TrialSlots
 from trialq.trial.telemetry import MIB, DeviceBaseline
@@ -47,6 +49,9 @@ class WorkerState:
         self.gpu_shares: tuple[GpuShare, ...] | None = None
         """The shares of the worker's GPUs its slots give their trials; None before
         `plan_gpus`, empty for a worker without `--gpus`."""
+        self.probe: ProbeResult | None = None
+        """What NVML's process list can be trusted for here (`probe_gpus`); None before, or
+        without `--gpus`."""
         self.slots: TrialSlots | None = None
         """Created by `open_slots` in the parent before the pool forks: every child
         inherits them."""
@@ -56,10 +61,12 @@ class WorkerState:
 
     def prepare(self) -> None:
         """Import the framework (a refused import stops the worker before anything reads the
-        device), then cut the GPUs into slots, then measure the memory a clean device holds."""
+        device), then cut the GPUs into slots, find out what NVML's processes are worth here,
+        then measure the memory a clean device holds."""
         self._show_gpu_to_trials()
         self.preload()
         self.plan_gpus()
+        self.probe_gpus()
         self.measure_device_baseline()
 
     def _show_gpu_to_trials(self) -> None:
@@ -99,6 +106,26 @@ class WorkerState:
         with nvml:
             return plan.shares(nvml.gpus(settings.gpus))
 
+    def probe_gpus(self) -> None:
+        """Find out once, before the pool forks, what NVML's process list can be trusted for
+        on this host (`trialq.trial.nvml_probe`: a short-lived process holds memory on the
+        first GPU; this one opens no context)."""
+        shares = self.plan_gpus()
+        if not shares or self.probe is not None:
+            return
+        nvml = Nvml.open(self.settings.nvml_module)
+        if nvml is None:
+            return
+        with nvml:
+            self.probe = probe(nvml, shares[0].devices[0], self.settings.nvml_module)
+        if self.probe.detail:
+            logger.warning("GPU process probe: %s", self.probe.detail)
+
+    @property
+    def view(self) -> ProcessView:
+        """The probe's verdict; unknown without one."""
+        return self.probe.view if self.probe is not None else ProcessView.UNKNOWN
+
     def measure_device_baseline(self) -> None:
         """Before the pool forks any trial process: the memory a clean device holds. Not for
         a worker that packs trials onto its GPUs: its neighbours' memory is there by right,
@@ -135,7 +162,7 @@ class WorkerState:
 
     def child(self, backend: Callable[[], redis.Redis]) -> WorkerChild:
         """The steps of a trial process forked from this parent, with what it inherits."""
-        return WorkerChild(self.settings, backend, self.slots, self.baseline)
+        return WorkerChild(self.settings, backend, self.slots, self.baseline, self.view)
 
     # Running.
 
@@ -150,6 +177,7 @@ class WorkerState:
             devices=devices, model=first.model or "unknown", total_bytes=first.total_bytes or 0,
             slots=len(shares), gpus_per_slot=len(first.devices),
             slot_budget_bytes=first.budget_bytes,
+            processes=self.probe.view.value if self.probe is not None else None,
         )  # fmt: skip
 
     def start_heartbeat(self, name: str, queues: tuple[str, ...], concurrency: int) -> None:
@@ -167,9 +195,10 @@ class WorkerState:
         interval, ttl = self.settings.heartbeat_interval_s, self.settings.heartbeat_ttl_s
         self.heartbeat = Heartbeat(client, beat, interval, ttl, mark=self.settings.heartbeat_file)
         self.heartbeat.start()
+        found = "" if self.probe is None else f"; GPU processes: {self.probe.view.said()}"
         logger.info(
-            "worker %s ready: broker %s, queues %s, %d trial(s) at a time",
-            name, redacted_url(self.settings.broker_url), ",".join(queues), concurrency,
+            "worker %s ready: broker %s, queues %s, %d trial(s) at a time%s",
+            name, redacted_url(self.settings.broker_url), ",".join(queues), concurrency, found,
         )  # fmt: skip
 
     # Stopping.

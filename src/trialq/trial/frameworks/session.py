@@ -21,6 +21,16 @@ _log = logging.getLogger("trialq.frameworks")
 
 NO_SHARE = "no GPU share (CUDA_VISIBLE_DEVICES unset or empty): nothing to cap"
 
+_chosen: Adapter | None = None
+"""The framework of this process's trial (one trial a process), once chosen."""
+
+
+def allocator_peaks() -> tuple[int, ...] | None:
+    """The allocator's peak on each visible GPU of this process's trial now, or None (no
+    framework chosen, or none to read): the GPU memory guard's figure of the trial's own
+    memory where NVML gives none (`trialq.trial.gpu_attribution`)."""
+    return _peaks(_chosen)
+
 
 @dataclass(frozen=True)
 class FrameworkRecord:
@@ -91,7 +101,8 @@ class FrameworkSession:
         )
 
     def _choose(self, name: str) -> None:
-        self._adapter = adapter(name)
+        global _chosen
+        self._adapter = _chosen = adapter(name)
         self._in_time = self._adapter.started() is None
         for variable, value in self._adapter.environment(self._share, self._environ).items():
             if value is None:
