@@ -21,6 +21,7 @@ import fake_nvml
 import pytest
 
 from trialq.errors import UsageError
+from trialq.trial.gpu_attribution import ProcessView
 from trialq.trial.gpu_inventory import Gpu, Nvml
 from trialq.trial.gpu_plan import GpuPlan
 from trialq.trial.gpu_share import VISIBLE, GpuShare
@@ -121,7 +122,8 @@ def test_the_start_check_reads_a_mig_devices_processes_not_the_refusing_card(
         monkeypatch.setenv(VISIBLE, on_one.visible)
         fake_nvml.hold(1024 * MIB, pid=stranger.pid)
         assert nvml.processes(MIG_UUIDS[1]) == {stranger.pid: 1024 * MIB}
-        check = NeighbourCheck(64 * MIB, settle_s=0)
+        # the fake's default family names this namespace's pids: a stranger is refused for
+        check = NeighbourCheck(64 * MIB, settle_s=0, view=ProcessView.PIDS)
         refusal = check.refusal(nvml, on_one, lambda: {os.getpid()})
         assert refusal is not None and MIG_UUIDS[1] in refusal
         assert check.refusal(nvml, on_zero, lambda: {os.getpid()}) is None
