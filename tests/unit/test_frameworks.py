@@ -111,7 +111,7 @@ def test_torch_gets_expandable_segments_before_the_import_and_no_cap_on_cpu() ->
     seen = _probe(code)
     assert seen["framework"] == "torch" and not seen["imported_before"]
     assert seen["env"]["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
-    assert seen["record"] == ["torch", False, "PyTorch sees no CUDA device", None]
+    assert seen["record"] == ["torch", False, "PyTorch is built without CUDA", None]
     assert seen["cuda"] is False
 
 

@@ -81,12 +81,13 @@ class FrameworkSession:
     def record(self) -> FrameworkRecord:
         """After the trial: the peaks per GPU and the cap, whatever the outcome."""
         share = self._share
+        cap = self._cap.settled()
         return FrameworkRecord(
             framework=self.framework,
             peaks=_peaks(self._adapter),
             budget_bytes=share.budget_bytes if share is not None else None,
-            cap_applied=self._cap.applied,
-            cap_note=self._cap.note,
+            cap_applied=cap.applied,
+            cap_note=cap.note,
             model=share.model if share is not None else None,
         )
 
