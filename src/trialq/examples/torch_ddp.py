@@ -14,10 +14,10 @@ worker started with `--gpus-per-trial 2`), each rank capped at the trial's budge
 CUDA start (`cap_this_process`: a rank inherits the trial's `GpuShare` through its
 environment); `gloo` on the CPU, with 2 ranks (or the param `world_size`). The trial's own
 process never touches CUDA (it counts its GPUs from its share), so each GPU carries one CUDA
-context, its rank's, as the worker's budget allows for. The ranks meet through a file in the trial's temporary
-folder (no port to pick), where the trial also leaves the data and its params and rank 0
-its metrics. With the param `rank_pids_file`, each rank appends `<rank> <pid>` to that file
-after its first step (the tests watch the ranks through it).
+context, its rank's, as the worker's budget allows for. The ranks meet through a file in
+the trial's temporary folder (no port to pick), where the trial also leaves the data and its
+params and rank 0 its metrics. With the param `rank_pids_file`, each rank appends
+`<rank> <pid>` to that file after its first step (the tests watch the ranks through it).
 """
 
 from __future__ import annotations
