@@ -4,10 +4,9 @@ small MLP on scikit-learn's digits together, and rank 0 hands the metric back to
 The ranks are plain subprocesses of the trial's process (`python -m trialq.examples.torch_ddp
 RANK WORLD FOLDER`), so they are members of the trial's process group and end with the
 trial, whether it returns, raises, runs out of time or is killed
-(`trialq.trial.process_group`). Two ways that would not hold, and why this example takes
-neither: `torchrun` starts each rank in a session of its own (`start_new_session`), out of
-the trial's group; `torch.multiprocessing` refuses to start children from a process of
-Celery's pool (the pool marks it a daemonic `multiprocessing` process).
+(`trialq.trial.process_group`). What would not hold, and why this example does not use it:
+`torchrun` starts each rank in a session of its own (`start_new_session`), out of the
+trial's group.
 
 `nccl` where the trial has GPUs, one rank per GPU of its share (`[trial] gpus = 2` on a
 worker started with `--gpus-per-trial 2`), each rank capped at the trial's budget at its own
