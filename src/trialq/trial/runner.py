@@ -257,7 +257,7 @@ def _call_entrypoint(
         )
     device.prepare()
     with importable_from(*(Path(p) for p in request.search_paths)):
-        framework.before_import(entrypoint.source(Path.cwd()))
+        framework.before_import(entrypoint.source(Path.cwd()), entrypoint.function)
         before = set(sys.modules)
         train = _load(entrypoint)
     framework.after_import(before)

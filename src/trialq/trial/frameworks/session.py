@@ -61,9 +61,12 @@ class FrameworkSession:
         """The framework chosen or found so far."""
         return self._adapter.name if self._adapter is not None else None
 
-    def before_import(self, source: str | None) -> None:
-        """The spec's framework, or the one the entrypoint's source imports: its environment."""
-        name = self._choice if self._choice != AUTO else detect.in_source(source, self._environ)
+    def before_import(self, source: str | None, function: str = "") -> None:
+        """The spec's framework, or the one the entrypoint `function` of the module `source`
+        uses: its environment."""
+        name: str | None = self._choice
+        if self._choice == AUTO:
+            name = detect.in_source(source, function, self._environ)
         if name is not None:
             self._choose(name)
 
