@@ -32,7 +32,7 @@ from typing import Any
 
 from trialq.examples.digits import load_digits
 from trialq.trial.context import TrialContext
-from trialq.trial.frameworks.pytorch import cap_this_process
+from trialq.trial.frameworks.pytorch import cap_this_process, cuda_built
 from trialq.trial.gpu_share import GpuShare
 
 CPU_RANKS = 2
@@ -57,10 +57,8 @@ def train(params: dict[str, Any], trial: TrialContext) -> dict[str, float]:
 def _world_size(params: dict[str, Any]) -> int:
     """One rank per GPU of the trial's share, else `world_size` or 2 on the CPU; read from
     the environment, not CUDA: this process starts no context of its own."""
-    import torch
-
     share = GpuShare.from_environment(os.environ)
-    if share is not None and torch.backends.cuda.is_built():
+    if share is not None and cuda_built():
         return len(share.devices)
     return int(params.get("world_size", CPU_RANKS))
 

@@ -18,6 +18,7 @@ trial starts afresh (a DDP rank) calls `cap_this_process()`. The CUDA context it
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 from collections.abc import Mapping
@@ -68,7 +69,7 @@ class PyTorch:
             return Cap(False, "no GPU budget: the trial may use its whole GPUs")
         import torch
 
-        if not torch.backends.cuda.is_built():
+        if not cuda_built():
             return Cap(False, "PyTorch is built without CUDA")
         late = None if environment_in_time else f"CUDA started before {ALLOC_CONF} was set"
         cap = LazyCap(share.budget_bytes, late)
@@ -127,6 +128,12 @@ class LazyCap:
     def outcome(self) -> Cap:
         """What the cap came to: set (or failed) at CUDA's start, or still waiting for it."""
         return self._outcome if self._outcome is not None else Cap(True, NOT_STARTED)
+
+
+def cuda_built() -> bool:
+    """Whether this PyTorch was built with CUDA (public, and asks no driver anything)."""
+    backends: Any = importlib.import_module("torch.backends.cuda")
+    return bool(backends.is_built())
 
 
 def cap_this_process(environ: Mapping[str, str] | None = None) -> Cap:
