@@ -1,0 +1,72 @@
+"""Measuring a CUDA context, against fake answers only (no GPU here; named as fakes).
+
+What is checked: the arithmetic from the probe's readings, the parent's side (the probe is
+a process of its own that sees only its GPU; its one JSON line read back; a probe that fails
+is a reason, never the worker's failure), and the probe's readings around the context with
+the fake NVML (tests/fake_nvml.py) and a fake CUDA driver call that "makes" a 300 MiB
+context. Whether the figures are right on a GPU is for a GPU run: never done in the session
+that wrote this.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import fake_nvml
+import pytest
+
+from trialq.trial import context_probe
+from trialq.trial.context_probe import ContextMeasure, measure, measured
+
+MIB, GIB = 2**20, 2**30
+
+
+def test_the_context_is_what_nvml_saw_grow_and_usable_is_free_plus_it() -> None:
+    got = measured("0", before=GIB, after=GIB + 512 * MIB, free=10 * GIB, total=12 * GIB)
+    assert got == ContextMeasure("0", 512 * MIB, 10 * GIB + 512 * MIB, 12 * GIB)
+
+
+def test_memory_freed_meanwhile_never_makes_a_negative_context() -> None:
+    got = measured("0", before=2 * GIB, after=GIB, free=11 * GIB, total=12 * GIB)
+    assert got.context_bytes == 0 and got.usable_bytes == 11 * GIB
+
+
+def test_the_parent_runs_the_probe_as_a_process_that_sees_only_its_gpu() -> None:
+    asked: list[tuple[list[str], str]] = []
+    answer = ContextMeasure("GPU-fake-1", 300 * MIB, 11 * GIB, 12 * GIB)
+
+    def fake_probe_run(command: Sequence[str], env: dict[str, str]) -> str:
+        asked.append((list(command), env["CUDA_VISIBLE_DEVICES"]))
+        return "some CUDA chatter\n" + json.dumps(answer.__dict__) + "\n"
+
+    assert measure("GPU-fake-1", run=fake_probe_run) == answer
+    ((command, visible),) = asked
+    assert command[-3:] == ["-m", "trialq.trial.context_probe", "GPU-fake-1"]
+    assert visible == "GPU-fake-1"
+
+
+def test_a_probe_that_fails_is_a_reason_not_an_error() -> None:
+    def fake_probe_run(command: Sequence[str], env: dict[str, str]) -> str:
+        raise OSError("no such driver (a fake's failure)")
+
+    reason = measure("0", run=fake_probe_run)
+    assert isinstance(reason, str) and "GPU 0 was not measured" in reason
+    assert "a fake's failure" in reason
+
+
+def test_the_probe_reads_nvml_around_the_context_it_makes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake_nvml.describe(tmp_path, count=1, total_bytes=12 * GIB)
+    monkeypatch.setenv("FAKE_NVML_DIR", str(tmp_path))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-fake-0")
+
+    def fake_cuda_context() -> tuple[int, int]:
+        fake_nvml.hold(300 * MIB)  # the context NVML then sees this process hold
+        return 11 * GIB, 12 * GIB - 64 * MIB
+
+    monkeypatch.setattr(context_probe, "_context_and_memory", fake_cuda_context)
+    got = context_probe.probe("GPU-fake-0", nvml_module="fake_nvml")
+    assert got == ContextMeasure("GPU-fake-0", 300 * MIB, 11 * GIB + 300 * MIB, 12 * GIB - 64 * MIB)
