@@ -75,7 +75,7 @@ def _probe(code: str, env: dict[str, str] | None = None) -> Any:
 
 SETUP = """
 session = FrameworkSession("torch", SHARE)
-session.before_import(None)
+session.before_import(None, "train")
 session.after_import(set())
 seen = {"queued": len(queued()), "set": list(SET), "initialized": torch.cuda.is_initialized()}
 seen["before"] = record(session)

@@ -61,7 +61,7 @@ class FrameworkSession:
         """The framework chosen or found so far."""
         return self._adapter.name if self._adapter is not None else None
 
-    def before_import(self, source: str | None, function: str = "") -> None:
+    def before_import(self, source: str | None, function: str) -> None:
         """The spec's framework, or the one the entrypoint `function` of the module `source`
         uses: its environment."""
         name: str | None = self._choice
