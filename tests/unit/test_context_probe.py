@@ -17,8 +17,12 @@ from pathlib import Path
 import fake_nvml
 import pytest
 
+from trialq.errors import UsageError
 from trialq.trial import context_probe
 from trialq.trial.context_probe import ContextMeasure, measure, measured
+from trialq.trial.gpu_inventory import Gpu
+from trialq.trial.gpu_plan import CONTEXT_RESERVE_MB, GpuPlan
+from trialq.trial.gpu_share import GpuShare
 
 MIB, GIB = 2**20, 2**30
 
@@ -70,3 +74,34 @@ def test_the_probe_reads_nvml_around_the_context_it_makes(
     monkeypatch.setattr(context_probe, "_context_and_memory", fake_cuda_context)
     got = context_probe.probe("GPU-fake-0", nvml_module="fake_nvml")
     assert got == ContextMeasure("GPU-fake-0", 300 * MIB, 11 * GIB + 300 * MIB, 12 * GIB - 64 * MIB)
+
+
+CARD = Gpu("0", "FakeGPU (a fake)", 16 * GIB)
+FAKE_MEASURE = {"0": ContextMeasure("0", 700 * MIB, 15 * GIB, 16 * GIB - 100 * MIB)}
+"""A fake measure: CUDA lets the worker's processes have 15 GiB, a context takes 700 MiB."""
+
+
+def test_a_measured_context_and_usable_memory_replace_the_assumed_ones() -> None:
+    first, second = GpuPlan(trials_per_gpu=2).shares((CARD,), FAKE_MEASURE)
+    assert first == second
+    assert first.budget_bytes == (15 * GIB - 2 * 700 * MIB) // 2
+    assert first.context_bytes == 700 * MIB and first.total_bytes == 16 * GIB
+    assumed = GpuPlan(trials_per_gpu=2).shares((CARD,))[0]
+    assert assumed.context_bytes is None
+    assert assumed.budget_bytes == (16 * GIB - 2 * CONTEXT_RESERVE_MB * MIB) // 2
+
+
+def test_a_slot_is_measured_only_where_all_its_gpus_were() -> None:
+    other = Gpu("1", CARD.model, CARD.total_bytes)
+    (share,) = GpuPlan(gpus_per_trial=2).shares((CARD, other), FAKE_MEASURE)
+    assert share.context_bytes is None
+
+
+def test_a_budget_that_cannot_fit_beside_measured_contexts_is_refused() -> None:
+    with pytest.raises(UsageError, match="700 MiB each, measured"):
+        GpuPlan(trials_per_gpu=2, gpu_memory_mb=7400).shares((CARD,), FAKE_MEASURE)
+
+
+def test_the_measured_context_reaches_the_trial_process_through_its_environment() -> None:
+    (share,) = GpuPlan().shares((CARD,), FAKE_MEASURE)
+    assert GpuShare.from_environment(share.environment()) == share

@@ -3,15 +3,20 @@
 A worker that owns GPUs (`trialq worker --gpus`) groups them `gpus_per_trial` at a time and
 runs `trials_per_gpu` trials on each group at once, so it has `len(gpus) / gpus_per_trial *
 trials_per_gpu` slots. Each trial's budget on each of its GPUs is `--gpu-memory-mb` where
-given, else the card shared evenly after every trial's CUDA context is set aside
-(`context_reserve_bytes` each: a context takes memory no framework cap counts).
+given, else the card shared evenly after every trial's CUDA context is set aside (a context
+takes memory no framework cap counts). Where the worker measured its GPUs when it started
+(`trialq.trial.context_probe`), the context is the measured one and the card is what CUDA
+lets its processes have; elsewhere a context is assumed (`context_reserve_mb`) and the card
+is NVML's total.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from trialq.errors import UsageError
+from trialq.trial.context_probe import ContextMeasure
 from trialq.trial.gpu_inventory import Gpu
 from trialq.trial.gpu_share import GpuShare
 
@@ -31,8 +36,11 @@ class GpuPlan:
     """Each trial's budget on each of its GPUs; 0: the card shared evenly."""
     context_reserve_mb: int = CONTEXT_RESERVE_MB
 
-    def shares(self, gpus: tuple[Gpu, ...]) -> tuple[GpuShare, ...]:
-        """One share per slot: for each group of GPUs, `trials_per_gpu` of them."""
+    def shares(
+        self, gpus: tuple[Gpu, ...], measures: Mapping[str, ContextMeasure] | None = None
+    ) -> tuple[GpuShare, ...]:
+        """One share per slot: for each group of GPUs, `trials_per_gpu` of them; `measures`:
+        the GPUs the worker measured, by id."""
         if not gpus:
             raise UsageError("--gpus: NVML found no such GPU on this host")
         if len(gpus) % self.gpus_per_trial:
@@ -43,26 +51,36 @@ class GpuPlan:
         groups = [
             gpus[i : i + self.gpus_per_trial] for i in range(0, len(gpus), self.gpus_per_trial)
         ]
-        return tuple(self._share(group) for group in groups for _ in range(self.trials_per_gpu))
-
-    def _share(self, group: tuple[Gpu, ...]) -> GpuShare:
-        total = min(gpu.total_bytes for gpu in group)
-        return GpuShare(
-            devices=tuple(gpu.id for gpu in group),
-            budget_bytes=self.budget_bytes(group[0].id, total),
-            model=group[0].model,
-            total_bytes=total,
+        known = measures or {}
+        return tuple(
+            self._share(group, known) for group in groups for _ in range(self.trials_per_gpu)
         )
 
-    def budget_bytes(self, gpu_id: str, total_bytes: int) -> int:
-        """One trial's budget on a GPU of `total_bytes`; refused where it cannot fit."""
-        reserve = self.context_reserve_mb * MIB
+    def _share(self, group: tuple[Gpu, ...], measures: Mapping[str, ContextMeasure]) -> GpuShare:
+        """A slot's share; measured only where every GPU of its group was."""
+        total = min(gpu.total_bytes for gpu in group)
+        found = [measures[gpu.id] for gpu in group if gpu.id in measures]
+        context = max(m.context_bytes for m in found) if len(found) == len(group) else None
+        usable = min(m.usable_bytes for m in found) if context is not None else total
+        return GpuShare(
+            devices=tuple(gpu.id for gpu in group),
+            budget_bytes=self.budget_bytes(group[0].id, usable, context),
+            model=group[0].model,
+            total_bytes=total,
+            context_bytes=context,
+        )
+
+    def budget_bytes(self, gpu_id: str, total_bytes: int, context_bytes: int | None = None) -> int:
+        """One trial's budget on a GPU of `total_bytes` (usable, where measured) beside a
+        context of `context_bytes` (measured; else the assumed reserve); refused where it
+        cannot fit."""
+        reserve = self.context_reserve_mb * MIB if context_bytes is None else context_bytes
         room = total_bytes - self.trials_per_gpu * reserve
         budget = self.gpu_memory_mb * MIB if self.gpu_memory_mb else room // self.trials_per_gpu
         if budget <= 0 or budget * self.trials_per_gpu > room:
             raise UsageError(
                 f"GPU {gpu_id} ({total_bytes // MIB} MiB) cannot hold {self.trials_per_gpu} "
                 f"trials of {budget // MIB} MiB each beside their CUDA contexts "
-                f"({self.context_reserve_mb} MiB each)"
+                f"({reserve // MIB} MiB each, {'assumed' if context_bytes is None else 'measured'})"
             )
         return budget

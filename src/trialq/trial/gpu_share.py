@@ -16,6 +16,7 @@ VISIBLE = "CUDA_VISIBLE_DEVICES"
 BUDGET = "TRIALQ_GPU_BUDGET_BYTES"
 MODEL = "TRIALQ_GPU_MODEL"
 TOTAL = "TRIALQ_GPU_TOTAL_BYTES"
+CONTEXT = "TRIALQ_GPU_CONTEXT_BYTES"
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,9 @@ class GpuShare:
     """The GPUs' model as NVML names it (`NVIDIA H100 80GB HBM3`), where known."""
     total_bytes: int | None = None
     """Each GPU's memory as NVML counts it, where known."""
+    context_bytes: int | None = None
+    """One process's CUDA context on these GPUs, as the worker measured it when it started
+    (`trialq.trial.context_probe`); None: not measured (a context is then assumed)."""
 
     @property
     def visible(self) -> str:
@@ -39,7 +43,8 @@ class GpuShare:
     def environment(self) -> dict[str, str]:
         """The variables that carry the share into the trial process (before any import)."""
         env = {VISIBLE: self.visible}
-        for name, value in ((BUDGET, self.budget_bytes), (TOTAL, self.total_bytes)):
+        sizes = ((BUDGET, self.budget_bytes), (TOTAL, self.total_bytes))
+        for name, value in (*sizes, (CONTEXT, self.context_bytes)):
             if value is not None:
                 env[name] = str(value)
         if self.model:
@@ -54,7 +59,13 @@ class GpuShare:
         if not visible or visible == "-1":
             return None
         devices = tuple(part.strip() for part in visible.split(",") if part.strip())
-        return cls(devices, _int(env.get(BUDGET)), env.get(MODEL) or None, _int(env.get(TOTAL)))
+        return cls(
+            devices,
+            _int(env.get(BUDGET)),
+            env.get(MODEL) or None,
+            _int(env.get(TOTAL)),
+            _int(env.get(CONTEXT)),
+        )
 
 
 def _int(text: str | None) -> int | None:
