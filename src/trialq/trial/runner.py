@@ -129,6 +129,7 @@ def _attempt(
         gpu_cap_applied=record.cap_applied,
         gpu_cap_note=record.cap_note,
         gpu_model=record.model,
+        gpu_context_bytes=record.context_bytes,
         gpu_memory_used_peak_bytes=gpu.memory_used_peak_bytes,
         gpu_utilization_mean=gpu.utilization_mean,
         last_step=context.last_step,

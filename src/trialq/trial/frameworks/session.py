@@ -33,6 +33,8 @@ class FrameworkRecord:
     cap_applied: bool = False
     cap_note: str | None = None
     model: str | None = None
+    context_bytes: int | None = None
+    """One CUDA context, as the worker measured it (`GpuShare.context_bytes`)."""
 
     @property
     def largest_peak(self) -> int | None:
@@ -92,6 +94,7 @@ class FrameworkSession:
             cap_applied=cap.applied,
             cap_note=cap.note,
             model=share.model if share is not None else None,
+            context_bytes=share.context_bytes if share is not None else None,
         )
 
     def _choose(self, name: str) -> None:
