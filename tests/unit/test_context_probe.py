@@ -105,3 +105,17 @@ def test_a_budget_that_cannot_fit_beside_measured_contexts_is_refused() -> None:
 def test_the_measured_context_reaches_the_trial_process_through_its_environment() -> None:
     (share,) = GpuPlan().shares((CARD,), FAKE_MEASURE)
     assert GpuShare.from_environment(share.environment()) == share
+
+
+def test_every_gpu_is_measured_once_and_one_that_fails_is_said_in_the_ready_line() -> None:
+    def fake_probe_run(command: Sequence[str], env: dict[str, str]) -> str:
+        device = env["CUDA_VISIBLE_DEVICES"]
+        if device == "1":
+            raise OSError("a fake's failure")
+        return json.dumps(ContextMeasure(device, 300 * MIB, 15 * GIB, 16 * GIB).__dict__)
+
+    measures = context_probe.measure_all(["0", "1", "0"], run=fake_probe_run)
+    assert list(measures.found) == ["0"] and len(measures.missing) == 1
+    line = measures.line()
+    assert line.startswith("GPU 0: CUDA context 300 MiB measured, 15360 MiB usable; ")
+    assert "GPU 1 was not measured" in line and line.endswith("(a context is assumed)")

@@ -27,10 +27,13 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
 from trialq.trial.gpu_inventory import Nvml
+
+MIB = 2**20
 
 PROBE_TIMEOUT_S = 60.0
 """How long the probe may take (a first CUDA start on a large card takes seconds)."""
@@ -69,6 +72,36 @@ def measure(device: str, run: Runner | None = None) -> ContextMeasure | str:
         return ContextMeasure(**json.loads(printed.strip().splitlines()[-1]))
     except Exception as exc:
         return f"the CUDA context on GPU {device} was not measured: {type(exc).__name__}: {exc}"
+
+
+@dataclass(frozen=True)
+class Measures:
+    """A worker's GPUs as measured when it started: the measures by GPU, the reasons where
+    none was taken."""
+
+    found: Mapping[str, ContextMeasure]
+    missing: tuple[str, ...] = ()
+
+    def line(self) -> str:
+        """What the worker's ready line says of them."""
+        parts = [
+            f"GPU {m.device}: CUDA context {m.context_bytes // MIB} MiB measured, "
+            f"{m.usable_bytes // MIB} MiB usable"
+            for m in self.found.values()
+        ]
+        if self.missing:
+            parts.append(f"{'; '.join(self.missing)} (a context is assumed)")
+        return "; ".join(parts)
+
+
+def measure_all(devices: Iterable[str], run: Runner | None = None) -> Measures:
+    """Every GPU of `devices` measured, each by its own probe, all at once (a worker with
+    eight GPUs waits for one probe's time, not eight)."""
+    ids = tuple(dict.fromkeys(devices))
+    with ThreadPoolExecutor(max_workers=max(1, len(ids))) as pool:
+        answers = list(pool.map(lambda device: measure(device, run), ids))
+    found = {a.device: a for a in answers if isinstance(a, ContextMeasure)}
+    return Measures(found, tuple(a for a in answers if isinstance(a, str)))
 
 
 def _run(command: Sequence[str], env: dict[str, str]) -> str:
