@@ -119,3 +119,31 @@ def test_every_gpu_is_measured_once_and_one_that_fails_is_said_in_the_ready_line
     line = measures.line()
     assert line.startswith("GPU 0: CUDA context 300 MiB measured, 15360 MiB usable; ")
     assert "GPU 1 was not measured" in line and line.endswith("(a context is assumed)")
+
+
+def test_a_worker_measures_its_gpus_by_probe_processes_and_its_slots_use_the_measure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker's parent over two fake GPUs (fake NVML, in this process): each GPU goes
+    to the probe (a fake answering for GPU 0, and a real probe process for GPU 1, which
+    finds no CUDA driver here); slots on GPU 0 use the measure, GPU 1's the assumption."""
+    from trialq.settings import Settings
+    from trialq.worker import state as worker_state
+
+    fake_nvml.describe(tmp_path, count=2, total_bytes=16 * GIB)
+    monkeypatch.setenv("FAKE_NVML_DIR", str(tmp_path))
+    real_measure = context_probe.measure
+
+    def fake_for_gpu_0(device: str, run: object = None, nvml_module: str = "") -> object:
+        if device == "0":
+            return FAKE_MEASURE["0"]
+        return real_measure(device, nvml_module=nvml_module)
+
+    monkeypatch.setattr(context_probe, "measure", fake_for_gpu_0)
+    settings = Settings(broker_url="redis://127.0.0.1:1/3", gpus="all", nvml_module="fake_nvml")
+    worker = worker_state.WorkerState(settings)
+    shares = worker.plan_gpus()
+    assert [share.context_bytes for share in shares] == [700 * MIB, None]
+    assert worker.gpu_measures is not None
+    line = worker.gpu_measures.line()
+    assert "GPU 0: CUDA context 700 MiB measured" in line and "GPU 1 was not measured" in line

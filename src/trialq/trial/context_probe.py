@@ -34,6 +34,8 @@ from dataclasses import asdict, dataclass
 from trialq.trial.gpu_inventory import Nvml
 
 MIB = 2**20
+NVML_MODULE = "TRIALQ_NVML_MODULE"
+"""The NVML binding the probe loads: the worker's (a fake one in tests without a GPU)."""
 
 PROBE_TIMEOUT_S = 60.0
 """How long the probe may take (a first CUDA start on a large card takes seconds)."""
@@ -63,9 +65,11 @@ def measured(device: str, before: int, after: int, free: int, total: int) -> Con
     return ContextMeasure(device, context, min(total, free + context), total)
 
 
-def measure(device: str, run: Runner | None = None) -> ContextMeasure | str:
+def measure(
+    device: str, run: Runner | None = None, nvml_module: str = "pynvml"
+) -> ContextMeasure | str:
     """The measure of `device` by a short-lived probe process, or why there is none."""
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": device}
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": device, NVML_MODULE: nvml_module}
     command = [sys.executable, "-m", __name__, device]
     try:
         printed = (run or _run)(command, env)
@@ -94,12 +98,14 @@ class Measures:
         return "; ".join(parts)
 
 
-def measure_all(devices: Iterable[str], run: Runner | None = None) -> Measures:
+def measure_all(
+    devices: Iterable[str], run: Runner | None = None, nvml_module: str = "pynvml"
+) -> Measures:
     """Every GPU of `devices` measured, each by its own probe, all at once (a worker with
     eight GPUs waits for one probe's time, not eight)."""
     ids = tuple(dict.fromkeys(devices))
     with ThreadPoolExecutor(max_workers=max(1, len(ids))) as pool:
-        answers = list(pool.map(lambda device: measure(device, run), ids))
+        answers = list(pool.map(lambda device: measure(device, run, nvml_module), ids))
     found = {a.device: a for a in answers if isinstance(a, ContextMeasure)}
     return Measures(found, tuple(a for a in answers if isinstance(a, str)))
 
@@ -142,5 +148,5 @@ def _check(status: int, call: str) -> None:
 
 
 if __name__ == "__main__":
-    module = os.environ.get("TRIALQ_NVML_MODULE", "pynvml")
+    module = os.environ.get(NVML_MODULE, "pynvml")
     print(json.dumps(asdict(probe(sys.argv[1], module))))

@@ -25,7 +25,8 @@ logger = logging.getLogger("trialq.worker")  # the name log lines show; kept whe
 @dataclass(frozen=True)
 class GpuLimits:
     """What the worker's settings say of a trial's GPUs: the NVML binding, the memory a
-    stranger may hold before a GPU counts as not clean, and one CUDA context's reserve."""
+    stranger may hold before a GPU counts as not clean, and one CUDA context's reserve
+    (where the worker did not measure it: `GpuShare.context_bytes`)."""
 
     nvml_module: str
     tolerance_mb: int
@@ -49,7 +50,8 @@ def run_on_share(
         if refusal is not None:
             logger.critical("%s", refusal)
             return TrialResult.device_refused_here(request, refusal)
-        reserve = limits.context_reserve_mb * MIB
+        measured = share.context_bytes
+        reserve = measured if measured is not None else limits.context_reserve_mb * MIB
         with GpuGuard(nvml, share, reserve, _leave_oom(request, leave)) as guard:
             result = run()
         neighbours = result.outcome is Outcome.OOM and guard.neighbour_caused()

@@ -22,6 +22,7 @@ import redis
 
 from trialq.errors import TrialqError, UsageError
 from trialq.settings import Settings, redacted_url
+from trialq.trial.context_probe import Measures, measure_all
 from trialq.trial.device import TensorFlowDevice
 from trialq.trial.gpu_inventory import Nvml
 from trialq.trial.gpu_plan import GpuPlan
@@ -47,6 +48,8 @@ class WorkerState:
         self.gpu_shares: tuple[GpuShare, ...] | None = None
         """The shares of the worker's GPUs its slots give their trials; None before
         `plan_gpus`, empty for a worker without `--gpus`."""
+        self.gpu_measures: Measures | None = None
+        """Its GPUs' CUDA context and usable memory, measured at its start (`--gpus`)."""
         self.slots: TrialSlots | None = None
         """Created by `open_slots` in the parent before the pool forks: every child
         inherits them."""
@@ -97,7 +100,10 @@ class WorkerState:
             settings.gpu_context_reserve_mb,
         )  # fmt: skip
         with nvml:
-            return plan.shares(nvml.gpus(settings.gpus))
+            gpus = nvml.gpus(settings.gpus)
+        # A CUDA context is measured by a short-lived process per GPU, never in this one.
+        self.gpu_measures = measure_all((gpu.id for gpu in gpus), nvml_module=settings.nvml_module)
+        return plan.shares(gpus, self.gpu_measures.found)
 
     def measure_device_baseline(self) -> None:
         """Before the pool forks any trial process: the memory a clean device holds. Not for
@@ -167,9 +173,10 @@ class WorkerState:
         interval, ttl = self.settings.heartbeat_interval_s, self.settings.heartbeat_ttl_s
         self.heartbeat = Heartbeat(client, beat, interval, ttl, mark=self.settings.heartbeat_file)
         self.heartbeat.start()
+        measured = f"; {self.gpu_measures.line()}" if self.gpu_measures is not None else ""
         logger.info(
-            "worker %s ready: broker %s, queues %s, %d trial(s) at a time",
-            name, redacted_url(self.settings.broker_url), ",".join(queues), concurrency,
+            "worker %s ready: broker %s, queues %s, %d trial(s) at a time%s",
+            name, redacted_url(self.settings.broker_url), ",".join(queues), concurrency, measured,
         )  # fmt: skip
 
     # Stopping.
