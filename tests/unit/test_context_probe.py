@@ -147,3 +147,11 @@ def test_a_worker_measures_its_gpus_by_probe_processes_and_its_slots_use_the_mea
     assert worker.gpu_measures is not None
     line = worker.gpu_measures.line()
     assert "GPU 0: CUDA context 700 MiB measured" in line and "GPU 1 was not measured" in line
+
+
+def test_a_measured_context_below_the_assumed_one_never_lowers_it() -> None:
+    """The probe's bare context is smaller than a framework's: a measure only raises it."""
+    small = {"0": ContextMeasure("0", 300 * MIB, 15 * GIB, 16 * GIB)}
+    (share,) = GpuPlan().shares((CARD,), small)
+    assert share.context_bytes == CONTEXT_RESERVE_MB * MIB
+    assert share.budget_bytes == 15 * GIB - CONTEXT_RESERVE_MB * MIB

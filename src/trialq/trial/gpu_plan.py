@@ -5,9 +5,9 @@ runs `trials_per_gpu` trials on each group at once, so it has `len(gpus) / gpus_
 trials_per_gpu` slots. Each trial's budget on each of its GPUs is `--gpu-memory-mb` where
 given, else the card shared evenly after every trial's CUDA context is set aside (a context
 takes memory no framework cap counts). Where the worker measured its GPUs when it started
-(`trialq.trial.context_probe`), the context is the measured one and the card is what CUDA
-lets its processes have; elsewhere a context is assumed (`context_reserve_mb`) and the card
-is NVML's total.
+(`trialq.trial.context_probe`), the card is what CUDA lets its processes have, and the
+context the measured one where it is larger than assumed; elsewhere a context is assumed
+(`context_reserve_mb`) and the card is NVML's total.
 """
 
 from __future__ import annotations
@@ -57,10 +57,15 @@ class GpuPlan:
         )
 
     def _share(self, group: tuple[Gpu, ...], measures: Mapping[str, ContextMeasure]) -> GpuShare:
-        """A slot's share; measured only where every GPU of its group was."""
+        """A slot's share; measured only where every GPU of its group was. The context is
+        never taken below the assumed reserve: the probe makes a bare driver context, and a
+        framework's (its kernels, cuBLAS, cuDNN) is larger, so a measure only raises it."""
         total = min(gpu.total_bytes for gpu in group)
         found = [measures[gpu.id] for gpu in group if gpu.id in measures]
-        context = max(m.context_bytes for m in found) if len(found) == len(group) else None
+        floor = self.context_reserve_mb * MIB
+        context = (
+            max(floor, *(m.context_bytes for m in found)) if len(found) == len(group) else None
+        )
         usable = min(m.usable_bytes for m in found) if context is not None else total
         return GpuShare(
             devices=tuple(gpu.id for gpu in group),
