@@ -4,6 +4,7 @@ the driver, and summarise. Everything that can be refused is refused before a tr
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import sys
@@ -254,16 +255,28 @@ def local_folders(spec: StudySpec, settings: Settings) -> dict[str, str]:
 
 def local_preload(spec: StudySpec) -> dict[str, str]:
     """`--local`'s workers preload the spec's framework (`[trial] framework`, or the one its
-    entrypoint's source imports), unless `TRIALQ_PRELOAD` says otherwise: a PyTorch study
-    never gets TensorFlow because TensorFlow is installed (docs/frameworks.md, "Preloading")."""
+    entrypoint function uses), unless `TRIALQ_PRELOAD` says otherwise: a PyTorch study never
+    gets TensorFlow because TensorFlow is installed (docs/frameworks.md, "Preloading"). One
+    that is not installed here is never preloaded: one warning line, and the study runs."""
     if "TRIALQ_PRELOAD" in os.environ:
         return {}
-    framework: str | None = spec.trial.framework
-    if framework == frameworks.AUTO:
-        source = spec.trial.entrypoint.source(spec.directory)
-        framework = frameworks.framework_in_source(source, os.environ.get("KERAS_BACKEND"))
-    modules = frameworks.PRELOAD.get(framework or "")
-    return {"TRIALQ_PRELOAD": ",".join(modules)} if modules else {}
+    framework = _study_framework(spec)
+    if framework is None:
+        return {}
+    if importlib.util.find_spec(framework) is None:
+        _say(f"warning: {framework} is not installed here: --local preloads nothing for it")
+        return {}
+    return {"TRIALQ_PRELOAD": ",".join(frameworks.PRELOAD[framework])}
+
+
+def _study_framework(spec: StudySpec) -> str | None:
+    """`[trial] framework`, or for `auto` the one the entrypoint function uses."""
+    if spec.trial.framework != frameworks.AUTO:
+        return spec.trial.framework
+    entrypoint = spec.trial.entrypoint
+    source = entrypoint.source(spec.directory)
+    keras_backend = os.environ.get("KERAS_BACKEND")
+    return frameworks.framework_in_source(source, keras_backend, entrypoint.function)
 
 
 def local_allow_list(spec: StudySpec) -> tuple[str, ...]:

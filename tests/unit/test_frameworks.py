@@ -55,7 +55,7 @@ from trialq.trial.frameworks.session import FrameworkSession
 from trialq.trial.gpu_share import GpuShare
 share = GpuShare(("0",), budget_bytes=3 * 2**30, model="FakeGPU", total_bytes=12 * 2**30)
 session = FrameworkSession("auto", share)
-session.before_import(open(SOURCE).read())
+session.before_import(open(SOURCE).read(), "step")
 seen = {"framework": session.framework, "imported_before": NAME in sys.modules}
 seen["env"] = {k: os.environ.get(k) for k in KEYS}
 """
@@ -113,7 +113,7 @@ def test_torch_gets_expandable_segments_before_the_import_and_no_cap_on_cpu() ->
     seen = _probe(code)
     assert seen["framework"] == "torch" and not seen["imported_before"]
     assert seen["env"]["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
-    assert seen["record"] == ["torch", False, "PyTorch sees no CUDA device", None]
+    assert seen["record"] == ["torch", False, "PyTorch is built without CUDA", None]
     assert seen["cuda"] is False
 
 
@@ -138,7 +138,7 @@ def test_tensorflow_grows_its_memory_and_the_fraction_never_exceeds_the_budget()
 def test_without_a_share_the_environment_is_set_and_nothing_is_capped() -> None:
     environ: dict[str, str] = {}
     session = FrameworkSession("jax", None, environ)
-    session.before_import(None)
+    session.before_import(None, "train")
     session.after_import(set())
     record = session.record()
     assert environ == {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}

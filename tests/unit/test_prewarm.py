@@ -14,6 +14,7 @@ from types import ModuleType, SimpleNamespace
 import pytest
 
 from trialq.errors import PreloadError
+from trialq.trial import prewarm
 from trialq.trial.frameworks.jax import BRIDGE_MODULE
 from trialq.trial.prewarm import TF_CONTEXT_MODULE, device_in_use, preload_modules
 
@@ -229,23 +230,27 @@ def test_the_guard_asks_pytorch_whether_cuda_started(
 @pytest.mark.parametrize(
     ("framework", "source", "preload"),
     [
-        ("auto", "import torch\n", "torch,torch._dynamo"),
-        ("auto", "import jax.numpy as jnp\n", "jax"),
-        ("auto", "import math\n", None),
-        ("tensorflow", "import torch\n", "tensorflow"),
+        ("auto", "import torch\ndef train(params):\n    return torch.ones(1)\n",
+         "torch,torch._dynamo"),
+        ("auto", "import jax.numpy as jnp\ndef train(params):\n    return jnp.ones(1)\n", "jax"),
+        ("auto", "import math\ndef train(params):\n    return math.pi\n", None),
+        ("auto", "import torch\ndef train(params):\n    return 1.0\ndef f():\n    torch\n", None),
+        ("tensorflow", "import torch\ndef train(params):\n    return torch.ones(1)\n",
+         "tensorflow"),
     ],
-)
+)  # fmt: skip
 def test_local_workers_preload_the_specs_framework(
     framework: str, source: str, preload: str | None, tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # fmt: skip
     """`--local` knows the study: its workers preload its framework, read from the spec or
-    from the entrypoint's source (never imported in the driver)."""
+    from what the entrypoint function uses (never imported in the driver): a framework only
+    another function of its module uses is not the study's."""
     from trialq.driver.spec import load_spec
     from trialq.submit import local_preload
 
     monkeypatch.delenv("TRIALQ_PRELOAD", raising=False)
-    (tmp_path / "model.py").write_text(source + "def train(params):\n    return 1.0\n")
+    (tmp_path / "model.py").write_text(source)
     (tmp_path / "spec.toml").write_text(
         '[study]\nname = "s"\nn_trials = 1\n[trial]\nentrypoint = "model.py:train"\n'
         f'framework = "{framework}"\n[space.x]\ntype = "float"\nlow = 0\nhigh = 1\n'
@@ -254,3 +259,45 @@ def test_local_workers_preload_the_specs_framework(
     assert local_preload(load_spec(tmp_path / "spec.toml")) == expected
     monkeypatch.setenv("TRIALQ_PRELOAD", "none")
     assert local_preload(load_spec(tmp_path / "spec.toml")) == {}
+
+
+FAKEFLOW = "fakeflow_not_installed"
+"""A framework named in a fake registry entry, whose package is installed nowhere."""
+
+
+def _fake_framework(monkeypatch: pytest.MonkeyPatch) -> None:
+    from trialq.wire import frameworks
+
+    monkeypatch.setitem(frameworks.REVEALED_BY, FAKEFLOW, FAKEFLOW)  # type: ignore[index]
+    monkeypatch.setitem(frameworks.PRELOAD, FAKEFLOW, (FAKEFLOW,))  # type: ignore[index]
+
+
+def test_local_workers_never_preload_a_framework_not_installed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from trialq.driver.spec import load_spec
+    from trialq.submit import local_preload
+
+    _fake_framework(monkeypatch)
+    monkeypatch.delenv("TRIALQ_PRELOAD", raising=False)
+    (tmp_path / "model.py").write_text(f"def train(params):\n    import {FAKEFLOW}\n")
+    (tmp_path / "spec.toml").write_text(
+        '[study]\nname = "s"\nn_trials = 1\n[trial]\nentrypoint = "model.py:train"\n'
+        '[space.x]\ntype = "float"\nlow = 0\nhigh = 1\n'
+    )
+    assert local_preload(load_spec(tmp_path / "spec.toml")) == {}
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and FAKEFLOW in lines[0] and "not installed" in lines[0]
+
+
+def test_a_worker_preloads_no_framework_that_is_not_installed(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One warning line; the rest preloads (a framework's module that is there)."""
+    monkeypatch.setattr(prewarm, "NAMES", (*prewarm.NAMES, FAKEFLOW))
+    with caplog.at_level("WARNING", logger="trialq.prewarm"):
+        kept = prewarm._installed_only((FAKEFLOW, f"{FAKEFLOW}.sub", "json"))
+    assert kept == ("json",)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"--preload: {FAKEFLOW}, {FAKEFLOW}.sub not installed here, so not preloaded"
+    ]

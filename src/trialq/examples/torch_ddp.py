@@ -4,18 +4,19 @@ small MLP on scikit-learn's digits together, and rank 0 hands the metric back to
 The ranks are plain subprocesses of the trial's process (`python -m trialq.examples.torch_ddp
 RANK WORLD FOLDER`), so they are members of the trial's process group and end with the
 trial, whether it returns, raises, runs out of time or is killed
-(`trialq.trial.process_group`). Two ways that would not hold, and why this example takes
-neither: `torchrun` starts each rank in a session of its own (`start_new_session`), out of
-the trial's group; `torch.multiprocessing` refuses to start children from a process of
-Celery's pool (the pool marks it a daemonic `multiprocessing` process).
+(`trialq.trial.process_group`). What would not hold, and why this example does not use it:
+`torchrun` starts each rank in a session of its own (`start_new_session`), out of the
+trial's group.
 
-`nccl` where PyTorch sees CUDA, one rank per visible GPU (`[trial] gpus = 2` on a worker
-started with `--gpus-per-trial 2`), each rank capped at the trial's budget on its own GPU
-(a rank inherits the trial's `GpuShare` through its environment); `gloo` on the CPU, with 2
-ranks (or the param `world_size`). The ranks meet through a file in the trial's temporary
-folder (no port to pick), where the trial also leaves the data and its params and rank 0
-its metrics. With the param `rank_pids_file`, each rank appends `<rank> <pid>` to that file
-after its first step (the tests watch the ranks through it).
+`nccl` where the trial has GPUs, one rank per GPU of its share (`[trial] gpus = 2` on a
+worker started with `--gpus-per-trial 2`), each rank capped at the trial's budget at its own
+CUDA start (`cap_this_process`: a rank inherits the trial's `GpuShare` through its
+environment); `gloo` on the CPU, with 2 ranks (or the param `world_size`). The trial's own
+process never touches CUDA (it counts its GPUs from its share), so each GPU carries one CUDA
+context, its rank's, as the worker's budget allows for. The ranks meet through a file in
+the trial's temporary folder (no port to pick), where the trial also leaves the data and its
+params and rank 0 its metrics. With the param `rank_pids_file`, each rank appends
+`<rank> <pid>` to that file after its first step (the tests watch the ranks through it).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from typing import Any
 
 from trialq.examples.digits import load_digits
 from trialq.trial.context import TrialContext
+from trialq.trial.frameworks.pytorch import cap_this_process, cuda_built
 from trialq.trial.gpu_share import GpuShare
 
 CPU_RANKS = 2
@@ -53,11 +55,11 @@ def train(params: dict[str, Any], trial: TrialContext) -> dict[str, float]:
 
 
 def _world_size(params: dict[str, Any]) -> int:
-    """One rank per visible GPU (the trial's share), else `world_size` or 2 on the CPU."""
-    import torch
-
-    if torch.cuda.is_available():
-        return int(torch.cuda.device_count())
+    """One rank per GPU of the trial's share, else `world_size` or 2 on the CPU; read from
+    the environment, not CUDA: this process starts no context of its own."""
+    share = GpuShare.from_environment(os.environ)
+    if share is not None and cuda_built():
+        return len(share.devices)
     return int(params.get("world_size", CPU_RANKS))
 
 
@@ -111,17 +113,15 @@ def run_rank(rank: int, world: int, folder: Path) -> None:
 
 
 def _device(rank: int) -> Any:
-    """`cuda:<rank>` capped at the trial's budget on that GPU, or the CPU."""
+    """`cuda:<rank>` capped at the trial's budget (set when `set_device` starts CUDA), or
+    the CPU."""
     import torch
 
-    if not torch.cuda.is_available():
+    if GpuShare.from_environment(os.environ) is None or not torch.cuda.is_available():
         torch.set_num_threads(1)  # the ranks share the CPU: one thread each
         return torch.device("cpu")
+    cap_this_process()  # the share inherited from the trial's process
     torch.cuda.set_device(rank)
-    share = GpuShare.from_environment(os.environ)  # inherited from the trial's process
-    if share is not None and share.budget_bytes is not None:
-        total = torch.cuda.get_device_properties(rank).total_memory
-        torch.cuda.set_per_process_memory_fraction(min(1.0, share.budget_bytes / total), rank)
     return torch.device("cuda", rank)
 
 

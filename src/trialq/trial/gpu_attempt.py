@@ -30,9 +30,10 @@ logger = logging.getLogger("trialq.worker")  # the name log lines show; kept whe
 @dataclass(frozen=True)
 class GpuLimits:
     """What the worker's settings say of a trial's GPUs: the NVML binding, the memory a
-    stranger may hold before a GPU counts as not clean, one CUDA context's reserve; how long
-    memory nobody can be named for is waited on; what NVML's processes are worth here; and
-    the worker's folder its trial processes mark warnings said in (`OncePerWorker`)."""
+    stranger may hold before a GPU counts as not clean, one CUDA context's reserve (where the
+    worker did not measure it: `GpuShare.context_bytes`); how long memory nobody can be named
+    for is waited on; what NVML's processes are worth here; and the worker's folder its trial
+    processes mark warnings said in (`OncePerWorker`)."""
 
     nvml_module: str
     tolerance_mb: int
@@ -41,10 +42,15 @@ class GpuLimits:
     view: ProcessView = ProcessView.UNKNOWN
     warned_in: Path | None = None
 
-    def start_check(self, warnings: OncePerWorker) -> NeighbourCheck:
-        """The start check these limits make."""
+    def context_bytes(self, share: GpuShare) -> int:
+        """One CUDA context on the share's GPUs: as the worker measured it, else assumed."""
+        measured = share.context_bytes
+        return measured if measured is not None else self.context_reserve_mb * MIB
+
+    def start_check(self, warnings: OncePerWorker, share: GpuShare) -> NeighbourCheck:
+        """The start check these limits make for a trial on `share`."""
         return NeighbourCheck(
-            self.tolerance_mb * MIB, view=self.view, context_bytes=self.context_reserve_mb * MIB,
+            self.tolerance_mb * MIB, view=self.view, context_bytes=self.context_bytes(share),
             unattributed_wait_s=self.unattributed_wait_s, warnings=warnings,
         )  # fmt: skip
 
@@ -67,7 +73,7 @@ def run_on_share(
         warnings.warn("nvml-open", f"{note}; trials run unguarded")
         return run().with_gpu_accounting("unguarded", note)
     with nvml:
-        start = limits.start_check(warnings).check(nvml, share)
+        start = limits.start_check(warnings, share).check(nvml, share)
         if start.refusal is not None:
             logger.critical("%s", start.refusal)
             return TrialResult.device_refused_here(request, start.refusal)
@@ -85,7 +91,7 @@ def _guarded(
     warnings: OncePerWorker,
 ) -> TrialResult:
     """`run()` under the GPU memory guard; its result with what the guard saw."""
-    reserve = limits.context_reserve_mb * MIB
+    reserve = limits.context_bytes(share)
     on_overrun = _leave_oom(request, leave)
     with GpuGuard(nvml, share, reserve, on_overrun, limits.view, warnings=warnings) as guard:
         result = run()

@@ -3,17 +3,21 @@
 A worker that owns GPUs (`trialq worker --gpus`) groups them `gpus_per_trial` at a time and
 runs `trials_per_gpu` trials on each group at once, so it has `len(gpus) / gpus_per_trial *
 trials_per_gpu` slots. Each trial's budget on each of its GPUs is `--gpu-memory-mb` where
-given, else the card shared evenly after every trial's CUDA context is set aside
-(`context_reserve_bytes` each: a context takes memory no framework cap counts). A worker that
-is an MPS client with a pinned memory limit plans within the limit, not the card
-(`trialq.trial.mps`).
+given, else the card shared evenly after every trial's CUDA context is set aside (a context
+takes memory no framework cap counts). Where the worker measured its GPUs when it started
+(`trialq.trial.context_probe`), the card is what CUDA lets its processes have, and the
+context the measured one where it is larger than assumed; elsewhere a context is assumed
+(`context_reserve_mb`) and the card is NVML's total. A worker that is an MPS client with a
+pinned memory limit plans within the limit, not the card (`trialq.trial.mps`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from trialq.errors import UsageError
+from trialq.trial.context_probe import ContextMeasure
 from trialq.trial.gpu_inventory import Gpu
 from trialq.trial.gpu_share import GpuShare
 from trialq.trial.mps import limited, pinned_limits
@@ -37,8 +41,11 @@ class GpuPlan:
     """`CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` where the worker has it (`0=4G`): each GPU's memory
     is then no more than its limit."""
 
-    def shares(self, gpus: tuple[Gpu, ...]) -> tuple[GpuShare, ...]:
-        """One share per slot: for each group of GPUs, `trials_per_gpu` of them."""
+    def shares(
+        self, gpus: tuple[Gpu, ...], measures: Mapping[str, ContextMeasure] | None = None
+    ) -> tuple[GpuShare, ...]:
+        """One share per slot: for each group of GPUs, `trials_per_gpu` of them; `measures`:
+        the GPUs the worker measured, by id."""
         if not gpus:
             raise UsageError("--gpus: NVML found no such GPU on this host")
         if len(gpus) % self.gpus_per_trial:
@@ -50,27 +57,43 @@ class GpuPlan:
         groups = [
             gpus[i : i + self.gpus_per_trial] for i in range(0, len(gpus), self.gpus_per_trial)
         ]
-        return tuple(self._share(group) for group in groups for _ in range(self.trials_per_gpu))
+        known = measures or {}
+        return tuple(
+            self._share(group, known) for group in groups for _ in range(self.trials_per_gpu)
+        )
 
-    def _share(self, group: tuple[Gpu, ...]) -> GpuShare:
+    def _share(self, group: tuple[Gpu, ...], measures: Mapping[str, ContextMeasure]) -> GpuShare:
+        """A slot's share; measured only where every GPU of its group was. The context is
+        never taken below the assumed reserve: the probe makes a bare driver context, and a
+        framework's (its kernels, cuBLAS, cuDNN) is larger, so a measure only raises it."""
         total = min(gpu.total_bytes for gpu in group)
+        found = [measures[gpu.id] for gpu in group if gpu.id in measures]
+        floor = self.context_reserve_mb * MIB
+        context = (
+            max(floor, *(m.context_bytes for m in found)) if len(found) == len(group) else None
+        )
+        # MPS's pinned limit (already in `total`) bounds what CUDA measured as usable
+        usable = min(total, *(m.usable_bytes for m in found)) if context is not None else total
         return GpuShare(
             devices=tuple(gpu.id for gpu in group),
-            budget_bytes=self.budget_bytes(group[0].id, total),
+            budget_bytes=self.budget_bytes(group[0].id, usable, context),
             model=group[0].model,
             total_bytes=total,
             mps_limit_bytes=total if pinned_limits(self.mps_pinned_limits) else None,
+            context_bytes=context,
         )
 
-    def budget_bytes(self, gpu_id: str, total_bytes: int) -> int:
-        """One trial's budget on a GPU of `total_bytes`; refused where it cannot fit."""
-        reserve = self.context_reserve_mb * MIB
+    def budget_bytes(self, gpu_id: str, total_bytes: int, context_bytes: int | None = None) -> int:
+        """One trial's budget on a GPU of `total_bytes` (usable, where measured) beside a
+        context of `context_bytes` (measured; else the assumed reserve); refused where it
+        cannot fit."""
+        reserve = self.context_reserve_mb * MIB if context_bytes is None else context_bytes
         room = total_bytes - self.trials_per_gpu * reserve
         budget = self.gpu_memory_mb * MIB if self.gpu_memory_mb else room // self.trials_per_gpu
         if budget <= 0 or budget * self.trials_per_gpu > room:
             raise UsageError(
                 f"GPU {gpu_id} ({total_bytes // MIB} MiB) cannot hold {self.trials_per_gpu} "
                 f"trials of {budget // MIB} MiB each beside their CUDA contexts "
-                f"({self.context_reserve_mb} MiB each)"
+                f"({reserve // MIB} MiB each, {'assumed' if context_bytes is None else 'measured'})"
             )
         return budget

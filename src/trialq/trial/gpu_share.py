@@ -18,6 +18,7 @@ VISIBLE = "CUDA_VISIBLE_DEVICES"
 BUDGET = "TRIALQ_GPU_BUDGET_BYTES"
 MODEL = "TRIALQ_GPU_MODEL"
 TOTAL = "TRIALQ_GPU_TOTAL_BYTES"
+CONTEXT = "TRIALQ_GPU_CONTEXT_BYTES"
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,9 @@ class GpuShare:
     """MPS's pinned limit on each of the GPUs, where the worker is an MPS client with one
     (`trialq.trial.mps`): carried as `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` counted from the
     trial's own first device, since its ordinals are not the worker's."""
+    context_bytes: int | None = None
+    """One process's CUDA context on these GPUs, as the worker measured it when it started
+    (`trialq.trial.context_probe`); None: not measured (a context is then assumed)."""
 
     @property
     def visible(self) -> str:
@@ -45,7 +49,8 @@ class GpuShare:
     def environment(self) -> dict[str, str]:
         """The variables that carry the share into the trial process (before any import)."""
         env = {VISIBLE: self.visible}
-        for name, value in ((BUDGET, self.budget_bytes), (TOTAL, self.total_bytes)):
+        sizes = ((BUDGET, self.budget_bytes), (TOTAL, self.total_bytes))
+        for name, value in (*sizes, (CONTEXT, self.context_bytes)):
             if value is not None:
                 env[name] = str(value)
         if self.model:
@@ -62,9 +67,14 @@ class GpuShare:
         if not visible or visible == "-1":
             return None
         devices = tuple(part.strip() for part in visible.split(",") if part.strip())
-        mps = min(pinned_limits(env.get(PINNED_LIMIT)).values(), default=None)
-        budget, total = _int(env.get(BUDGET)), _int(env.get(TOTAL))
-        return cls(devices, budget, env.get(MODEL) or None, total, mps)
+        return cls(
+            devices,
+            _int(env.get(BUDGET)),
+            env.get(MODEL) or None,
+            _int(env.get(TOTAL)),
+            mps_limit_bytes=min(pinned_limits(env.get(PINNED_LIMIT)).values(), default=None),
+            context_bytes=_int(env.get(CONTEXT)),
+        )
 
 
 def _int(text: str | None) -> int | None:

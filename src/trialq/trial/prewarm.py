@@ -74,6 +74,7 @@ def preload(modules: tuple[str, ...]) -> None:
     nothing is imported: any of `modules` may import it. One warning line says so.
     """
     _quiet_tensorflow_logs()
+    modules = _installed_only(modules)
     gap = guard_gap() if modules else None
     if gap is not None:
         _warn_preloading_nothing(modules, gap)
@@ -91,6 +92,21 @@ def preload(modules: tuple[str, ...]) -> None:
         )
     gc.collect()
     gc.freeze()
+
+
+def _installed_only(modules: tuple[str, ...]) -> tuple[str, ...]:
+    """`modules` less those of a framework that is not installed here (one warning line):
+    a framework one image lacks never stops its worker; its trials fail or run as they would
+    without a preload. A missing module of any other name is still the caller's mistake."""
+    missing = [name for name in modules if not _framework_installed(name.split(".")[0])]
+    if missing:
+        logger.warning("--preload: %s not installed here, so not preloaded", ", ".join(missing))
+    return tuple(name for name in modules if name not in missing)
+
+
+def _framework_installed(top: str) -> bool:
+    """False only for a framework trialq knows whose package is absent."""
+    return top not in NAMES or importlib.util.find_spec(top) is not None
 
 
 def device_in_use(fd_dir: Path = Path("/proc/self/fd")) -> str | None:

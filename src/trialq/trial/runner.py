@@ -142,6 +142,7 @@ def _attempt(
         gpu_cap_applied=record.cap_applied,
         gpu_cap_note=record.cap_note,
         gpu_model=record.model,
+        gpu_context_bytes=record.context_bytes,
         gpu_memory_used_peak_bytes=gpu.memory_used_peak_bytes,
         gpu_utilization_mean=gpu.utilization_mean,
         last_step=context.last_step,
@@ -271,7 +272,7 @@ def _call_entrypoint(
         )
     device.prepare()
     with importable_from(*(Path(p) for p in importable.import_paths)):
-        framework.before_import(entrypoint.source(Path.cwd()))
+        framework.before_import(entrypoint.source(Path.cwd()), entrypoint.function)
         before = set(sys.modules)
         train = _load(entrypoint)
     framework.after_import(before)

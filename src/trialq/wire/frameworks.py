@@ -20,6 +20,8 @@ from typing import Annotated
 
 from pydantic import AfterValidator
 
+from trialq.wire.entrypoint_uses import modules_used
+
 
 @dataclass(frozen=True)
 class OomSignature:
@@ -145,13 +147,17 @@ def imported_modules(source: str) -> Iterator[str]:
             yield from (f"{node.module}.{alias.name}" for alias in node.names)
 
 
-def framework_in_source(source: str | None, keras_backend: str | None = None) -> str | None:
-    """The first framework `source` imports, or None (no framework, no source, or source
-    that is not Python)."""
+def framework_in_source(
+    source: str | None, keras_backend: str | None = None, function: str | None = None
+) -> str | None:
+    """The first framework `function` of the module `source` uses (`entrypoint_uses`), or
+    without `function` the first the module imports anywhere; None where none is found (no
+    framework, no source, or source that is not Python)."""
     if source is None:
         return None
     try:
-        for module in imported_modules(source):
+        modules = imported_modules(source) if function is None else modules_used(source, function)
+        for module in modules:
             found = framework_of(module, keras_backend)
             if found is not None:
                 return found

@@ -132,6 +132,7 @@ class Measured(TypedDict, total=False):
     gpu_cap_applied: bool
     gpu_cap_note: str | None
     gpu_model: str | None
+    gpu_context_bytes: int | None
     gpu_memory_used_peak_bytes: int | None
     gpu_utilization_mean: float | None
     gpu_process_peak_bytes: dict[str, int]
@@ -173,6 +174,9 @@ class TrialResult(_Message):
     """Why the cap was not applied (or came late in part), in words; None when it held."""
     gpu_model: str | None = None
     """The model of the trial's GPUs, as NVML names it, where the worker knew it."""
+    gpu_context_bytes: int | None = None
+    """One CUDA context on the trial's GPUs as its worker measured it at its start (the
+    guard allows the budget plus this); None: not measured, a context was assumed."""
     gpu_memory_used_peak_bytes: int | None = None
     """Peak of NVML's memory in use on the trial's device (None without NVML)."""
     gpu_utilization_mean: float | None = None

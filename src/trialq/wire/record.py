@@ -44,6 +44,7 @@ class TrialRecord(BaseModel):
     gpu_cap_applied: bool | None = None
     gpu_cap_note: str | None = None
     gpu_model: str | None = None
+    gpu_context_bytes: int | None = None
     gpu_memory_used_peak_bytes: int | None = None
     gpu_utilization_mean: float | None = None
     gpu_process_peak_bytes: dict[str, int] | None = None

@@ -22,6 +22,7 @@ import redis
 
 from trialq.errors import TrialqError, UsageError
 from trialq.settings import Settings, redacted_url
+from trialq.trial.context_probe import Measures, measure_all
 from trialq.trial.device import TensorFlowDevice
 from trialq.trial.gpu_attribution import ProcessView
 from trialq.trial.gpu_inventory import Nvml
@@ -52,6 +53,8 @@ class WorkerState:
         self.probe: ProbeResult | None = None
         """What NVML's process list can be trusted for here (`probe_gpus`); None before, or
         without `--gpus`."""
+        self.gpu_measures: Measures | None = None
+        """Its GPUs' CUDA context and usable memory, measured at its start (`--gpus`)."""
         self.slots: TrialSlots | None = None
         """Created by `open_slots` in the parent before the pool forks: every child
         inherits them."""
@@ -104,7 +107,10 @@ class WorkerState:
             settings.gpu_context_reserve_mb,
         )  # fmt: skip
         with nvml:
-            return plan.shares(nvml.gpus(settings.gpus))
+            gpus = nvml.gpus(settings.gpus)
+        # A CUDA context is measured by a short-lived process per GPU, never in this one.
+        self.gpu_measures = measure_all((gpu.id for gpu in gpus), nvml_module=settings.nvml_module)
+        return plan.shares(gpus, self.gpu_measures.found)
 
     def probe_gpus(self) -> None:
         """Find out once, before the pool forks, what NVML's process list can be trusted for
@@ -196,9 +202,11 @@ class WorkerState:
         self.heartbeat = Heartbeat(client, beat, interval, ttl, mark=self.settings.heartbeat_file)
         self.heartbeat.start()
         found = "" if self.probe is None else f"; GPU processes: {self.probe.view.said()}"
+        measured = f"; {self.gpu_measures.line()}" if self.gpu_measures is not None else ""
         logger.info(
-            "worker %s ready: broker %s, queues %s, %d trial(s) at a time%s",
+            "worker %s ready: broker %s, queues %s, %d trial(s) at a time%s%s",
             name, redacted_url(self.settings.broker_url), ",".join(queues), concurrency, found,
+            measured,
         )  # fmt: skip
 
     # Stopping.

@@ -13,8 +13,8 @@ No adapter imports its framework at module level: importing this package costs n
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from trialq.trial.gpu_share import GpuShare
@@ -29,6 +29,13 @@ class Cap:
 
     applied: bool
     note: str | None = None
+    settle: Callable[[], Cap] | None = field(default=None, compare=False)
+    """For a cap the framework applies later, at its runtime's own start (PyTorch's): what
+    it came to, asked after the trial."""
+
+    def settled(self) -> Cap:
+        """What the cap came to by now (itself, where it was applied at once)."""
+        return self.settle() if self.settle is not None else self
 
 
 class Adapter(Protocol):

@@ -1,8 +1,9 @@
 """Which framework a trial uses, for `[trial] framework = "auto"`.
 
 First from the entrypoint's source, before it is imported (so the framework's environment
-is set before its import): the first framework its imports name (`trialq.wire.frameworks`).
-Where the source names none (it imports the framework through a module of its own), from
+is set before its import): the first framework the entrypoint function uses, by itself or
+through what it calls in its module (`trialq.wire.entrypoint_uses`). Where that names none
+(it reaches the framework through a module of its own), from
 what its import loaded, or failing that, from the one framework this process holds (the
 worker preloaded it): then the environment comes after the import, still in time unless the
 import started the framework's runtime, which the trial records.
@@ -18,9 +19,9 @@ from trialq.wire.frameworks import framework_in_source, framework_of
 KERAS_BACKEND = "KERAS_BACKEND"
 
 
-def in_source(source: str | None, env: Mapping[str, str]) -> str | None:
-    """The first framework the entrypoint's source imports, or None."""
-    return framework_in_source(source, env.get(KERAS_BACKEND)) if source else None
+def in_source(source: str | None, function: str, env: Mapping[str, str]) -> str | None:
+    """The first framework the entrypoint `function` of the module `source` uses, or None."""
+    return framework_in_source(source, env.get(KERAS_BACKEND), function) if source else None
 
 
 def loaded(before: Set[str], env: Mapping[str, str]) -> str | None:

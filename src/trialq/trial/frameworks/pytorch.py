@@ -1,15 +1,25 @@
-"""PyTorch: expandable segments before CUDA starts, a memory fraction per visible GPU after
-the import, and the caching allocator's reserved peak per GPU after the trial.
+"""PyTorch: expandable segments before CUDA starts, a memory fraction per visible GPU set
+at CUDA's own start, and the caching allocator's reserved peak per GPU after the trial.
 
-The cap is `torch.cuda.set_per_process_memory_fraction(budget / total, i)` on each visible
-device: past it the caching allocator raises `torch.OutOfMemoryError` in this process only.
-It counts what the allocator already holds, so it holds even when CUDA started at the
-entrypoint's import; only the allocator's settings (`PYTORCH_CUDA_ALLOC_CONF`) come too late
-then, and the trial says so. The CUDA context itself (some 300 to 500 MiB) is outside it.
+The cap is `torch.cuda.set_per_process_memory_fraction(budget / total, i)` on each device
+PyTorch sees: past it the caching allocator raises `torch.OutOfMemoryError` in this process
+only. Setting it starts CUDA, and a process that started CUDA cannot hand CUDA to a forked
+child (Lightning's `ddp_fork`, fork-based `torch.multiprocessing`, DataLoader workers that
+touch CUDA: "Cannot re-initialize CUDA in forked subprocess"). So the cap is not set when the
+trial starts: it is queued with `torch.cuda._lazy_call` (private: pinned by
+tests/unit/test_private_hooks_torch.py), the queue PyTorch runs inside its own lazy
+initialisation, before the first CUDA call of the trial returns. Until the trial's code
+touches CUDA, `torch.cuda.is_initialized()` stays False and nothing here has asked CUDA
+anything (not even `torch.cuda.is_available()`, which starts the driver and so poisons fork).
+A child the trial forks inherits the queue and caps itself at its own start; a process the
+trial starts afresh (a DDP rank) calls `cap_this_process()`. The CUDA context itself (some
+300 to 500 MiB) is outside the cap.
 """
 
 from __future__ import annotations
 
+import importlib
+import os
 import sys
 from collections.abc import Mapping
 from typing import Any
@@ -21,9 +31,17 @@ ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
 """The allocator's settings: read by every PyTorch 2 (2.13 reads `PYTORCH_ALLOC_CONF` too)."""
 
 ALLOC_CONF_NEW = "PYTORCH_ALLOC_CONF"
+LAZY_CALL = "_lazy_call"
+"""`torch.cuda._lazy_call(callable)`: run now if CUDA started, else queued for its start."""
+
 EXPANDABLE = "expandable_segments:True"
 """Segments that grow in place instead of new blocks: less memory reserved and not used,
 which is what a budget counts (PyTorch's "Optimizing memory usage with PYTORCH_CUDA_ALLOC_CONF")."""
+
+NOT_STARTED = (
+    "CUDA never started in the trial's process: its cap waited for it "
+    "(children it forked inherit it; a process it started afresh calls cap_this_process)"
+)
 
 
 class PyTorch:
@@ -45,17 +63,23 @@ class PyTorch:
         return None
 
     def cap(self, share: GpuShare, environment_in_time: bool) -> Cap:
-        """A memory fraction on every GPU PyTorch sees (this starts CUDA in the trial)."""
+        """A memory fraction on every GPU PyTorch sees, set when CUDA starts (at once where
+        it has started already); asks CUDA nothing before that."""
         if share.budget_bytes is None:
             return Cap(False, "no GPU budget: the trial may use its whole GPUs")
         import torch
 
-        if not torch.cuda.is_available():
-            return Cap(False, "PyTorch sees no CUDA device")
-        for index in range(torch.cuda.device_count()):
-            _set_fraction(torch, share.budget_bytes, index)
+        if not cuda_built():
+            return Cap(False, "PyTorch is built without CUDA")
         late = None if environment_in_time else f"CUDA started before {ALLOC_CONF} was set"
-        return Cap(True, late)
+        cap = LazyCap(share.budget_bytes, late)
+        lazy_call = getattr(torch.cuda, LAZY_CALL, None)
+        if lazy_call is None:
+            cap()  # the old way: the cap starts CUDA itself, before the trial's code
+            gone = f"torch.cuda.{LAZY_CALL} is gone: the cap started CUDA before the trial"
+            return Cap(cap.outcome().applied, gone, settle=cap.outcome)
+        lazy_call(cap)
+        return Cap(True, late, settle=cap.outcome)
 
     def peaks(self) -> tuple[int, ...] | None:
         """`torch.cuda.max_memory_reserved(i)` per visible GPU, once CUDA started."""
@@ -74,6 +98,52 @@ class PyTorch:
     def guard_gap(self) -> str | None:
         """None: `torch.cuda.is_initialized()` is public."""
         return None
+
+
+class LazyCap:
+    """The cap as the call PyTorch makes at CUDA's start, on every device it then sees.
+
+    It never raises: an error here would be raised by the trial's first CUDA call (PyTorch's
+    `DeferredCudaCallError`); it is kept and said on the trial's result instead."""
+
+    def __init__(self, budget_bytes: int, late: str | None) -> None:
+        self._budget_bytes = budget_bytes
+        self._late = late
+        self._outcome: Cap | None = None
+
+    def __call__(self) -> None:
+        import torch
+
+        try:
+            count = torch.cuda.device_count()
+            for index in range(count):
+                _set_fraction(torch, self._budget_bytes, index)
+        except Exception as exc:
+            why = f"{type(exc).__name__}: {exc}"
+            self._outcome = Cap(False, f"PyTorch's cap failed at CUDA's start: {why}")
+            return
+        seen = count > 0
+        self._outcome = Cap(True, self._late) if seen else Cap(False, "PyTorch sees no GPU")
+
+    def outcome(self) -> Cap:
+        """What the cap came to: set (or failed) at CUDA's start, or still waiting for it."""
+        return self._outcome if self._outcome is not None else Cap(True, NOT_STARTED)
+
+
+def cuda_built() -> bool:
+    """Whether this PyTorch was built with CUDA (public, and asks no driver anything)."""
+    backends: Any = importlib.import_module("torch.backends.cuda")
+    return bool(backends.is_built())
+
+
+def cap_this_process(environ: Mapping[str, str] | None = None) -> Cap:
+    """The trial's cap for a process the trial started afresh (a DDP rank, a `spawn`ed
+    worker), from the share it inherits in its environment; applied at this process's own
+    CUDA start. A child the trial forked needs none: it inherited the trial's queued cap."""
+    share = GpuShare.from_environment(os.environ if environ is None else environ)
+    if share is None:
+        return Cap(False, "no GPU share in this process's environment: nothing to cap")
+    return ADAPTER.cap(share, environment_in_time=ADAPTER.started() is None)
 
 
 def _set_fraction(torch: Any, budget_bytes: int, index: int) -> None:

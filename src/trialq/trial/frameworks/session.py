@@ -43,6 +43,8 @@ class FrameworkRecord:
     cap_applied: bool = False
     cap_note: str | None = None
     model: str | None = None
+    context_bytes: int | None = None
+    """One CUDA context, as the worker measured it (`GpuShare.context_bytes`)."""
 
     @property
     def largest_peak(self) -> int | None:
@@ -71,9 +73,12 @@ class FrameworkSession:
         """The framework chosen or found so far."""
         return self._adapter.name if self._adapter is not None else None
 
-    def before_import(self, source: str | None) -> None:
-        """The spec's framework, or the one the entrypoint's source imports: its environment."""
-        name = self._choice if self._choice != AUTO else detect.in_source(source, self._environ)
+    def before_import(self, source: str | None, function: str) -> None:
+        """The spec's framework, or the one the entrypoint `function` of the module `source`
+        uses: its environment."""
+        name: str | None = self._choice
+        if self._choice == AUTO:
+            name = detect.in_source(source, function, self._environ)
         if name is not None:
             self._choose(name)
 
@@ -91,13 +96,15 @@ class FrameworkSession:
     def record(self) -> FrameworkRecord:
         """After the trial: the peaks per GPU and the cap, whatever the outcome."""
         share = self._share
+        cap = self._cap.settled()
         return FrameworkRecord(
             framework=self.framework,
             peaks=_peaks(self._adapter),
             budget_bytes=share.budget_bytes if share is not None else None,
-            cap_applied=self._cap.applied,
-            cap_note=self._cap.note,
+            cap_applied=cap.applied,
+            cap_note=cap.note,
             model=share.model if share is not None else None,
+            context_bytes=share.context_bytes if share is not None else None,
         )
 
     def _choose(self, name: str) -> None:
