@@ -10,6 +10,7 @@ that wrote this.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -135,8 +136,8 @@ def test_a_worker_measures_its_gpus_by_probe_processes_and_its_slots_use_the_mea
     real_measure = context_probe.measure
 
     def fake_for_gpu_0(device: str, run: object = None, nvml_module: str = "") -> object:
-        if device == "0":
-            return FAKE_MEASURE["0"]
+        if device == "GPU-fake-0":  # the worker names its GPUs by UUID
+            return dataclasses.replace(FAKE_MEASURE["0"], device=device)
         return real_measure(device, nvml_module=nvml_module)
 
     monkeypatch.setattr(context_probe, "measure", fake_for_gpu_0)
@@ -146,7 +147,8 @@ def test_a_worker_measures_its_gpus_by_probe_processes_and_its_slots_use_the_mea
     assert [share.context_bytes for share in shares] == [700 * MIB, None]
     assert worker.gpu_measures is not None
     line = worker.gpu_measures.line()
-    assert "GPU 0: CUDA context 700 MiB measured" in line and "GPU 1 was not measured" in line
+    assert "GPU GPU-fake-0: CUDA context 700 MiB measured" in line
+    assert "GPU GPU-fake-1 was not measured" in line
 
 
 def test_a_measured_context_below_the_assumed_one_never_lowers_it() -> None:
