@@ -203,7 +203,8 @@ def _on_worker_ready(sender: Any = None, **_: Any) -> None:
 @signals.task_prerun.connect
 def _on_task_prerun(sender: Any = None, task_id: str = "", args: Any = (), **_: Any) -> None:
     if getattr(sender, "name", None) == TASK_NAME and _room is not None:
-        child().claim(sender.request.hostname, task_id, args[0])
+        delivered_on = (sender.request.delivery_info or {}).get("routing_key")
+        child().claim(sender.request.hostname, task_id, args[0], delivered_on)
 
 
 @signals.task_postrun.connect

@@ -40,6 +40,7 @@ from trialq.wire.channel import ReportChannel
 from trialq.wire.heartbeat import RunningTrial, TrialBeacon
 from trialq.wire.keys import result_key, withdrawn_key
 from trialq.wire.messages import TrialRequest, TrialResult
+from trialq.wire.queue_running import QueueClaim
 
 EX_SOFTWARE = 70
 """Exit status of a pool child that refuses to go on (os.EX_SOFTWARE)."""
@@ -99,14 +100,19 @@ class WorkerChild:
             if self.redis() is not self._backend():
                 self._backend().ping()
 
-    def claim(self, hostname: str, task_id: str, payload: dict[str, Any]) -> None:
+    def claim(
+        self, hostname: str, task_id: str, payload: dict[str, Any], routing_key: str | None = None
+    ) -> None:
         """Tell `trialq status` which trial this worker now runs, and name it on every log
-        line until the task ends (Celery's 'succeeded' line included)."""
+        line until the task ends (Celery's 'succeeded' line included); with the queue it was
+        delivered on (`routing_key`), count it among that queue's running trials (what KEDA
+        reads: `trialq.wire.queue_running`)."""
         running = _running_trial(hostname, task_id, payload)
         self._log_token = logs.enter_trial(running)
         interval, ttl = self.settings.heartbeat_interval_s, self.settings.heartbeat_ttl_s
+        on_queue = QueueClaim.for_delivery(routing_key, task_id) if routing_key else None
         self._beacon = TrialBeacon(
-            self.redis(), running, interval, ttl, on_kill=_end_given_up_attempt
+            self.redis(), running, interval, ttl, on_kill=_end_given_up_attempt, claim=on_queue
         ).start()
 
     def release(self) -> None:

@@ -105,6 +105,7 @@ class WorkerState:
         plan = GpuPlan(
             settings.trials_per_gpu, settings.gpus_per_trial, settings.gpu_memory_mb,
             settings.gpu_context_reserve_mb,
+            mps_pinned_limits=settings.mps_pinned_device_mem_limit,
         )  # fmt: skip
         with nvml:
             gpus = nvml.gpus(settings.gpus)
