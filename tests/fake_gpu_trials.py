@@ -25,6 +25,7 @@ def records_its_gpu(params: dict[str, Any], trial: TrialContext) -> float:
         "pid": os.getpid(),
         "visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "budget": os.environ.get("TRIALQ_GPU_BUDGET_BYTES"),
+        "mps_limit": os.environ.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"),
         "started": time.time(),
     }
     time.sleep(float(params.get("sleep_s", 1.0)))

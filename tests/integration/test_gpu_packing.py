@@ -23,6 +23,7 @@ from trialq._celery.dispatcher import CeleryDispatcher
 from trialq.settings import Settings
 from trialq.wire import heartbeat
 from trialq.wire.dispatch import TaskPhase, TaskStatus
+from trialq.wire.keys import queue_running_key
 from trialq.wire.messages import Outcome
 from trialq.wire.routing import trial_queue
 
@@ -54,10 +55,11 @@ def gpu_worker(redis_url: str, tmp_path: Path) -> Iterator[Callable[..., str]]:
     """Start one `trialq worker --gpus ...` on fake GPUs; its name. Stopped afterwards."""
     started: list[subprocess.Popen[bytes]] = []
 
-    def start(nvml_dir: Path, *flags: str) -> str:
+    def start(nvml_dir: Path, *flags: str, env: dict[str, str] | None = None) -> str:
         name = f"fake-gpu-{len(started)}@test"
         env = {
             **os.environ,
+            **(env or {}),
             "PYTHONPATH": os.pathsep.join([str(TESTS_DIR), os.environ.get("PYTHONPATH", "")]),
             "TRIALQ_BROKER_URL": redis_url, "TRIALQ_RESULT_BACKEND": redis_url,
             "TRIALQ_ALLOWED_MODULES": "fake_gpu_trials", "TRIALQ_PRELOAD": "none",
@@ -242,3 +244,49 @@ def test_the_heartbeat_carries_the_gpus_and_slots_and_status_shows_them(
     assert "gpu@1x2g" in beat.queues and "gpu@1x4g" not in beat.queues
     assert shown.returncode == 0, shown.stderr
     assert f"2 x {fake_nvml.FAKE_NAME} (16.0 GiB), 8 slots of 1 GPU x 3.5 GiB" in shown.stdout
+
+
+def test_a_running_trial_counts_in_its_queues_running_set_until_it_ends(
+    redis_url: str, tmp_path: Path, fake_gpus: Callable[[int], Path], gpu_worker: Callable[..., str]
+) -> None:
+    """What KEDA reads for a class of workers: the trial delivered on `gpu`'s class queue
+    `gpu@1x8g` is in `trialq:queue-running:gpu` while it runs, and gone once it ended."""
+    gpu_worker(fake_gpus(1), "--gpus", "all")
+    log = tmp_path / "records"
+    log.mkdir()
+    client = redis.Redis.from_url(redis_url)
+    dispatcher = CeleryDispatcher(Settings(broker_url=redis_url))
+    request = trial_request(
+        study="fake-gpu", number=0, entrypoint="fake_gpu_trials:records_its_gpu",
+        params={"log": str(log), "hold_mb": 100, "sleep_s": 4.0},
+    )  # fmt: skip
+    queue = trial_queue("gpu", 1, gpu_memory_mb=8000)
+    assert queue == "gpu@1x8g"
+    task_id = dispatcher.submit(request, queue)
+    running = queue_running_key("gpu")
+
+    wait_until(lambda: client.zscore(running, task_id) is not None, WAIT_S, "the running claim")
+    assert [m.decode() for m in client.zrange(running, 0, -1)] == [task_id]
+    final = (TaskPhase.FINISHED, TaskPhase.FAILED)
+    wait_until(lambda: dispatcher.statuses([task_id])[task_id].phase in final, WAIT_S, "its end")
+    wait_until(lambda: client.zscore(running, task_id) is None, 10, "the claim's release")
+
+
+def test_a_worker_that_is_an_mps_client_plans_within_its_pinned_limit(
+    redis_url: str, tmp_path: Path, fake_gpus: Callable[[int], Path], gpu_worker: Callable[..., str]
+) -> None:
+    """NVML shows the whole 16 GiB card; MPS lets this client have 4 GiB: the slots' budgets
+    and the trials' own pinned limit come from the 4 GiB."""
+    limit = {"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=4G"}
+    gpu_worker(fake_gpus(1), "--gpus", "all", "--trials-per-gpu", "2", env=limit)
+    log = tmp_path / "records"
+    log.mkdir()
+    params = {"log": str(log), "hold_mb": 100, "sleep_s": 0.5}
+
+    statuses = _run(redis_url, "gpu", [{"entrypoint": "fake_gpu_trials:records_its_gpu",
+                                        "params": params}] * 2)  # fmt: skip
+
+    assert [s.result.outcome if s.result else None for s in statuses] == [Outcome.OK] * 2
+    records = _records(log)
+    assert {int(str(r["budget"])) for r in records} == {(4 * GIB - 2 * RESERVE_MB * MIB) // 2}
+    assert {r["mps_limit"] for r in records} == {"0=4096M"}  # counted from the trial's device
