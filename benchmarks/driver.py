@@ -165,9 +165,11 @@ def timed_dispatcher(dispatcher: CeleryDispatcher, timings: Timings) -> None:
     for name in ("submit", "statuses", "pending_ids"):
         method: Callable[..., Any] = getattr(dispatcher, name)
 
-        def timed(*args: Any, _method: Callable[..., Any] = method, _name: str = name) -> Any:
+        def timed(
+            *args: Any, _method: Callable[..., Any] = method, _name: str = name, **kwargs: Any
+        ) -> Any:
             with timings.measure(f"redis_{_name}"):
-                return _method(*args)
+                return _method(*args, **kwargs)
 
         setattr(dispatcher, name, timed)
 
