@@ -147,8 +147,9 @@ def test_a_worker_measures_its_gpus_by_probe_processes_and_its_slots_use_the_mea
     assert [share.context_bytes for share in shares] == [700 * MIB, None]
     assert worker.gpu_measures is not None
     line = worker.gpu_measures.line()
-    assert "GPU GPU-fake-0: CUDA context 700 MiB measured" in line
-    assert "GPU GPU-fake-1 was not measured" in line
+    assert "GPU-fake-0: CUDA context 700 MiB measured" in line
+    assert "GPU GPU-" not in line
+    assert "GPU-fake-1 was not measured" in line
 
 
 def test_a_measured_context_below_the_assumed_one_never_lowers_it() -> None:

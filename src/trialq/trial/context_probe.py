@@ -75,7 +75,7 @@ def measure(
         printed = (run or _run)(command, env)
         return ContextMeasure(**json.loads(printed.strip().splitlines()[-1]))
     except Exception as exc:
-        return f"the CUDA context on GPU {device} was not measured: {type(exc).__name__}: {exc}"
+        return f"the CUDA context on {_named(device)} was not measured: {type(exc).__name__}: {exc}"
 
 
 @dataclass(frozen=True)
@@ -89,7 +89,7 @@ class Measures:
     def line(self) -> str:
         """What the worker's ready line says of them."""
         parts = [
-            f"GPU {m.device}: CUDA context {m.context_bytes // MIB} MiB measured, "
+            f"{_named(m.device)}: CUDA context {m.context_bytes // MIB} MiB measured, "
             f"{m.usable_bytes // MIB} MiB usable"
             for m in self.found.values()
         ]
@@ -150,3 +150,8 @@ def _check(status: int, call: str) -> None:
 if __name__ == "__main__":
     module = os.environ.get(NVML_MODULE, "pynvml")
     print(json.dumps(asdict(probe(sys.argv[1], module))))
+
+
+def _named(device: str) -> str:
+    """A device as the ready line names it: a UUID stands alone (`GPU-…`, `MIG-…`)."""
+    return device if device.startswith(("GPU-", "MIG-")) else f"GPU {device}"
