@@ -162,7 +162,8 @@ def _outcome(
 ) -> tuple[Outcome, dict[str, float], str | None]:
     """Every way the entrypoint can end, as (outcome, metrics, error)."""
     try:
-        metrics = _call_entrypoint(request, context, device, importable, framework)
+        with process_group.forks_exit_here():
+            metrics = _call_entrypoint(request, context, device, importable, framework)
     except TrialPruned:
         return Outcome.PRUNED, {}, None
     except timeout_errors:
