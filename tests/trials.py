@@ -533,3 +533,11 @@ def uses_multiprocessing(params: dict[str, Any], trial: TrialContext) -> float:
 
     with multiprocessing.get_context(params["method"]).Pool(2) as pool:
         return float(sum(pool.map(abs, [-1, -2, -3])))
+
+
+def prints_a_lot(params: dict[str, Any], trial: TrialContext) -> float:
+    """Prints `params["mb"]` MB in lines of 1000 characters, half to stdout, half to stderr."""
+    line = "y" * 999
+    for index in range(int(params["mb"] * 1000)):
+        print(line, file=sys.stderr if index % 2 else sys.stdout)
+    return 1.0

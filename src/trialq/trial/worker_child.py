@@ -186,6 +186,7 @@ class WorkerChild:
             artifact_root=self.settings.artifact_root,
             own_process_group=True,
             gpu=share,
+            output_max_bytes=self.settings.trial_output_max_bytes,
         )
 
 
