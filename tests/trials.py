@@ -541,3 +541,14 @@ def prints_a_lot(params: dict[str, Any], trial: TrialContext) -> float:
     for index in range(int(params["mb"] * 1000)):
         print(line, file=sys.stderr if index % 2 else sys.stdout)
     return 1.0
+
+
+def reports_past_the_storage(params: dict[str, Any], trial: TrialContext) -> float:
+    """Reports at steps 0 and 3 as trials do, and between them what the storage cannot hold:
+    a step of `params["step"]` (past 32 or 64 bits), a NaN and an infinity."""
+    trial.report(1.0, 0)
+    trial.report(2.0, int(params["step"]))
+    trial.report(math.nan, 1)
+    trial.report(math.inf, 2)
+    trial.report(3.0, 3)
+    return 1.0

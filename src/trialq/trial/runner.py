@@ -130,7 +130,8 @@ def _attempt(
         _flush(reports, timeout_errors)
     gpu = sampler.result()
     record = framework.record()
-    dropped = reports.dropped if isinstance(reports, ReportSender) else 0
+    sent_dropped = reports.dropped if isinstance(reports, ReportSender) else 0
+    dropped = sent_dropped + context.reports_refused
     return TrialResult.here(
         request,
         outcome,
