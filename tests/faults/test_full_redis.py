@@ -1,0 +1,76 @@
+"""Redis at `maxmemory` under `noeviction` (the policy compose and k8s ship) refuses writes:
+the driver's write that meets it (a trial sent, a withdrawn mark) ended the run with a
+traceback and exit 4, trials left RUNNING (issue 38, row 2). It is an outage now: one line,
+ridden out up to the outage limit, and the study goes on once Redis takes writes again."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from waiting import wait_for_redis, wait_until
+
+from faults.harness import FAST_HEARTBEAT, DriverRun, fault_spec, grid
+from trialq.local import LocalCluster, free_port, redis_server_binary
+
+pytestmark = [pytest.mark.faults, pytest.mark.integration]
+
+FULL_FOR_S = 8.0
+"""Past the heartbeat's TTL (3 s): the trial is taken for lost while Redis is full."""
+
+
+@pytest.fixture
+def own_redis() -> Iterator[str]:
+    """A Redis of this test's own: its memory limit is set for the whole server."""
+    port = free_port()
+    server = subprocess.Popen(
+        [redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+         "--maxmemory-policy", "noeviction"],
+        stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        url = f"redis://127.0.0.1:{port}/0"
+        wait_for_redis(redis.Redis.from_url(url))
+        yield url
+    finally:
+        server.terminate()
+        server.wait()
+
+
+def test_a_full_redis_is_an_outage_ridden_out_and_the_study_finishes(
+    own_redis: str,
+    tmp_path: Path,
+    start_workers: Callable[..., LocalCluster],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Full while a trial runs and past the heartbeat's TTL: the worker's beats are refused,
+    the driver takes the attempt for lost and writes its withdrawn mark into the full Redis
+    (where it crashed), then, after Redis takes writes again, finishes."""
+    for name, value in FAST_HEARTBEAT.items():
+        monkeypatch.setenv(name, value)
+    start_workers(1, broker_url=own_redis, extra_env=FAST_HEARTBEAT)
+    client = redis.Redis.from_url(own_redis)
+    run = DriverRun(tmp_path, own_redis)
+    run.write_spec(fault_spec("sleeps", grid("sleep_s", 8.0), 1, in_flight=1))
+    driver = run.start("--outage-limit", "60")
+    wait_until(lambda: _running(run), 60, "the trial to run")
+    client.config_set("maxmemory", 1)  # every write refused: OOM command not allowed
+    time.sleep(FULL_FOR_S)
+    client.config_set("maxmemory", 0)
+    _, err = driver.communicate(timeout=120)
+
+    assert driver.returncode == 0, err
+    assert "broker unreachable (" in err and "maxmemory" in err, err
+    assert "Traceback" not in err, err
+    assert [t.state.name for t in run.study().trials] == ["COMPLETE"], err
+
+
+def _running(run: DriverRun) -> bool:
+    try:
+        return any(t.state.name == "RUNNING" for t in run.study().trials)
+    except KeyError:
+        return False
