@@ -1,4 +1,6 @@
-"""Redis at `maxmemory` under `noeviction` (the policy compose and k8s ship) refuses writes:
+"""A Redis full or frozen under the driver (issue 38, rows 2, 4 and 9).
+
+Redis at `maxmemory` under `noeviction` (the policy compose and k8s ship) refuses writes:
 the driver's write that meets it (a trial sent, a withdrawn mark) ended the run with a
 traceback and exit 4, trials left RUNNING (issue 38, row 2). It is an outage now: one line,
 ridden out up to the outage limit, and the study goes on once Redis takes writes again."""
@@ -109,3 +111,28 @@ def test_a_trial_that_returned_ok_is_told_ok_though_its_soft_limit_passed_while_
     assert driver.returncode == 0, err
     (trial,) = run.study().trials
     assert trial.user_attrs["outcome"] == "ok", (trial.user_attrs, err)
+
+
+def test_ctrl_c_while_redis_is_frozen_does_not_claim_the_queued_trials_withdrawn(
+    own_redis_server: tuple[str, subprocess.Popen[bytes]],
+    tmp_path: Path,
+    start_workers: Callable[..., LocalCluster],
+) -> None:
+    """Issue 38, row 9: it printed `queued trials withdrawn` though nothing could be."""
+    url, server = own_redis_server
+    start_workers(1, broker_url=url)
+    run = DriverRun(tmp_path, url)
+    run.write_spec(fault_spec("sleeps", grid("sleep_s", 30.0, 30.5), 2, in_flight=2))
+    driver = run.start("--outage-limit", "60")
+    wait_until(lambda: _running(run), 60, "a trial to run")
+    os.kill(server.pid, signal.SIGSTOP)
+    try:
+        time.sleep(0.5)
+        driver.send_signal(signal.SIGINT)
+        _, err = driver.communicate(timeout=120)
+    finally:
+        os.kill(server.pid, signal.SIGCONT)
+
+    assert driver.returncode == 130, err
+    assert "queued trials withdrawn" not in err, err
+    assert "queued trials were not withdrawn" in err, err
