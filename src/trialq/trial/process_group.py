@@ -79,7 +79,7 @@ def forks_exit_here() -> Iterator[None]:
     try:
         yield
     except SystemExit as exc:
-        status = exc.code if isinstance(exc.code, int) else 1
+        status = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
         raise
     except BaseException:
         status = 1
