@@ -136,3 +136,25 @@ def test_ctrl_c_while_redis_is_frozen_does_not_claim_the_queued_trials_withdrawn
     assert driver.returncode == 130, err
     assert "queued trials withdrawn" not in err, err
     assert "queued trials were not withdrawn" in err, err
+
+
+def test_a_broker_that_evicts_is_said_by_the_driver_and_each_worker(
+    own_redis_server: tuple[str, subprocess.Popen[bytes]],
+    tmp_path: Path,
+    start_workers: Callable[..., LocalCluster],
+) -> None:
+    """Issue 38, row 12: under `allkeys-lru` Redis evicted heartbeats and two trials were
+    killed and run again, with no word of the misconfiguration."""
+    url, _ = own_redis_server
+    redis.Redis.from_url(url).config_set("maxmemory-policy", "allkeys-lru")
+    cluster = start_workers(1, broker_url=url)
+    run = DriverRun(tmp_path, url)
+    run.write_spec(fault_spec("sleeps", grid("sleep_s", 0.1), 1, in_flight=1))
+
+    code, err = run.run()
+
+    assert code == 0, err
+    said = "maxmemory-policy is 'allkeys-lru'"
+    assert len([line for line in err.splitlines() if said in line]) == 1, err
+    logs = "".join(path.read_text() for path in cluster.log_dir.glob("*.log"))
+    assert said in logs, "the worker did not say it"
