@@ -72,7 +72,12 @@ def test_a_full_redis_is_an_outage_ridden_out_and_the_study_finishes(
     client.config_set("maxmemory", 1)  # every write refused: OOM command not allowed
     time.sleep(FULL_FOR_S)
     client.config_set("maxmemory", 0)
-    _, err = driver.communicate(timeout=120)
+    try:
+        _, err = driver.communicate(timeout=240)
+    except subprocess.TimeoutExpired:
+        driver.kill()
+        _, err = driver.communicate()
+        raise AssertionError(err) from None
 
     assert driver.returncode == 0, err
     assert "broker unreachable (" in err and "maxmemory" in err, err
