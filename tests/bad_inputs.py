@@ -16,6 +16,10 @@ def spec_text(**tables: str) -> str:
     return f"[study]\n{parts['study']}\n[trial]\n{parts['trial']}\n{parts['space']}\n"
 
 
+def _float_space(bounds: str) -> str:
+    return spec_text(space=f'[space.x]\ntype = "float"\n{bounds}')
+
+
 BAD_SPECS = {
     "study name leaving the spec's folder": (
         spec_text(study='name = "../../escape"\nn_trials = 3'),
@@ -105,6 +109,73 @@ BAD_SPECS = {
         spec_text(study=GOOD["study"] + '\nsampler = "grid"'),
         "space.x: the grid",
     ),
+    # Values past what Optuna, the storage or the clocks hold (issue 38, row 5): each ended
+    # the driver with exit 4 after the study existed, or was taken without a word.
+    "infinite high": (
+        _float_space("low = 0\nhigh = inf"),
+        "space.x.high: Input should be a finite",
+    ),
+    "NaN low": (_float_space("low = nan\nhigh = 1"), "space.x.low: Input should be a finite"),
+    "range overflowing a float": (
+        _float_space("low = -1e308\nhigh = 1e308"),
+        "space.x: high - low overflows a float",
+    ),
+    "negative float step": (
+        _float_space("low = 0\nhigh = 1\nstep = -1.0"),
+        "space.x.step: Input should be greater than 0",
+    ),
+    "float step past float resolution": (
+        _float_space("low = 0\nhigh = 1\nstep = 1e-300"),
+        "space.x: step gives over 2**53 values",
+    ),
+    "int bound past 2**53": (
+        spec_text(space='[space.x]\ntype = "int"\nlow = 0\nhigh = 9223372036854775807'),
+        "space.x.high: Input should be less than or equal to 9007199254740992",
+    ),
+    "choice given twice": (
+        spec_text(space='[space.x]\ntype = "categorical"\nchoices = [1, 1]'),
+        "space.x.choices: 1 is given twice",
+    ),
+    "choices 1 and true": (
+        spec_text(space='[space.x]\ntype = "categorical"\nchoices = [1, true]'),
+        "space.x.choices: True is given twice",
+    ),
+    "NaN choice": (
+        spec_text(space='[space.x]\ntype = "categorical"\nchoices = [1.0, nan]'),
+        "space.x.choices.1: Input should be a finite number",
+    ),
+    "NaN goal": (spec_text(study=GOOD["study"] + "\ngoal = nan"), "study.goal: Input should be a"),
+    "n_trials past the storage's trial numbers": (
+        spec_text(study='name = "s"\nn_trials = 1_000_000_000_000_000_000\nmetric = "score"'),
+        "study.n_trials: Input should be less than or equal to 2147483647",
+    ),
+    "max_in_flight 2**63 - 1": (
+        spec_text(study=GOOD["study"] + "\nmax_in_flight = 9223372036854775807"),
+        "study.max_in_flight: Input should be less than or equal to 2147483647",
+    ),
+    "infinite outage limit": (
+        spec_text(study=GOOD["study"] + "\noutage_limit_s = inf"),
+        "study.outage_limit_s: Input should be a finite number",
+    ),
+    "grace past the clocks": (
+        spec_text(trial=GOOD["trial"] + "\nprune_grace_s = 1e300"),
+        "trial.prune_grace_s: Input should be less than or equal to 1000000000",
+    ),
+    "memory limit past 64 bits of bytes": (
+        spec_text(trial=GOOD["trial"] + "\nmemory_limit_mb = 9223372036854775807"),
+        "trial.memory_limit_mb: Input should be less than or equal to 2147483647",
+    ),
+    "infinite enqueued value": (
+        spec_text() + "[[enqueue]]\nx = inf\n",
+        "enqueue.0.x: Input should be a finite number",
+    ),
+    "grid over an int range it would list": (
+        spec_text(
+            study=GOOD["study"] + '\nsampler = "grid"',
+            space='[space.x]\ntype = "int"\nlow = 0\nhigh = 100_000_000',
+        ),
+        "space.x: sampler 'grid' lists every value",
+    ),
 }
 
 
@@ -115,4 +186,13 @@ BAD_ARGS = {
     "negative n-trials": (["{spec}", "--n-trials", "-3"], "expected a positive integer"),
     "local and broker": (["{spec}", "--local", "--broker", "redis://x"], "exclude each other"),
     "unknown flag": (["{spec}", "--frobnicate"], "unrecognized arguments: --frobnicate"),
+    "n-trials past the storage's trial numbers": (
+        ["{spec}", "--n-trials", str(10**30)],
+        "expected a positive integer up to 2147483647",
+    ),
+    "NaN goal": (["{spec}", "--goal", "nan"], "expected a finite number, got 'nan'"),
+    "outage limit past the clocks": (
+        ["{spec}", "--outage-limit", "1e300"],
+        "expected a positive number up to 1e+09",
+    ),
 }

@@ -305,7 +305,7 @@ def starts_children(params: dict[str, Any], trial: TrialContext) -> float:
     """Starts two `sleep 600` children, writes their pids to `params["pids"]`, then ends as
     `params["then"]` says: "return", "raise", or "overrun" (past its time limit; with
     `ignore_limit`, past the soft one too, until the hard limit kills it)."""
-    children = [subprocess.Popen(["sleep", "600"]) for _ in range(2)]
+    children = [_child(params.get("how", "subprocess")) for _ in range(2)]
     pids = Path(params["pids"])
     pids.with_suffix(".tmp").write_text("".join(f"{child.pid}\n" for child in children))
     pids.with_suffix(".tmp").replace(pids)
@@ -318,6 +318,31 @@ def starts_children(params: dict[str, Any], trial: TrialContext) -> float:
             with contextlib.suppress(*ignored):  # SoftTimeLimitExceeded, with ignore_limit
                 time.sleep(0.05)
     return 1.0
+
+
+class _Forked:
+    """A child made with a bare `os.fork()`: a copy of the trial's whole stack."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+
+
+def _child(how: str) -> Any:
+    """A child that runs 600 s unless ended, made `how`: "subprocess" (`sleep 600`),
+    "fork" (a bare `os.fork()` whose child sleeps in Python, then returns into the trial's
+    stack as a careless user's would) or "multiprocessing" (a fork-context Process)."""
+    if how == "subprocess":
+        return subprocess.Popen(["sleep", "600"])
+    if how == "multiprocessing":
+        import multiprocessing
+
+        process = multiprocessing.get_context("fork").Process(target=time.sleep, args=(600,))
+        process.start()
+        return process
+    pid = os.fork()
+    if pid == 0:
+        time.sleep(600)  # a SIGTERM here raises whatever the trial's handler raises
+    return _Forked(pid)
 
 
 def reports_fifty(params: dict[str, Any], trial: TrialContext) -> dict[str, float]:
@@ -508,3 +533,22 @@ def uses_multiprocessing(params: dict[str, Any], trial: TrialContext) -> float:
 
     with multiprocessing.get_context(params["method"]).Pool(2) as pool:
         return float(sum(pool.map(abs, [-1, -2, -3])))
+
+
+def prints_a_lot(params: dict[str, Any], trial: TrialContext) -> float:
+    """Prints `params["mb"]` MB in lines of 1000 characters, half to stdout, half to stderr."""
+    line = "y" * 999
+    for index in range(int(params["mb"] * 1000)):
+        print(line, file=sys.stderr if index % 2 else sys.stdout)
+    return 1.0
+
+
+def reports_past_the_storage(params: dict[str, Any], trial: TrialContext) -> float:
+    """Reports at steps 0 and 3 as trials do, and between them what the storage cannot hold:
+    a step of `params["step"]` (past 32 or 64 bits), a NaN and an infinity."""
+    trial.report(1.0, 0)
+    trial.report(2.0, int(params["step"]))
+    trial.report(math.nan, 1)
+    trial.report(math.inf, 2)
+    trial.report(3.0, 3)
+    return 1.0

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import signal
 import sys
 import traceback
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from trialq.errors import Interrupted, ServiceUnreachable, TrialqError, UsageError
+from trialq.limits import INT32_MAX, SECONDS_MAX
 from trialq.settings import Settings, redacted_url
 from trialq.wire.keys import DEFAULT_QUEUE
 
@@ -122,7 +124,7 @@ def _add_budget_flags(parser: _Parser) -> None:
                          help="at --max-wall-s, stop trials in flight for a later run")  # fmt: skip
     budgets.add_argument("--max-gpu-hours", type=_positive_float, metavar="HOURS",
                          help="the study's finished trials' duration x GPUs")  # fmt: skip
-    budgets.add_argument("--goal", type=float, metavar="VALUE",
+    budgets.add_argument("--goal", type=_finite_float, metavar="VALUE",
                          help="stop once the best value reaches it")  # fmt: skip
     budgets.add_argument("--max-failed-trials", type=_positive_int, metavar="N",
                          help="stop once the study has N failed trials (exit 5)")  # fmt: skip
@@ -154,8 +156,10 @@ def _positive_int(text: str) -> int:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    if not 0 < value <= INT32_MAX:  # a count the storage holds (trialq/limits.py)
+        raise argparse.ArgumentTypeError(
+            f"expected a positive integer up to {INT32_MAX}, got {text!r}"
+        )
     return value
 
 
@@ -164,8 +168,21 @@ def _positive_float(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    if not 0 < value <= SECONDS_MAX:  # a time Python's clocks take (trialq/limits.py)
+        raise argparse.ArgumentTypeError(
+            f"expected a positive number up to {SECONDS_MAX:g}, got {text!r}"
+        )
+    return value
+
+
+def _finite_float(text: str) -> float:
+    """A number that can be reached: never NaN (no value ever equals it) nor infinite."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
     return value
 
 

@@ -51,6 +51,10 @@ class Settings(BaseSettings):
     separated by the OS path separator); `--local` sets the spec's folder and the current
     one for the workers it starts. Never taken from a message (issue 26.7)."""
 
+    trial_output_max_bytes: int = Field(default=10 * 2**20, ge=0)
+    """What one trial may print (stdout and stderr together, as Celery logs them) into its
+    worker's log; past it the rest is dropped, said once (`trial/output_cap.py`). 0: no cap."""
+
     visibility_timeout_s: int = Field(default=12 * 3600, gt=0)
     """Redis redelivers an unacknowledged task older than this, even one still running,
     so it must outlast the longest trial plus its grace period (checked before submitting)."""

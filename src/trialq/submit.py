@@ -32,6 +32,7 @@ from trialq.local import LocalCluster
 from trialq.settings import Settings, redacted_url
 from trialq.views.summary import study_summary
 from trialq.wire import frameworks, heartbeat, routing
+from trialq.wire.eviction import eviction_warning
 from trialq.wire.messages import BROKER_ATTR
 
 VISIBILITY_MARGIN_S = 300
@@ -113,6 +114,9 @@ def _checked_before_the_study(
     _check_time_limits(spec, settings)
     if local_workers is None:
         CeleryDispatcher(settings).check_reachable()
+        warning = eviction_warning(redis.Redis.from_url(settings.broker_url, socket_timeout=5))
+        if warning is not None:
+            _say(warning)
         check_a_worker_fits(spec, settings.broker_url)
     return define_space
 

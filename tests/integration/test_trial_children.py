@@ -88,6 +88,20 @@ def test_children_end_when_the_trial_returns_or_raises(
     _children_end(pids_file)
 
 
+@pytest.mark.parametrize("how", ["fork", "multiprocessing", "subprocess"])
+def test_children_end_and_never_end_the_trial_however_they_were_made(
+    start_workers: Callable[..., LocalCluster], redis_url: str, pids_file: Path, how: str
+) -> None:
+    """Issue 38, row 3: a bare `os.fork()` child, a copy of the trial's stack, unwound
+    through the group's cleanup when it got SIGTERM and SIGTERMed the whole group, the
+    trial process included, before its result was stored (told `crashed: signal 15`)."""
+    start_workers(1, extra_env={"TRIALQ_PRELOAD": "none"})
+    status = _run(redis_url, pids_file, params={"then": "return", "how": how})
+    assert status.result is not None, status
+    assert status.result.outcome is Outcome.OK, status.result.error
+    _children_end(pids_file)
+
+
 def test_children_end_when_the_trial_runs_out_of_time(
     start_workers: Callable[..., LocalCluster], redis_url: str, pids_file: Path
 ) -> None:

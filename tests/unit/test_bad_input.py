@@ -31,6 +31,7 @@ def test_bad_spec_is_one_line_exit_2_and_nothing_enqueued(
     assert str(path) in err or (case in {"bad queue name"} and "trial.queue" in err)
     assert expected in err
     assert redis.Redis.from_url(redis_url).dbsize() == 0, "something was enqueued"
+    assert not list(path.parent.glob("*.db")), "a study was created"
 
 
 def test_yaml_spec_with_the_same_keys_is_accepted_and_checked(

@@ -172,3 +172,31 @@ def test_the_spec_examples_in_the_docs_load(doc: str, tmp_path: Path) -> None:
     path = tmp_path / "study.toml"
     path.write_text(example.group(1))
     assert load_spec(path).study.name == "digits-cnn"
+
+
+PASSWORD_ON_A_COMMAND_LINE = re.compile(
+    r"--requirepass\s+\S|\b(?:redis|rediss|postgresql[+\w]*)://[^:/\s@]*:(?!\*\*\*@)[^@\s/]+@"
+)
+"""A password as a process's argument (`--requirepass s3cret`, a URL carrying one), which
+`ps` shows every user of the host; `***` is how trialq prints a hidden one."""
+
+
+def code_lines(text: str) -> list[str]:
+    """The lines inside fenced code blocks: what a reader copies into a shell."""
+    lines, in_fence = [], False
+    for line in text.splitlines():
+        if FENCE.match(line):
+            in_fence = not in_fence
+        elif in_fence:
+            lines.append(line)
+    return lines
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_command_the_docs_give_shows_a_password_in_ps(doc: Path) -> None:
+    """Issue 38, row 11: the by-hand Redis was started with `--requirepass s3cret`, which
+    docker/README.md itself says shows the password in `ps`."""
+    shown = [
+        line for line in code_lines(doc.read_text()) if PASSWORD_ON_A_COMMAND_LINE.search(line)
+    ]
+    assert not shown, shown

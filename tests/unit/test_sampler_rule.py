@@ -175,3 +175,18 @@ def test_the_drivers_gp_fits_on_one_thread_and_loads_torch_only_to_fit() -> None
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
+
+
+def test_auto_leaves_gp_out_where_a_stepped_param_has_more_values_than_it_lists() -> None:
+    """GP holds every value of a stepped parameter at each ask (2**53 asked for 64 PiB and
+    ended the driver at its first ask, issue 38, row 5): `auto` builds TPE there."""
+    wide = StudySpec.model_validate(
+        {
+            "path": Path("spec.toml"),
+            "study": {"name": "s", "n_trials": 50, "max_in_flight": 4},
+            "trial": {"entrypoint": "mod:train"},
+            "space": {"n": {"type": "int", "low": 0, "high": 100_000_000}},
+        }
+    )
+    assert chosen_sampler(wide, gp_available=True) == "tpe"
+    assert chosen_sampler(spec(4, 50), gp_available=True) == "gp+tpe"

@@ -23,6 +23,7 @@ from trialq._celery.app import TASK_NAME, create_app
 from trialq.errors import BrokerError, BrokerUnreachable
 from trialq.settings import Settings
 from trialq.wire import heartbeat
+from trialq.wire.broker_away import broker_away
 from trialq.wire.channel import Report, ReportChannel, TrialAddress
 from trialq.wire.dispatch import TaskPhase, TaskStatus
 from trialq.wire.keys import (
@@ -348,13 +349,14 @@ class DriverReports:
 
 @contextlib.contextmanager
 def _broker_errors(doing: str) -> Iterator[None]:
-    """Redis's errors as trialq's: a lost connection or a timeout is `BrokerUnreachable` (the
-    driver rides it out, and the line it logs is the cause's), any other `BrokerError`."""
+    """Redis's errors as trialq's: a broker away for now (lost, timing out, or refusing
+    writes: full under `noeviction`, read-only; `wire/broker_away.py`) is `BrokerUnreachable`
+    (the driver rides it out, and the line it logs is the cause's), any other `BrokerError`."""
     try:
         yield
-    except (redis.ConnectionError, redis.TimeoutError) as exc:
-        raise BrokerUnreachable(f"broker unreachable: {_without_password(exc)}") from exc
     except redis.RedisError as exc:
+        if broker_away(exc):
+            raise BrokerUnreachable(f"broker unreachable: {_without_password(exc)}") from exc
         raise BrokerError(f"the broker failed {doing}: {_without_password(exc)}") from exc
 
 

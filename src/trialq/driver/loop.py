@@ -143,8 +143,7 @@ class StudyDriver:
             self._write_all(outages)
             self._store.set_study_attr(LAST_RUN_ATTR, self.ledger.last_run())
         except KeyboardInterrupt:
-            self.sender.withdraw_waiting()
-            raise Interrupted("interrupted: queued trials withdrawn; rerun to resume") from None
+            raise Interrupted(_interrupted(self.sender.withdraw_waiting())) from None
         except (SpecError, FailingTrials):
             self.sender.withdraw_waiting()
             raise
@@ -317,3 +316,14 @@ class StudyDriver:
         except Exception as exc:  # the error that stops the run is already on its way
             if not self._store.lost_to_deletion(exc):  # a deleted study takes no more tells
                 _log.warning("told trials not written (the next run tells them again): %s", exc)
+
+
+def _interrupted(withdrawn: bool) -> str:
+    """The line an interrupt ends the run with: it says queued trials were withdrawn only
+    where they were (issue 38, row 9: said with Redis frozen, nothing withdrawn)."""
+    if withdrawn:
+        return "interrupted: queued trials withdrawn; rerun to resume"
+    return (
+        "interrupted: the broker did not answer, so queued trials were not withdrawn "
+        "(a worker may still run them); rerun to resume"
+    )

@@ -18,10 +18,10 @@ import time
 from collections.abc import Callable, Iterator
 
 import optuna
-import redis
 import sqlalchemy
 
 from trialq.errors import BrokerUnreachable, ServiceUnreachable, StorageUnreachable
+from trialq.wire.broker_away import broker_away
 
 _log = logging.getLogger("trialq.outage")  # the name log lines show; kept when the module moved
 
@@ -36,7 +36,7 @@ _STORAGE_OUTAGES = (
     sqlalchemy.exc.DisconnectionError,
     StorageUnreachable,
 )
-_BROKER_OUTAGES = (redis.ConnectionError, redis.TimeoutError, BrokerUnreachable)
+_BROKER_OUTAGES = (BrokerUnreachable,)
 
 
 def service_lost(exc: BaseException) -> str | None:
@@ -45,7 +45,7 @@ def service_lost(exc: BaseException) -> str | None:
     error, which is no outage and must not be retried."""
     seen: BaseException | None = exc
     while seen is not None:
-        if isinstance(seen, _BROKER_OUTAGES):
+        if isinstance(seen, _BROKER_OUTAGES) or broker_away(seen):
             return "broker"
         if isinstance(seen, _STORAGE_OUTAGES):
             return "storage"

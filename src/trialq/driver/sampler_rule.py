@@ -27,6 +27,22 @@ AUTO_KEEPS_ARGS = frozenset({"seed"})
 """`sampler_args` that `auto` passes to GP too; any other key is TPE's, so TPE is built."""
 
 
+LISTED_POINTS_MAX = 10**7
+"""The most values of one stepped parameter a sampler that lists them all may meet: GP
+holds each in an array at every ask (10**7: 3 s a study's first asks; 2**53 asked for
+64 PiB) and the grid sampler lists them (issue 38, row 5)."""
+
+
+def too_many_to_list(spec: StudySpec) -> str | None:
+    """The first parameter of the spec's space with more values than a listing sampler
+    holds, or None."""
+    for name, param in spec.space.items():
+        points = getattr(param, "points", None)
+        if points is not None and points > LISTED_POINTS_MAX:
+            return name
+    return None
+
+
 GP_NEEDS = ("torch", "scipy")
 """What Optuna's GP sampler imports at its first fit; trialq requires neither."""
 
@@ -50,5 +66,6 @@ def chosen_sampler(spec: StudySpec, gp_available: bool) -> str:
         and study.search_space is None
         and bool(spec.space)
         and set(study.sampler_args) <= AUTO_KEEPS_ARGS
+        and too_many_to_list(spec) is None
     )
     return "gp+tpe" if gp_available and wide_and_short and modelled_by_gp else "tpe"

@@ -8,7 +8,6 @@ checkpoint folder.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import uuid
 from collections.abc import Callable
@@ -161,15 +160,18 @@ class Sender:
         attempt = entry.request.attempt + (1 if new_attempt else 0)
         self.send(entry.trial, attempt, entry.request.checkpoint_key, resends)
 
-    def withdraw_waiting(self) -> None:
+    def withdraw_waiting(self) -> bool:
         """On interrupt: trials not yet started never will; running ones stay re-attachable.
-
-        With the broker away nothing can be withdrawn; the next run re-attaches all of them.
+        Whether that was done: with the broker away nothing can be withdrawn (False; a
+        worker may still run them, and the next run re-attaches all of them).
         """
-        with contextlib.suppress(BrokerError):
+        try:
             statuses = self._dispatcher.statuses(self.in_flight)
             waiting = [tid for tid, s in statuses.items() if s.phase is TaskPhase.WAITING]
             self._dispatcher.withdraw(waiting, self._spec.trial.queue)
+        except BrokerError:
+            return False
+        return True
 
     def leave_in_flight(self) -> None:
         """Stop every trial in flight and leave it RUNNING in the study, for the next run to

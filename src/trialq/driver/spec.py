@@ -7,7 +7,9 @@ the file, the key and what was expected.
 from __future__ import annotations
 
 import difflib
+import math
 import re
+import sys
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -24,6 +26,7 @@ from pydantic import (
 )
 
 from trialq.errors import SpecError
+from trialq.limits import EXACT_INT_MAX, GRID_POINTS_MAX, INT32_MAX, SECONDS_MAX
 from trialq.wire.entrypoint import EntrypointRef
 from trialq.wire.frameworks import FrameworkChoice
 from trialq.wire.keys import DEFAULT_QUEUE
@@ -34,7 +37,17 @@ PrunerName = Literal["none", "median", "hyperband", "successive_halving"]
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
+    # No float of a spec is NaN or infinite: Optuna, the storage and the clocks cannot hold
+    # one, and a goal of NaN is never reached (issue 38, row 5).
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=False, allow_inf_nan=False)
+
+
+Count = Annotated[int, Field(le=INT32_MAX)]
+"""A number of things (trials, retries, GPUs, MB): within what the storage holds."""
+Seconds = Annotated[float, Field(gt=0, le=SECONDS_MAX)]
+"""A time a spec gives: positive, and within what Python's clocks and locks take."""
+ExactInt = Annotated[int, Field(ge=-EXACT_INT_MAX, le=EXACT_INT_MAX)]
+"""An int parameter's bound or step: exact as the double Optuna stores it."""
 
 
 class FloatParam(_Frozen):
@@ -44,26 +57,36 @@ class FloatParam(_Frozen):
     low: float
     high: float
     log: bool = False
-    step: float | None = None
+    step: float | None = Field(default=None, gt=0)
 
     @model_validator(mode="after")
     def _check_bounds(self) -> FloatParam:
         _check_low_high(self.low, self.high)
+        if self.high - self.low == float("inf"):
+            raise ValueError(f"high - low overflows a float ({self.low:g} to {self.high:g})")
         if self.log and self.low <= 0:
             raise ValueError("log = true needs low > 0")
         if self.log and self.step is not None:
             raise ValueError("log and step exclude each other")
+        _check_points(self.points)
         return self
+
+    @property
+    def points(self) -> int | None:
+        """How many values its step grid has; None without a step (continuous)."""
+        if self.step is None:
+            return None
+        return math.floor(min((self.high - self.low) / self.step, sys.float_info.max)) + 1
 
 
 class IntParam(_Frozen):
     """An integer in [low, high] with a step, optionally on a log scale."""
 
     type: Literal["int"]
-    low: int
-    high: int
+    low: ExactInt
+    high: ExactInt
     log: bool = False
-    step: int = Field(default=1, gt=0)
+    step: Annotated[ExactInt, Field(gt=0)] = 1
 
     @model_validator(mode="after")
     def _check_bounds(self) -> IntParam:
@@ -72,12 +95,27 @@ class IntParam(_Frozen):
             raise ValueError("log = true needs low > 0")
         return self
 
+    @property
+    def points(self) -> int:
+        """How many values it can take."""
+        return (self.high - self.low) // self.step + 1
+
 
 class CategoricalParam(_Frozen):
     """One of a non-empty list of choices (str, int, float or bool)."""
 
     type: Literal["categorical"]
     choices: tuple[str | int | float | bool, ...] = Field(min_length=1)
+
+    @field_validator("choices")
+    @classmethod
+    def _distinct(cls, choices: tuple[str | int | float | bool, ...]) -> tuple[Any, ...]:
+        # Optuna finds a value's choice with `==`: of 1, 1.0 and True only the first is ever
+        # told, and a choice given twice weighs double in every sampler.
+        for index, choice in enumerate(choices):
+            if choice in choices[:index]:
+                raise ValueError(f"{choice!r} is given twice (1, 1.0 and true are one choice)")
+        return choices
 
 
 ParamSpec = Annotated[FloatParam | IntParam | CategoricalParam, Field(discriminator="type")]
@@ -86,6 +124,11 @@ ParamSpec = Annotated[FloatParam | IntParam | CategoricalParam, Field(discrimina
 def _check_low_high(low: float, high: float) -> None:
     if low > high:
         raise ValueError(f"low ({low}) must not be greater than high ({high})")
+
+
+def _check_points(points: int | None) -> None:
+    if points is not None and points > GRID_POINTS_MAX:
+        raise ValueError(f"step gives over 2**53 values ({points:.3g}): use a larger step")
 
 
 STUDY_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
@@ -104,8 +147,8 @@ class StudySection(_Frozen):
     directions: tuple[Direction, ...] | None = Field(default=None, min_length=1)
     metric: str | None = None
     metrics: tuple[str, ...] | None = Field(default=None, min_length=1)
-    n_trials: int = Field(gt=0)
-    max_in_flight: int | None = Field(default=None, gt=0)
+    n_trials: Count = Field(gt=0)
+    max_in_flight: Count | None = Field(default=None, gt=0)
     sampler: SamplerName = "auto"
     sampler_args: dict[str, Any] = Field(default_factory=dict)
     pruner: PrunerName = "median"
@@ -113,12 +156,12 @@ class StudySection(_Frozen):
     storage: str | None = None
     search_space: EntrypointRef | None = None
     oom_as_constraint: bool = True
-    outage_limit_s: float = Field(default=300, gt=0)
+    outage_limit_s: Seconds = 300
     """Seconds the driver waits for a lost broker or storage before it gives up (exit 3)."""
-    max_failures_in_a_row: int = Field(default=5, ge=0)
+    max_failures_in_a_row: Count = Field(default=5, ge=0)
     """Trials in a row that fail the same way (error, crash, lost worker, a worker's
     refusal) before the run stops with the rest of the budget kept; 0 never stops."""
-    max_wall_s: float | None = Field(default=None, gt=0)
+    max_wall_s: Seconds | None = None
     """This run's wall time: once reached, no trial is sent (`trialq.driver.budget`)."""
     max_wall_hard: bool = False
     """At `max_wall_s`, stop the trials in flight too, for a later run to send again."""
@@ -126,7 +169,7 @@ class StudySection(_Frozen):
     """The study's finished trials' duration x `[trial] gpus`, summed over every run."""
     goal: float | None = None
     """Stop once the best value reaches it (one objective only)."""
-    max_failed_trials: int | None = Field(default=None, ge=1)
+    max_failed_trials: Count | None = Field(default=None, ge=1)
     """The study's failed trials at which the run stops (exit 5), the rest kept."""
 
     @field_validator("name")
@@ -175,26 +218,26 @@ class TrialSection(_Frozen):
     """`[trial]`: what each worker runs and under which limits."""
 
     entrypoint: EntrypointRef
-    timeout_s: float = Field(default=3600, gt=0)
-    max_retries: int = Field(default=2, ge=0)
+    timeout_s: Seconds = 3600
+    max_retries: Count = Field(default=2, ge=0)
     retry_crashes: bool = False
     """Whether a trial whose process ended on its own (a signal, `sys.exit`) while its worker
     lived is re-sent, within `max_retries`; by default it is the trial's end (`crashed`)."""
-    max_preemptions: int = Field(default=20, ge=0)
+    max_preemptions: Count = Field(default=20, ge=0)
     """Re-sends of a trial whose attempt was preempted (counted apart from `max_retries`:
     a reclaimed spot node says nothing about the trial's params)."""
     keep_checkpoints: bool = False
     """Leave each trial's `checkpoint_dir` on the workers' volume after it finished."""
     queue: str = Field(default=DEFAULT_QUEUE, min_length=1, pattern=r"^[A-Za-z0-9_.:-]+$")
-    memory_limit_mb: int = Field(default=0, ge=0)
-    gpus: int = Field(default=1, ge=1)
+    memory_limit_mb: Count = Field(default=0, ge=0)
+    gpus: Count = Field(default=1, ge=1)
     """GPUs each trial gets, of its own: only a worker whose slots span this many takes it."""
-    gpu_memory_mb: int = Field(default=0, ge=0)
+    gpu_memory_mb: Count = Field(default=0, ge=0)
     """GPU memory one trial needs on each of its GPUs; a worker slot with less never takes
     it (docs/design.md, "Routing by GPU"). 0: any slot."""
-    kill_grace_s: float = Field(default=60, gt=0)
+    kill_grace_s: Seconds = 60
     """Seconds between the soft time limit (seen by the trial) and the kill of its process."""
-    prune_grace_s: float = Field(default=30, gt=0)
+    prune_grace_s: Seconds = 30
     """Seconds a trial has to honour `should_prune()` before its process is killed."""
     framework: FrameworkChoice = "auto"
     """`auto` | `torch` | `tensorflow` | `jax`: whose memory settings, cap and peaks the trial
@@ -227,12 +270,20 @@ class StudySpec(_Frozen):
             unknown = sorted(set(params) - set(self.space)) if self.space else []
             if unknown:
                 raise ValueError(f"enqueue: {', '.join(unknown)} not in [space.*]")
+            inexact = sorted(name for name, value in params.items() if _inexact(value))
+            if inexact:
+                raise ValueError(f"enqueue: {', '.join(inexact)}: an int past 2**53")
         return self
 
     @property
     def directory(self) -> Path:
         """The folder the spec lives in: relative paths in it are taken from here."""
         return self.path.parent
+
+
+def _inexact(value: str | int | float | bool) -> bool:
+    """An int the double Optuna stores a parameter as cannot hold exactly."""
+    return isinstance(value, int) and abs(value) > EXACT_INT_MAX
 
 
 def load_spec(path: Path) -> StudySpec:
@@ -275,7 +326,7 @@ def _first_problem(exc: ValidationError) -> str:
     n_trials?), rather than the "missing" error that the misspelling also causes."""
     errors = exc.errors()
     typos = [(e, _close_key(e["loc"])) for e in errors if e["type"] == "extra_forbidden"]
-    error, suggestion = next(((e, s) for e, s in typos if s), (errors[0], None))
+    error, suggestion = next(((e, s) for e, s in typos if s), (_first_error(errors), None))
     key = ".".join(str(part) for part in _without_union_tags(error["loc"]))
     message = error["msg"].removeprefix("Value error, ")
     if error["type"] == "extra_forbidden":
@@ -287,6 +338,17 @@ def _first_problem(exc: ValidationError) -> str:
     elif "input" in error and error["type"] not in {"value_error", "assertion_error"}:
         message = f"{message} (got {error['input']!r})"
     return f"{key}: {message}" if key else message
+
+
+def _first_error(errors: list[Any]) -> Any:
+    """The error to name: a NaN or infinity before the "not a string" its union's other
+    members also report, and named without the union member (`choices.1`, not `.float`)."""
+    for error in errors:
+        if error["type"] == "finite_number":
+            loc = error["loc"]
+            trimmed = loc[:-1] if loc and loc[-1] in {"int", "float"} else loc
+            return {**error, "loc": trimmed}
+    return errors[0]
 
 
 _SECTIONS: dict[str, type[BaseModel]] = {"study": StudySection, "trial": TrialSection}

@@ -21,7 +21,14 @@ from trialq.driver._storage.mirror import mirrored
 from trialq.driver.distinct import DistinctFromRunning
 from trialq.driver.gp_sampler import OneThreadGP, gp_and_tpe
 from trialq.driver.outage import FIRST_RETRY_S, LONGEST_RETRY_S
-from trialq.driver.sampler_rule import GP_NEEDS, SMALL_BUDGET, chosen_sampler, gp_runs_here
+from trialq.driver.sampler_rule import (
+    GP_NEEDS,
+    LISTED_POINTS_MAX,
+    SMALL_BUDGET,
+    chosen_sampler,
+    gp_runs_here,
+    too_many_to_list,
+)
 from trialq.driver.spec import CategoricalParam, FloatParam, IntParam, StudySpec, load_spec
 from trialq.errors import SpecError, StorageUnreachable, UsageError
 from trialq.settings import redacted_url
@@ -177,6 +184,7 @@ def make_sampler(spec: StudySpec, gp_available: bool | None = None) -> optuna.sa
     if any(importlib.util.find_spec(module) is None for module in modules):
         # Optuna imports them at the first ask or fit, after the study exists: refuse before.
         raise SpecError(f"{spec.path}: study.sampler: {name!r} needs {fix}")
+    _check_listable(spec, name)
     if name == "tpe":
         args = tpe_defaults(spec)
     if name == "grid":
@@ -202,6 +210,21 @@ def make_sampler(spec: StudySpec, gp_available: bool | None = None) -> optuna.sa
 
 
 _GP_FIX = "torch and scipy, which Optuna's GP sampler runs on: pip install torch scipy"
+
+
+def _check_listable(spec: StudySpec, name: str) -> None:
+    """GP and the grid hold every value of a stepped parameter: refuse, before the study
+    exists, one with more than they can (it ended the driver at its first ask)."""
+    grid_of_space = name == "grid" and "search_space" not in spec.study.sampler_args
+    listing = name in ("gp", "gp+tpe") or grid_of_space
+    too_many = too_many_to_list(spec) if listing else None
+    if too_many is not None:
+        raise SpecError(
+            f"{spec.path}: space.{too_many}: sampler {name!r} lists every value, and its range "
+            f'has over {LISTED_POINTS_MAX:.0e} at its step: use a larger step or sampler = "tpe"'
+        )
+
+
 _NEEDS: dict[str, tuple[tuple[str, ...], str]] = {
     "cmaes": (("cmaes",), "the cmaes package: pip install 'trialq[cmaes]'"),
     "gp": (GP_NEEDS, _GP_FIX),

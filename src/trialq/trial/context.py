@@ -2,14 +2,26 @@
 
 from __future__ import annotations
 
-import math
+import contextlib
+import logging
+import operator
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
 from trialq.trial import batch_size
-from trialq.wire.channel import TrialAddress
+from trialq.wire.channel import TrialAddress, report_refusal
 from trialq.wire.messages import ArtifactMeta
+
+_log = logging.getLogger("trialq.reports")
+
+
+def _as_step(step: object) -> object:
+    """An integer of any kind (numpy's, torch's) as a Python int; anything else as it is."""
+    try:
+        return operator.index(step)  # type: ignore[arg-type]
+    except TypeError:
+        return step
 
 
 class Reports(Protocol):
@@ -42,6 +54,9 @@ class TrialContext:
         self._artifact_saver = artifact_saver
         self._checkpoint_sync = checkpoint_sync
         self.last_step: int | None = None
+        self.reports_refused = 0
+        """Reports the storage could not hold (a NaN, a step past 32 bits): dropped, the
+        first said in the trial's log, all counted in its `reports_dropped`."""
         self.stop_seen = False
         """Whether `should_stop()` said yes to the trial: its return is then an attempt cut
         short (`preempted`), not a final value."""
@@ -76,12 +91,22 @@ class TrialContext:
         return dict(self._params)
 
     def report(self, value: float, step: int) -> None:
-        """Send an intermediate objective value to the driver's pruner."""
-        if not math.isfinite(value):
-            return  # Optuna ignores non-finite intermediate values too
-        self.last_step = step
+        """Send an intermediate objective value to the driver's pruner. One the storage
+        cannot hold (`wire.channel.report_refusal`: a NaN or infinite value, a step that is
+        no integer from 0 to 2**31 - 1) is dropped and counted, the first said in the log;
+        the trial goes on."""
+        with contextlib.suppress(TypeError, ValueError):
+            value = float(value)  # numpy's and torch's scalars too
+        index = _as_step(step)
+        refusal = report_refusal(index, value)
+        if refusal is not None or not isinstance(index, int):
+            self.reports_refused += 1
+            if self.reports_refused == 1:
+                _log.warning("report refused and dropped: %s (reports_dropped counts it)", refusal)
+            return
+        self.last_step = index
         if self._channel is not None:
-            self._channel.report(self._address, step, float(value))
+            self._channel.report(self._address, index, value)
 
     def should_prune(self) -> bool:
         """Whether the driver's pruner asked this trial to stop; raise `TrialPruned` if so."""

@@ -9,6 +9,12 @@ grace, then SIGKILL, bounded. When the trial process itself was killed (the hard
 Celery terminating it), the worker's parent ends the group it led once it sees it exit
 (`kill_group_of`): Linux keeps a group's id from being reused while the group has members.
 
+A child made with a bare `os.fork()` is a copy of the trial's stack: whichever way it
+leaves the trial's code (it returns, raises, or a SIGTERM's handler raises in it), it exits
+there (`forks_exit_here`), and only the process that led the group ends its members, so
+such a child never runs the trial's cleanup, never stores a result and never ends the trial
+(issue 38, row 3: it SIGTERMed the whole group, the trial told `crashed: signal 15`).
+
 What escapes: a process that leaves the group itself (`setsid`, `setpgid`,
 `start_new_session=True`, a daemon's double fork), and the group of a trial whose worker's
 parent was killed too (its container's end takes them). A cgroup per trial would hold even
@@ -22,6 +28,7 @@ import multiprocessing
 import multiprocessing.process
 import os
 import signal
+import sys
 import time
 from collections.abc import Iterator
 
@@ -53,11 +60,40 @@ def own_group() -> Iterator[None]:
     DDP ranks): they are in the group, so they end with it."""
     allow_children()
     led = lead_own_group()
+    leader = os.getpid()
     try:
         yield
     finally:
-        if led:
+        if led and os.getpid() == leader:  # never in a forked copy of this stack
             end_members()
+
+
+@contextlib.contextmanager
+def forks_exit_here() -> Iterator[None]:
+    """Around the trial's own code: a process forked inside it (a bare `os.fork()`) that
+    leaves the block, by a return or any exception, exits there with its status, rather
+    than run on through the trial's stack: its cleanup, its result, the worker's pool loop.
+    """
+    trial_pid = os.getpid()
+    status = 0
+    try:
+        yield
+    except SystemExit as exc:
+        status = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+        raise
+    except BaseException:
+        status = 1
+        raise
+    finally:
+        if os.getpid() != trial_pid:
+            _exit_now(status)
+
+
+def _exit_now(status: int) -> None:
+    with contextlib.suppress(Exception):  # what it printed, as a normal exit would keep
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(status)
 
 
 def allow_children() -> None:

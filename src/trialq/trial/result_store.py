@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 import redis
 
+from trialq.wire.broker_away import broker_away
 from trialq.wire.keys import result_key, results_channel
 from trialq.wire.messages import TrialRequest, TrialResult
 
@@ -40,12 +41,28 @@ class ResultStore:
         self.key_ttl_s = key_ttl_s
         self.max_result_bytes = max_result_bytes
 
-    def keep(self, request: TrialRequest, task_id: str, message: str) -> None:
+    def keep(
+        self, request: TrialRequest, task_id: str, message: str, away_until: float = 0.0
+    ) -> None:
         """Store the result under trialq's own key, waiting out a Redis restart if needed,
-        then announce it on the study's results channel: a driver waiting wakes at once."""
+        then announce it on the study's results channel: a driver waiting wakes at once.
+
+        While Redis is away (`wire/broker_away.py`) it goes on trying past `retry_delays_s`
+        until `away_until` (`time.monotonic()`; the trial's hard limit ends the process about
+        then anyway): a trial that returned is told as it returned, however long the broker
+        was frozen within the driver's outage limit (issue 38, row 4: it gave up after 2 min,
+        and the trial was told what Celery made of the wait)."""
         error: redis.RedisError | None = None
-        for delay in self.retry_delays_s:
+        tries, started = 0, time.monotonic()
+        schedule = iter(self.retry_delays_s)
+        while True:
+            delay = next(schedule, None)
+            if delay is None:  # past the schedule: on only while Redis is away, in time
+                delay = self.retry_delays_s[-1] if self.retry_delays_s else 1.0
+                if error is None or not broker_away(error) or time.monotonic() > away_until:
+                    break
             time.sleep(delay)
+            tries += 1
             try:
                 self.client().set(result_key(task_id), message, ex=self.key_ttl_s)
                 self._announce(request, task_id)
@@ -54,9 +71,9 @@ class ResultStore:
                 error = exc
         logger.error(
             "result of trial %d of study %r (attempt %d, task %s) not stored: Redis refused "
-            "%d tries over %g s, last with: %s",
+            "%d tries over %.1f s, last with: %s",
             request.number, request.study, request.attempt, task_id,
-            len(self.retry_delays_s), sum(self.retry_delays_s), error,
+            tries, time.monotonic() - started, error,
         )  # fmt: skip
 
     def keep_now(self, task_id: str, result: TrialResult) -> None:

@@ -20,7 +20,7 @@ from typing import Any
 
 from trialq import logs
 from trialq.errors import EntrypointError, EntrypointRefused, TrialPruned
-from trialq.trial import checkpoints, process_group
+from trialq.trial import checkpoints, output_cap, process_group
 from trialq.trial.artifacts import Saver, artifact_saver
 from trialq.trial.context import Reports, TrialContext
 from trialq.trial.device import Device
@@ -60,6 +60,7 @@ def run_trial(
     artifact_root: Path | str | None = None,
     own_process_group: bool = False,
     gpu: GpuShare | None = None,
+    output_max_bytes: int = 0,
 ) -> TrialResult:
     """Run the request's entrypoint once and describe how it ended, in the trial's logs too.
 
@@ -75,11 +76,13 @@ def run_trial(
     it there before anything imports CUDA), the trial runs on that share; without, the
     environment's is read (`GpuShare.from_environment`). Either goes to the framework's adapter
     (`trialq.trial.frameworks`): its settings before the import, its cap before the first op.
+    With `output_max_bytes`, the trial prints that much at most (`trialq.trial.output_cap`).
     """
     share = _gpu_share(gpu)
     importable = Importable(allowed_modules, import_paths)
     group = process_group.own_group() if own_process_group else nullcontext()
-    with logs.trial_context(request), group:
+    capped = output_cap.capped_output(output_max_bytes)
+    with logs.trial_context(request), group, capped:
         _log.info("trial started entrypoint=%s", request.entrypoint)
         refusal = baseline.refusal(device) if baseline is not None else None
         if refusal is None:
@@ -127,7 +130,8 @@ def _attempt(
         _flush(reports, timeout_errors)
     gpu = sampler.result()
     record = framework.record()
-    dropped = reports.dropped if isinstance(reports, ReportSender) else 0
+    sent_dropped = reports.dropped if isinstance(reports, ReportSender) else 0
+    dropped = sent_dropped + context.reports_refused
     return TrialResult.here(
         request,
         outcome,
@@ -162,7 +166,8 @@ def _outcome(
 ) -> tuple[Outcome, dict[str, float], str | None]:
     """Every way the entrypoint can end, as (outcome, metrics, error)."""
     try:
-        metrics = _call_entrypoint(request, context, device, importable, framework)
+        with process_group.forks_exit_here():
+            metrics = _call_entrypoint(request, context, device, importable, framework)
     except TrialPruned:
         return Outcome.PRUNED, {}, None
     except timeout_errors:

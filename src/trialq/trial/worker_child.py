@@ -149,8 +149,9 @@ class WorkerChild:
             lambda oom: self.results.keep_now(task_id, oom),
         )  # fmt: skip
         message = self.results.bounded_json(result)
-        self.results.keep(request, task_id, message)
-        with contextlib.suppress(OSError, redis.RedisError):
+        away_until = time.monotonic() + (request.hard_limit_s or request.timeout_s or 0.0)
+        _despite(timeout_errors, lambda: self.results.keep(request, task_id, message, away_until))
+        with contextlib.suppress(OSError, redis.RedisError, *timeout_errors):
             checkpoints.remove_orphans(channel, root)  # after the result: off the trial's time
         if result.device_refused:
             _stop_taking_trials()
@@ -186,7 +187,22 @@ class WorkerChild:
             artifact_root=self.settings.artifact_root,
             own_process_group=True,
             gpu=share,
+            output_max_bytes=self.settings.trial_output_max_bytes,
         )
+
+
+def _despite(timeout_errors: tuple[type[BaseException], ...], step: Callable[[], None]) -> None:
+    """Run a step after the trial returned, again if the soft time limit interrupts it: the
+    trial's outcome is decided, and a limit that passed while Redis was waited for changes
+    nothing (issue 38, row 4). Celery raises it once; the hard limit still ends the process.
+    """
+    for _ in range(3):
+        try:
+            step()
+            return
+        except timeout_errors:
+            logger.warning("the soft time limit passed after the trial returned: its result stands")
+    step()
 
 
 def _stop_taking_trials() -> None:

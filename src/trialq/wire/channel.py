@@ -8,6 +8,8 @@ reports of a retried attempt never mix with the earlier one's.
 from __future__ import annotations
 
 import contextlib
+import logging
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -16,6 +18,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from trialq.limits import INT32_MAX
 from trialq.wire.keys import (
     DEFAULT_KEY_TTL_S,
     MEMORY_EXCEEDED,
@@ -25,6 +28,8 @@ from trialq.wire.keys import (
     STOP,
     trial_key,
 )
+
+_log = logging.getLogger("trialq.reports")
 
 MAX_REPORTS_KEPT = 10_000
 """A trial that reports every step of a long run keeps only this many values in Redis."""
@@ -59,6 +64,22 @@ class NumberedReport:
     seq: int
     step: int
     value: float
+
+
+def report_refusal(step: object, value: object) -> str | None:
+    """Why an intermediate value cannot be kept, or None: its step must be an integer the
+    storage holds (Optuna's `trial_intermediate_values.step` is PostgreSQL's 32-bit
+    `integer`; a step past it ended the driver on every run, issue 38, row 1), and its value
+    a finite number (Optuna keeps no NaN or infinity as one, row 8)."""
+    if isinstance(step, bool) or not isinstance(step, int):
+        return f"step {step!r} is not an integer"
+    if not 0 <= step <= INT32_MAX:
+        return f"step {step} is outside what the storage holds (0 to {INT32_MAX})"
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return f"value {value!r} is not a number"
+    if not math.isfinite(value):
+        return f"value {value} is not finite"
+    return None
 
 
 @dataclass(frozen=True)
@@ -173,7 +194,7 @@ class ReportChannel:
         answer: Any = self._client.xread(streams)  # type: ignore[arg-type]
         for key, entries in answer or []:
             address = by_key[_text(key)]
-            found[address] = [_to_report(entry_id, fields) for entry_id, fields in entries]
+            found[address] = _kept(address, entries)
         return found
 
     def forget(self, *addresses: TrialAddress) -> None:
@@ -204,9 +225,40 @@ def _client_with_timeout(client: redis.Redis, seconds: float) -> redis.Redis:
     return redis.Redis(connection_pool=redis.ConnectionPool(pool.connection_class, **kwargs))
 
 
-def _to_report(entry_id: bytes | str, fields: dict[bytes | str, bytes | str]) -> Report:
+def _kept(address: TrialAddress, entries: list[Any]) -> list[Report]:
+    """The stream's entries as reports, less those the storage cannot hold (an old worker's,
+    anyone's who writes to Redis): each refused in the driver's log, never written."""
+    reports: list[Report] = []
+    for entry_id, fields in entries:
+        report, refusal = _to_report(entry_id, fields)
+        if report is not None:
+            reports.append(report)
+        else:
+            _log.warning(
+                "study %s trial #%d attempt %d: a report refused: %s",
+                address.study, address.number, address.attempt, refusal,
+            )  # fmt: skip
+    return reports
+
+
+def _to_report(
+    entry_id: bytes | str, fields: dict[bytes | str, bytes | str]
+) -> tuple[Report | None, str | None]:
+    """The entry as a report, or why it is none."""
     decoded = {_text(k): _text(v) for k, v in fields.items()}
-    return Report(_text(entry_id), int(decoded["step"]), float(decoded["value"]))
+    step, value = _parsed(decoded.get("step"), int), _parsed(decoded.get("value"), float)
+    refusal = report_refusal(step, value)
+    if refusal is None and isinstance(step, int) and isinstance(value, float):
+        return Report(_text(entry_id), step, value), None
+    return None, refusal or "malformed"
+
+
+def _parsed(text: str | None, kind: type[int] | type[float]) -> object:
+    """`text` as a `kind`, or as it was where it is none."""
+    try:
+        return kind(text)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return text
 
 
 def _text(value: bytes | str) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import socket
 import threading
 import time
@@ -94,6 +95,9 @@ class WorkerBeat:
         return {k: v for k, v in asdict(self).items() if k != "gpus"}
 
 
+_log = logging.getLogger("trialq.worker")
+
+
 class _RenewedKey:
     """A Redis key with a TTL, rewritten every `interval_s` from a daemon thread and deleted
     on `stop`. Redis being away for a while leaves the TTL to decide, not the thread."""
@@ -146,6 +150,9 @@ class Heartbeat(_RenewedKey):
         super().__init__(client, interval_s, ttl_s, "trialq-heartbeat")
         self._beat = beat
         self._mark = mark
+        self._beats = 0
+        self.twin: str | None = None
+        """Another worker beating under this one's name, once seen (said once)."""
 
     def _write(self) -> None:
         # Both keys in one transaction: a reader never finds the worker without its GPUs.
@@ -153,10 +160,33 @@ class Heartbeat(_RenewedKey):
         if self._beat.gpus is not None:
             gpus = json.dumps(asdict(self._beat.gpus))
             pipe.set(worker_gpus_key(self._beat.name), gpus, px=self._ttl_ms)
+        pipe.get(self._key())
         pipe.set(self._key(), self._value(), px=self._ttl_ms)
-        pipe.execute()
+        previous = pipe.execute()[-2]
+        self._beats += 1
+        if self._beats > 1 and self.twin is None:  # the first may find a dead predecessor's
+            self._notice_a_twin(previous)
         if self._mark is not None:
             self._mark.touch()
+
+    def _notice_a_twin(self, previous: bytes | str | None) -> None:
+        """Say, once, that another live worker wrote this name's heartbeat since the last
+        beat: its twin keeps the key fresh, so neither's loss is ever seen, and their trials
+        would be waited for forever (issue 38, row 6)."""
+        try:
+            other = json.loads(previous) if previous is not None else None
+        except ValueError:
+            return
+        if not isinstance(other, dict):
+            return
+        if (other.get("host"), other.get("pid")) == (self._beat.host, self._beat.pid):
+            return
+        self.twin = f"host {other.get('host')}, pid {other.get('pid')}"
+        _log.error(
+            "another worker beats under this worker's name %r (%s): a lost worker of the two "
+            "is never seen, its trial waited for forever; give each worker its own --hostname",
+            self._beat.name, self.twin,
+        )  # fmt: skip
 
     def stop(self) -> None:
         """Stop beating and delete the heartbeat and the GPUs' key."""

@@ -33,6 +33,7 @@ from trialq.trial.prewarm import device_in_use, preload, preload_modules
 from trialq.trial.slots import TrialSlots
 from trialq.trial.telemetry import MIB, DeviceBaseline
 from trialq.trial.worker_child import WorkerChild
+from trialq.wire.eviction import eviction_warning
 from trialq.wire.heartbeat import GpuBeat, Heartbeat, WorkerBeat
 from trialq.wire.messages import TrialRequest
 from trialq.worker import preemption
@@ -202,6 +203,9 @@ class WorkerState:
         interval, ttl = self.settings.heartbeat_interval_s, self.settings.heartbeat_ttl_s
         self.heartbeat = Heartbeat(client, beat, interval, ttl, mark=self.settings.heartbeat_file)
         self.heartbeat.start()
+        warning = eviction_warning(client)
+        if warning is not None:
+            logger.warning("%s", warning)
         found = "" if self.probe is None else f"; GPU processes: {self.probe.view.said()}"
         measured = f"; {self.gpu_measures.line()}" if self.gpu_measures is not None else ""
         logger.info(
