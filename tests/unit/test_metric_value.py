@@ -125,3 +125,18 @@ def test_converting_imports_no_framework() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_a_trial_returning_a_vector_is_an_error_naming_its_key(tmp_path: Path) -> None:
+    (tmp_path / "vector_trial.py").write_text(
+        "import torch\n\ndef train(params):\n    return {'val_accuracy': torch.ones(3)}\n"
+    )
+    result = run_trial(
+        trial_request(number=1, params={}, entrypoint=f"{tmp_path}/vector_trial.py:train"),
+        channel=None,
+        device=FakeDevice(),
+        allowed_modules=(f"{tmp_path}/",),
+    )
+    assert result.outcome is Outcome.ERROR
+    first = (result.error or "").splitlines()[0]
+    assert first == "TypeError: metric val_accuracy: tensor of shape (3,), not one number"
