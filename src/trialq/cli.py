@@ -327,16 +327,22 @@ def _add_gpu_slot_flags(worker: argparse.ArgumentParser) -> None:
         "its concurrency is then its slots (default: TRIALQ_GPUS)",
     )
     worker.add_argument("--trials-per-gpu", type=_positive_int,
-                        help="trials run at once on each GPU (default 1)")  # fmt: skip
-    worker.add_argument("--gpus-per-trial", type=_positive_int,
-                        help="GPUs each trial gets ([trial] gpus it takes; default 1)")  # fmt: skip
+                        help="trials run at once on each GPU (with --gpus; default 1)")  # fmt: skip
+    worker.add_argument(
+        "--gpus-per-trial",
+        type=_positive_int,
+        help="GPUs each trial gets, with --gpus ([trial] gpus it takes; default 1)",
+    )
     worker.add_argument(
         "--gpu-memory-mb",
         type=_positive_int,
-        help="each trial's memory budget on each GPU (default: the card less a CUDA context "
-        "per trial, shared evenly)",
+        help="each trial's memory budget on each GPU, with --gpus (default: the card less a "
+        "CUDA context per trial, shared evenly)",
     )
 
+
+_GPU_SLOT_FLAGS = ("trials_per_gpu", "gpus_per_trial", "gpu_memory_mb")
+"""The flags that mean something only with `--gpus`."""
 
 _WORKER_FLAGS = {
     "gpus": "gpus",
@@ -358,7 +364,18 @@ def _worker_settings(args: argparse.Namespace) -> Settings:
     settings = Settings(**{field: value for field, value in given.items() if value is not None})
     if args.gpu is not None and settings.gpus:
         raise UsageError("trialq worker: --gpu (one GPU, one trial) and --gpus exclude each other")
+    slot_flags = _gpu_slot_flags_given(args)
+    if slot_flags and not settings.gpus:  # once accepted and ignored (issue 39, item 5)
+        raise UsageError(
+            f"trialq worker: {', '.join(slot_flags)} cut --gpus into slots; "
+            "give --gpus (or TRIALQ_GPUS) too"
+        )
     return settings
+
+
+def _gpu_slot_flags_given(args: argparse.Namespace) -> list[str]:
+    """The flags of `_GPU_SLOT_FLAGS` given, as the command line spells them."""
+    return [f"--{name.replace('_', '-')}" for name in _GPU_SLOT_FLAGS if getattr(args, name)]
 
 
 def _dispatch_trialq(args: argparse.Namespace, rest: list[str]) -> int:

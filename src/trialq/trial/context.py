@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from trialq.trial import batch_size
+from trialq.trial.metric_value import NotOneNumber, one_number
 from trialq.wire.channel import TrialAddress, report_refusal
 from trialq.wire.messages import ArtifactMeta
 
@@ -95,18 +96,17 @@ class TrialContext:
         cannot hold (`wire.channel.report_refusal`: a NaN or infinite value, a step that is
         no integer from 0 to 2**31 - 1) is dropped and counted, the first said in the log;
         the trial goes on."""
-        with contextlib.suppress(TypeError, ValueError):
-            value = float(value)  # numpy's and torch's scalars too
         index = _as_step(step)
-        refusal = report_refusal(index, value)
-        if refusal is not None or not isinstance(index, int):
+        refusal, number = _report_value(value)
+        refusal = refusal or report_refusal(index, number)
+        if refusal is not None or not isinstance(index, int) or not isinstance(number, float):
             self.reports_refused += 1
             if self.reports_refused == 1:
                 _log.warning("report refused and dropped: %s (reports_dropped counts it)", refusal)
             return
         self.last_step = index
         if self._channel is not None:
-            self._channel.report(self._address, index, value)
+            self._channel.report(self._address, index, number)
 
     def should_prune(self) -> bool:
         """Whether the driver's pruner asked this trial to stop; raise `TrialPruned` if so."""
@@ -156,3 +156,16 @@ class TrialContext:
         )
         self.fitted_batch_size = size
         return size
+
+
+def _report_value(value: object) -> tuple[str | None, object]:
+    """A reported value as a float when it is one number (a 0-d tensor or NumPy scalar
+    too, `metric_value.one_number`), or why not."""
+    try:
+        number = one_number(value)
+    except NotOneNumber as exc:
+        return f"value: {exc}", value
+    if number is None and not isinstance(value, bool):
+        with contextlib.suppress(TypeError, ValueError):
+            number = float(value)  # type: ignore[arg-type]  # as before: text, Decimal
+    return None, value if number is None else number

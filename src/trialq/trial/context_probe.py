@@ -121,7 +121,7 @@ def probe(device: str, nvml_module: str = "pynvml") -> ContextMeasure:
     """In the probe's own process: the four readings around CUDA's primary context."""
     nvml = Nvml.open(nvml_module)
     if nvml is None:
-        raise RuntimeError(f"no NVML here ({nvml_module})")
+        raise RuntimeError(Nvml.absence(nvml_module))
     with nvml:
         before = nvml.used_bytes(device)
         free, total = _context_and_memory()

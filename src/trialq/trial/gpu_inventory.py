@@ -64,6 +64,22 @@ class Nvml:
             return None
         return cls(module)
 
+    @staticmethod
+    def absence(module_name: str = "pynvml") -> str:
+        """Why `open` found no NVML, in words a user can act on: the binding missing reads
+        otherwise than a binding without a driver or GPU under it (issue 39, item 5)."""
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as exc:
+            return f"no NVML binding ({exc}; it is the package nvidia-ml-py)"
+        try:
+            module.nvmlInit()
+        except Exception as exc:  # pynvml's NVMLError_LibraryNotFound, _DriverNotLoaded...
+            reason = str(exc).strip() or type(exc).__name__
+            return f"no NVIDIA driver or GPU found (NVML: {reason})"
+        module.nvmlShutdown()
+        return "NVML failed once and opened on a second try"
+
     def __enter__(self) -> Nvml:
         return self
 

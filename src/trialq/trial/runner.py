@@ -27,6 +27,7 @@ from trialq.trial.device import Device
 from trialq.trial.frameworks.session import FrameworkRecord, FrameworkSession
 from trialq.trial.gpu_share import GpuShare
 from trialq.trial.memory_guard import MemoryGuard
+from trialq.trial.metric_value import NotOneNumber, describe, one_number
 from trialq.trial.report_sender import ReportSender
 from trialq.trial.telemetry import DeviceBaseline, Sampler
 from trialq.wire import failures
@@ -321,23 +322,39 @@ def _call(train: Callable[..., Any], params: dict[str, Any], context: TrialConte
 
 
 def numeric_metrics(returned: object) -> dict[str, float]:
-    """A returned number becomes `{"value": x}`; a mapping keeps its numeric entries."""
+    """A returned number becomes `{"value": x}`; a mapping keeps its numeric entries. A 0-d
+    tensor or NumPy scalar is a number (`metric_value.one_number`); an array or tensor of
+    more than one number is refused, naming its key."""
     if isinstance(returned, bool):
         raise TypeError("the trial returned a bool; return a number or a mapping of metrics")
-    if isinstance(returned, int | float):
-        return {"value": float(returned)}
     if isinstance(returned, Mapping):
-        metrics = {
-            str(name): float(value)
-            for name, value in returned.items()
-            if isinstance(value, int | float) and not isinstance(value, bool)
-        }
+        metrics = _mapped_metrics(returned)
         if metrics:
             return metrics  # NaN and inf kept as such: the driver judges an objective
+    else:
+        try:
+            number = one_number(returned)
+        except NotOneNumber as exc:
+            raise TypeError(f"the trial returned {exc}") from None
+        if number is not None:
+            return {"value": number}
     raise TypeError(
-        f"the trial returned {type(returned).__name__}; "
+        f"the trial returned {describe(returned)}; "
         "return a number or a mapping of metric names to numbers"
     )
+
+
+def _mapped_metrics(returned: Mapping[Any, Any]) -> dict[str, float]:
+    """The entries that are one number; text and other non-numbers are left out as before."""
+    metrics: dict[str, float] = {}
+    for name, value in returned.items():
+        try:
+            number = one_number(value)
+        except NotOneNumber as exc:
+            raise TypeError(f"metric {name}: {exc}") from None
+        if number is not None:
+            metrics[str(name)] = number
+    return metrics
 
 
 def _peak_rss_bytes() -> int:

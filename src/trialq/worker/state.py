@@ -102,7 +102,7 @@ class WorkerState:
             return ()
         nvml = Nvml.open(settings.nvml_module)
         if nvml is None:
-            raise UsageError(f"--gpus {settings.gpus}: no NVML here ({settings.nvml_module})")
+            raise UsageError(f"--gpus {settings.gpus}: {Nvml.absence(settings.nvml_module)}")
         plan = GpuPlan(
             settings.trials_per_gpu, settings.gpus_per_trial, settings.gpu_memory_mb,
             settings.gpu_context_reserve_mb,
