@@ -9,10 +9,10 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
+from kept_reports import KeptReports
 from trial_requests import trial_request
 
 from trialq.trial.context import TrialContext
@@ -102,24 +102,10 @@ def test_tensorflow_tensors_are_one_number_when_0d() -> None:
     assert lines == ["{'acc': 0.5}", "metric acc: tensor of shape (2,), not one number"]
 
 
-class _Kept:
-    def __init__(self) -> None:
-        self.reports: list[tuple[int, Any]] = []
-
-    def report(self, address: TrialAddress, step: int, value: float) -> None:
-        self.reports.append((step, value))
-
-    def prune_requested(self, address: TrialAddress) -> bool:
-        return False
-
-    def stop_requested(self, address: TrialAddress) -> bool:
-        return False
-
-
 def test_reports_take_0d_tensors_and_refuse_other_shapes_in_one_line(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    channel = _Kept()
+    channel = KeptReports()
     context = TrialContext(TrialAddress("s", 0, 1), {}, channel)
     context.report(torch.tensor(0.5), 0)
     context.report(np.float32(0.25), 1)

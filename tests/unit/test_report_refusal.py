@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 
 import pytest
+from kept_reports import KeptReports
 
 from trialq.trial.context import TrialContext
 from trialq.wire.channel import TrialAddress, report_refusal
@@ -30,24 +31,10 @@ def test_the_rule_for_a_report(step: object, value: object, refused: str | None)
     assert refusal is None if refused is None else refused in str(refusal)
 
 
-class _Kept:
-    def __init__(self) -> None:
-        self.reports: list[tuple[int, float]] = []
-
-    def report(self, address: TrialAddress, step: int, value: float) -> None:
-        self.reports.append((step, value))
-
-    def prune_requested(self, address: TrialAddress) -> bool:
-        return False
-
-    def stop_requested(self, address: TrialAddress) -> bool:
-        return False
-
-
 def test_a_trial_reporting_what_the_storage_cannot_hold_goes_on_counted_and_told_once(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    channel = _Kept()
+    channel = KeptReports()
     context = TrialContext(TrialAddress("s", 0, 1), {}, channel)
     with caplog.at_level(logging.WARNING, logger="trialq.reports"):
         context.report(1.0, 0)
