@@ -215,13 +215,7 @@ class TrialResult(_Message):
     def of(cls, request: TrialRequest, outcome: Outcome, error: str | None = None) -> TrialResult:
         """The result of an attempt with nothing measured: what the driver tells for an
         attempt whose process returned none of its own."""
-        return cls(
-            study=request.study,
-            number=request.number,
-            attempt=request.attempt,
-            outcome=outcome,
-            error=error,
-        )
+        return cls._for(request, outcome, error)
 
     @classmethod
     def here(
@@ -232,16 +226,20 @@ class TrialResult(_Message):
         **measured: Unpack[Measured],
     ) -> TrialResult:
         """The result of an attempt, from the process that ran it (its pid and host)."""
+        return cls._for(
+            request, outcome, error,
+            worker_pid=os.getpid(), worker_host=socket.gethostname(), **measured,
+        )  # fmt: skip
+
+    @classmethod
+    def _for(
+        cls, request: TrialRequest, outcome: Outcome, error: str | None, **fields: Any
+    ) -> TrialResult:
+        """The one constructor both go through: the attempt's address, how it ended, the rest."""
         return cls(
-            study=request.study,
-            number=request.number,
-            attempt=request.attempt,
-            outcome=outcome,
-            error=error,
-            worker_pid=os.getpid(),
-            worker_host=socket.gethostname(),
-            **measured,
-        )
+            study=request.study, number=request.number, attempt=request.attempt,
+            outcome=outcome, error=error, **fields,
+        )  # fmt: skip
 
     @classmethod
     def device_refused_here(cls, request: TrialRequest, reason: str) -> TrialResult:
