@@ -17,7 +17,7 @@ import sys
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 from trialq.errors import Interrupted, ServiceUnreachable, TrialqError, UsageError
 from trialq.limits import INT32_MAX, SECONDS_MAX
@@ -151,38 +151,41 @@ def _add_version(parser: _Parser) -> None:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
 
 
+N = TypeVar("N", int, float)
+
+
 def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if not 0 < value <= INT32_MAX:  # a count the storage holds (trialq/limits.py)
-        raise argparse.ArgumentTypeError(
-            f"expected a positive integer up to {INT32_MAX}, got {text!r}"
-        )
-    return value
+    # a count the storage holds (trialq/limits.py)
+    return _parsed(
+        text, int, "a positive integer", lambda v: 0 < v <= INT32_MAX,
+        f"a positive integer up to {INT32_MAX}",
+    )  # fmt: skip
 
 
 def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not 0 < value <= SECONDS_MAX:  # a time Python's clocks take (trialq/limits.py)
-        raise argparse.ArgumentTypeError(
-            f"expected a positive number up to {SECONDS_MAX:g}, got {text!r}"
-        )
-    return value
+    # a time Python's clocks take (trialq/limits.py)
+    return _parsed(
+        text, float, "a positive number", lambda v: 0 < v <= SECONDS_MAX,
+        f"a positive number up to {SECONDS_MAX:g}",
+    )  # fmt: skip
 
 
 def _finite_float(text: str) -> float:
     """A number that can be reached: never NaN (no value ever equals it) nor infinite."""
+    return _parsed(text, float, "a number", math.isfinite, "a finite number")
+
+
+def _parsed(
+    text: str, convert: Callable[[str], N], what: str, holds: Callable[[N], bool], bound: str
+) -> N:
+    """`text` as `convert` reads it, refused in argparse's words as not `what`, or out of
+    `bound` when it does not hold."""
     try:
-        value = float(text)
+        value = convert(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+    if not holds(value):
+        raise argparse.ArgumentTypeError(f"expected {bound}, got {text!r}")
     return value
 
 
