@@ -32,6 +32,7 @@ import datetime
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -228,6 +229,8 @@ def main(argv: list[str] | None = None) -> int:
         "--memory-trials", type=int, default=None, help="(a)'s trials (default 30, quick 8)"
     )
     args = parser.parse_args(argv)
+    # a step cut at its time limit (SIGTERM) ends its worker and trials on the way out
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     found = gpus()
     if not found:
         print(NO_GPU, file=sys.stderr)

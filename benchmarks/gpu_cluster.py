@@ -64,7 +64,8 @@ class GpuWorker:
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         if self._process is not None and self._process.poll() is None:
-            os.killpg(self._process.pid, signal.SIGQUIT)
+            # cut short, its trials may still hold the GPU: the next section must find it free
+            os.killpg(self._process.pid, signal.SIGQUIT if exc is None else signal.SIGKILL)
             try:
                 self._process.wait(timeout=30)
             except subprocess.TimeoutExpired:

@@ -6,9 +6,10 @@
 #   bash benchmarks/gpu_machine.sh 1   # tests/gpu, then benchmark sections a, c, d
 #   bash benchmarks/gpu_machine.sh 2   # benchmark sections e, b
 #   bash benchmarks/gpu_machine.sh all # both, one after the other (a machine of your own)
-#   bash benchmarks/gpu_machine.sh lease   # one call in a 15-minute lease (under 9 minutes):
-#       the probes, tests/gpu, sections d, c, a (16 trials), b (small model at 1 and 4 per
-#       GPU), e; at most 8 files come back, so the benchmark's logs share one file
+#   bash benchmarks/gpu_machine.sh lease [STEPS]  # one call in a 15-minute lease (under 9
+#       minutes): the probes, then STEPS of tests,d,c,b,a,e (default all): tests/gpu, section
+#       d, c, b (small model at 1 and 4 per GPU), a (16 trials), e; at most 8 files come back,
+#       so the benchmark's logs share one file and the workers' ends go into machine.txt
 #
 # The machine has PyTorch, JAX and Lightning with CUDA, no TensorFlow and no package index:
 # the wheels go to a folder of their own on PYTHONPATH, and Redis is the redis-server that
@@ -57,20 +58,35 @@ fi
 } >"$out/machine.txt" 2>&1
 
 if [ "$part" = lease ]; then
+  # `lease STEPS`: some of tests,d,c,a,b,e (default all, in that order); TESTS_K narrows tests
+  chosen=",${2:-tests,d,c,a,b,e},"
   bench=(python3 -m benchmarks.gpu --quick)
-  step 160 "$out/tests_gpu.log" python3 -m pytest tests/gpu -v -p no:cacheprovider -rs --timeout 150
-  step 60 "$out/bench.log" "${bench[@]}" --sections d --out "$out/gpu_d.json"
-  step 60 "$out/bench.log" "${bench[@]}" --sections c --out "$out/gpu_c.json"
-  step 100 "$out/bench.log" "${bench[@]}" --sections a --memory-trials 16 --out "$out/gpu_a.json"
-  step 120 "$out/bench.log" "${bench[@]}" --sections b --models small --packings 1,4 \
-    --out "$out/gpu_b.json"
-  step 45 "$out/bench.log" "${bench[@]}" --sections e --out "$out/gpu_e.json"
+  wants() { [[ "$chosen" == *",$1,"* ]]; }
+  leftovers() {  # a step cut at its limit leaves its worker and trials on the GPU: not the next
+    pkill -KILL -f 'trialq worker' 2>/dev/null
+    sleep 1
+  }
+  wants tests && step "${TESTS_LIMIT:-160}" "$out/tests_gpu.log" python3 -m pytest tests/gpu -v -p no:cacheprovider \
+    -rs --timeout 150 ${TESTS_K:+-k "$TESTS_K"}
+  wants d && step 60 "$out/bench.log" "${bench[@]}" --sections d --out "$out/gpu_d.json"
+  leftovers
+  wants c && step 60 "$out/bench.log" "${bench[@]}" --sections c --out "$out/gpu_c.json"
+  leftovers
+  wants b && step "${B_LIMIT:-120}" "$out/bench.log" "${bench[@]}" --sections b --models small \
+    --packings 1,4 --out "$out/gpu_b.json"
+  leftovers
+  wants a && step "${A_LIMIT:-100}" "$out/bench.log" "${bench[@]}" --sections a \
+    --memory-trials "${A_TRIALS:-16}" --out "$out/gpu_a.json"
+  leftovers
+  wants e && step "${E_LIMIT:-60}" "$out/bench.log" "${bench[@]}" --sections e \
+    --out "$out/gpu_e.json"
+  leftovers
   {
     echo "== the workers' ready lines (what NVML's process list was found to say)"
     grep -h " ready: " /tmp/trialq-gpu-bench-*/worker.log
+    echo "== the last lines of each benchmark worker's log"
+    for log in /tmp/trialq-gpu-bench-*/worker.log; do echo "-- $log"; tail -n 15 "$log"; done
   } >>"$out/machine.txt" 2>&1
-  tar -czf "$out/worker_logs.tgz" /tmp/trialq-gpu-bench-*/worker.log /tmp/trialq-redis.log \
-    2>/dev/null
   exit 0
 fi
 

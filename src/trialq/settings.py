@@ -141,7 +141,7 @@ class Settings(BaseSettings):
     """Each trial's memory budget on each of its GPUs; 0: the card, less a CUDA context per
     trial (`gpu_context_reserve_mb`), shared evenly among the trials on it."""
 
-    gpu_context_reserve_mb: int = Field(default=512, ge=0)
+    gpu_context_reserve_mb: int = Field(default=768, ge=0)
     """What one trial process's CUDA context is taken to hold beside its framework's
     allocations: set aside per trial from the card, and allowed over the budget by the GPU
     memory guard."""

@@ -140,6 +140,13 @@ def _run(redis_url: str, queue: str, requests: list[dict[str, object]]) -> list[
     return [result for result in results if result is not None]
 
 
+def _slot_budget(redis_url: str) -> int:
+    """The slot budget the worker announces in its heartbeat (its GPUs as it measured them)."""
+    (beat,) = heartbeat.live_workers(redis.Redis.from_url(redis_url))
+    assert beat.gpus is not None and beat.gpus.slot_budget_bytes is not None, beat
+    return beat.gpus.slot_budget_bytes
+
+
 def _torch(mb: int, **params: object) -> dict[str, object]:
     return {"entrypoint": "gpu_trials:torch_allocates", "framework": "torch",
             "params": {"mb": mb, **params}}  # fmt: skip
@@ -193,7 +200,10 @@ def test_two_trials_packed_on_one_gpu_both_complete_each_within_its_budget(
     redis_url: str, gpu_worker: Callable[..., str], host_gpus: tuple[Gpu, ...]
 ) -> None:
     gpu_worker("--gpus", "0", "--trials-per-gpu", "2")  # the card shared evenly
-    budget = (host_gpus[0].total_bytes - 2 * CONTEXT_RESERVE_MB * MIB) // 2
+    budget = _slot_budget(redis_url)
+    # what CUDA lets a process have is less than NVML's total, and a measured context more
+    # than the assumed one: the even share is at most NVML's total less two assumed contexts
+    assert 0 < budget <= (host_gpus[0].total_bytes - 2 * CONTEXT_RESERVE_MB * MIB) // 2
     mb = min(4096, budget // MIB // 4)
 
     results = _run(redis_url, "gpu", [_torch(mb, hold_s=3.0), _torch(mb, hold_s=3.0)])
@@ -261,7 +271,8 @@ def test_routing_refuses_a_study_that_needs_more_memory_than_every_slot_has(
     gpu_worker("--gpus", "0", "--trials-per-gpu", "2")
     too_big_mb = host_gpus[0].total_bytes // MIB + 1024  # more than the whole card
     spec = _spec(tmp_path / "study.toml", too_big_mb)
-    env = {**os.environ, "PYTHONPATH": str(TESTS_DIR)}
+    path = os.pathsep.join([str(TESTS_DIR), os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, "PYTHONPATH": path}
     command = [sys.executable, "-c", "import sys; from trialq.cli import submit_study_main; "
                "sys.exit(submit_study_main(sys.argv[1:]))", str(spec), "--broker", redis_url,
                "--no-progress"]  # fmt: skip

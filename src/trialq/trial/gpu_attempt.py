@@ -92,7 +92,7 @@ def _guarded(
 ) -> TrialResult:
     """`run()` under the GPU memory guard; its result with what the guard saw."""
     reserve = limits.context_bytes(share)
-    on_overrun = _leave_oom(request, leave)
+    on_overrun = _leave_oom(request, share, reserve, leave)
     with GpuGuard(nvml, share, reserve, on_overrun, limits.view, warnings=warnings) as guard:
         result = run()
     neighbours = result.outcome is Outcome.OOM and guard.neighbour_caused()
@@ -103,14 +103,23 @@ def _guarded(
 
 
 def _leave_oom(
-    request: TrialRequest, leave: Callable[[TrialResult], None]
+    request: TrialRequest,
+    share: GpuShare,
+    context_bytes: int,
+    leave: Callable[[TrialResult], None],
 ) -> Callable[[GpuOverrun], None]:
     """What the GPU memory guard does before it kills the trial's process: leave its result,
-    `oom` (once: the trial's memory grows while Redis is waited for)."""
+    `oom` (once: the trial's memory grows while Redis is waited for), with the budget and
+    context it was held to, as a result the trial told itself would say."""
 
     def on_overrun(overrun: GpuOverrun) -> None:
         logger.error("%s", overrun.text())
         peaks = {overrun.device: overrun.used_bytes}
-        leave(TrialResult.here(request, Outcome.OOM, overrun.text(), gpu_process_peak_bytes=peaks))
+        result = TrialResult.here(
+            request, Outcome.OOM, overrun.text(), gpu_process_peak_bytes=peaks,
+            gpu_budget_bytes=share.budget_bytes, gpu_context_bytes=context_bytes,
+            gpu_model=share.model,
+        )  # fmt: skip
+        leave(result)
 
     return on_overrun

@@ -24,8 +24,16 @@ from trialq.trial.mps import limited, pinned_limits
 
 MIB = 2**20
 
-CONTEXT_RESERVE_MB = 512
-"""What one process's CUDA context is taken to hold beside its framework's allocations."""
+CONTEXT_RESERVE_MB = 768
+"""What one trial process holds beside its framework's capped allocations, where the worker did
+not measure it: a CUDA context with a framework's libraries (measured on an H100, driver 580,
+2026-11-27: PyTorch 621 MiB, JAX 561 MiB; benchmarks/README.md "GPU figures")."""
+
+FRAMEWORK_LIBRARIES_MB = 256
+"""What a framework's own libraries and kernels (cuBLAS, cuDNN, XLA's) add to the bare context
+the worker's probe measures: on that H100, PyTorch +95 MiB and JAX +35 MiB after their first
+operations, more as kernels load lazily. Without it the guard (budget plus context) killed a
+JAX trial held by its own cap (2586 MiB against 2048 + 526)."""
 
 
 @dataclass(frozen=True)
@@ -63,14 +71,17 @@ class GpuPlan:
         )
 
     def _share(self, group: tuple[Gpu, ...], measures: Mapping[str, ContextMeasure]) -> GpuShare:
-        """A slot's share; measured only where every GPU of its group was. The context is
-        never taken below the assumed reserve: the probe makes a bare driver context, and a
-        framework's (its kernels, cuBLAS, cuDNN) is larger, so a measure only raises it."""
+        """A slot's share; measured only where every GPU of its group was. The probe makes a
+        bare driver context, and a framework's (its kernels, cuBLAS, cuDNN) is larger: the
+        measure plus `FRAMEWORK_LIBRARIES_MB`, never below the assumed reserve."""
         total = min(gpu.total_bytes for gpu in group)
         found = [measures[gpu.id] for gpu in group if gpu.id in measures]
         floor = self.context_reserve_mb * MIB
+        libraries = FRAMEWORK_LIBRARIES_MB * MIB
         context = (
-            max(floor, *(m.context_bytes for m in found)) if len(found) == len(group) else None
+            max(floor, *(m.context_bytes + libraries for m in found))
+            if len(found) == len(group)
+            else None
         )
         # MPS's pinned limit (already in `total`) bounds what CUDA measured as usable
         usable = min(total, *(m.usable_bytes for m in found)) if context is not None else total
