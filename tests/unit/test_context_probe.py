@@ -22,7 +22,7 @@ from trialq.errors import UsageError
 from trialq.trial import context_probe
 from trialq.trial.context_probe import ContextMeasure, measure, measured
 from trialq.trial.gpu_inventory import Gpu
-from trialq.trial.gpu_plan import CONTEXT_RESERVE_MB, GpuPlan
+from trialq.trial.gpu_plan import CONTEXT_RESERVE_MB, FRAMEWORK_LIBRARIES_MB, GpuPlan
 from trialq.trial.gpu_share import GpuShare
 
 MIB, GIB = 2**20, 2**30
@@ -82,11 +82,15 @@ FAKE_MEASURE = {"0": ContextMeasure("0", 700 * MIB, 15 * GIB, 16 * GIB - 100 * M
 """A fake measure: CUDA lets the worker's processes have 15 GiB, a context takes 700 MiB."""
 
 
+LIBRARIES = FRAMEWORK_LIBRARIES_MB * MIB
+"""What a framework's libraries add to the probe's bare context (`gpu_plan`)."""
+
+
 def test_a_measured_context_and_usable_memory_replace_the_assumed_ones() -> None:
     first, second = GpuPlan(trials_per_gpu=2).shares((CARD,), FAKE_MEASURE)
     assert first == second
-    assert first.budget_bytes == (15 * GIB - 2 * 700 * MIB) // 2
-    assert first.context_bytes == 700 * MIB and first.total_bytes == 16 * GIB
+    assert first.budget_bytes == (15 * GIB - 2 * (700 * MIB + LIBRARIES)) // 2
+    assert first.context_bytes == 700 * MIB + LIBRARIES and first.total_bytes == 16 * GIB
     assumed = GpuPlan(trials_per_gpu=2).shares((CARD,))[0]
     assert assumed.context_bytes is None
     assert assumed.budget_bytes == (16 * GIB - 2 * CONTEXT_RESERVE_MB * MIB) // 2
@@ -99,7 +103,7 @@ def test_a_slot_is_measured_only_where_all_its_gpus_were() -> None:
 
 
 def test_a_budget_that_cannot_fit_beside_measured_contexts_is_refused() -> None:
-    with pytest.raises(UsageError, match="700 MiB each, measured"):
+    with pytest.raises(UsageError, match=f"{700 + FRAMEWORK_LIBRARIES_MB} MiB each, measured"):
         GpuPlan(trials_per_gpu=2, gpu_memory_mb=7400).shares((CARD,), FAKE_MEASURE)
 
 
@@ -144,12 +148,24 @@ def test_a_worker_measures_its_gpus_by_probe_processes_and_its_slots_use_the_mea
     settings = Settings(broker_url="redis://127.0.0.1:1/3", gpus="all", nvml_module="fake_nvml")
     worker = worker_state.WorkerState(settings)
     shares = worker.plan_gpus()
-    assert [share.context_bytes for share in shares] == [700 * MIB, None]
+    assert [share.context_bytes for share in shares] == [700 * MIB + LIBRARIES, None]
     assert worker.gpu_measures is not None
     line = worker.gpu_measures.line()
     assert "GPU-fake-0: CUDA context 700 MiB measured" in line
     assert "GPU GPU-" not in line
     assert "GPU-fake-1 was not measured" in line
+
+
+def test_the_allowance_holds_a_framework_context_as_an_h100_measured_it() -> None:
+    """Readings of a real H100 (2026-11-27, README "GPU figures"), not a fake's answers: the
+    probe's bare context 526 MiB; a JAX trial held by its own cap at a 2048 MiB budget held
+    2586 MiB in all, which the bare context alone (2574 MiB) had the guard kill."""
+    h100 = Gpu("GPU-h100", "NVIDIA H100 80GB HBM3", 85520809984)
+    measured = {"GPU-h100": ContextMeasure("GPU-h100", 526 * MIB, 85017493504, 85520809984)}
+    share = GpuPlan(trials_per_gpu=4, gpu_memory_mb=2048).shares((h100,), measured)[0]
+    assert share.context_bytes is not None
+    assert share.budget_bytes is not None
+    assert share.budget_bytes + share.context_bytes > 2586 * MIB
 
 
 def test_a_measured_context_below_the_assumed_one_never_lowers_it() -> None:

@@ -81,7 +81,7 @@ def test_each_section_is_written_as_it_ends_so_a_cut_run_keeps_its_figures(
     monkeypatch.setattr(gpu, "versions", lambda: {"torch": "0.0-made-up"})
     monkeypatch.setattr(gpu, "memory_over_trials", lambda trials: {"made_up": MADE_UP})
 
-    def throughput(trials: int, on_run: object) -> list[dict[str, int]]:
+    def throughput(trials: int, on_run: object, *choices: object) -> list[dict[str, int]]:
         runs = [{"made_up_run": 1}]
         on_run(runs)  # type: ignore[operator]
         raise TimeoutError("cut at the limit, in (b)'s second run")

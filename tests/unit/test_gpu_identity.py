@@ -23,7 +23,7 @@ import pytest
 from trialq.errors import UsageError
 from trialq.trial.gpu_attribution import ProcessView
 from trialq.trial.gpu_inventory import Gpu, Nvml
-from trialq.trial.gpu_plan import GpuPlan
+from trialq.trial.gpu_plan import CONTEXT_RESERVE_MB, GpuPlan
 from trialq.trial.gpu_share import VISIBLE, GpuShare
 from trialq.trial.mps import PINNED_LIMIT, limited, pinned_limits
 from trialq.trial.telemetry import NeighbourCheck
@@ -105,7 +105,7 @@ def test_slots_on_mig_devices_budget_from_the_instance_not_the_card(host: Host) 
     shares = GpuPlan(trials_per_gpu=1).shares(nvml.gpus("0"))
     assert [s.devices for s in shares] == [(u,) for u in MIG_UUIDS]
     assert [s.budget_bytes for s in shares] == [
-        (t - 512) * MIB for t in (19968, 9856, 4864)
+        (t - CONTEXT_RESERVE_MB) * MIB for t in (19968, 9856, 4864)
     ]  # each instance less one context
     assert shares[2].environment()[VISIBLE] == MIG_UUIDS[2]
 
@@ -160,7 +160,7 @@ def test_under_mps_the_budget_and_the_beat_are_the_clients_pinned_limit(host: Ho
     plan = GpuPlan(trials_per_gpu=2, mps_pinned_limits="0=8G,1=8G")
     shares = plan.shares(gpus)
     assert {s.total_bytes for s in shares} == {8 * 2**30}
-    assert {s.budget_bytes for s in shares} == {(8192 - 2 * 512) * MIB // 2}
+    assert {s.budget_bytes for s in shares} == {(8192 - 2 * CONTEXT_RESERVE_MB) * MIB // 2}
     # The trial sees its own devices from ordinal 0: the limit goes with it, renumbered.
     env = shares[3].environment()
     assert (env[VISIBLE], env[PINNED_LIMIT]) == (MIG_HOST[2]["uuid"], "0=8192M")

@@ -19,7 +19,7 @@ from trialq.errors import UsageError
 from trialq.trial.gpu_attribution import ProcessView
 from trialq.trial.gpu_guard import GpuGuard, GpuOverrun
 from trialq.trial.gpu_inventory import Gpu, Nvml
-from trialq.trial.gpu_plan import GpuPlan
+from trialq.trial.gpu_plan import CONTEXT_RESERVE_MB, GpuPlan
 from trialq.trial.gpu_share import GpuShare
 from trialq.trial.once_per_worker import OncePerWorker
 from trialq.trial.telemetry import NeighbourCheck
@@ -61,7 +61,7 @@ def test_slots_share_the_card_after_one_cuda_context_each() -> None:
     shares = GpuPlan(trials_per_gpu=2).shares((CARD, Gpu("1", CARD.model, CARD.total_bytes)))
 
     assert [share.devices for share in shares] == [("0",), ("0",), ("1",), ("1",)]
-    assert {share.budget_bytes for share in shares} == {(16 * GIB - 2 * 512 * MIB) // 2}
+    assert {share.budget_bytes for share in shares} == {(16 * GIB - 2 * CONTEXT_RESERVE_MB * MIB) // 2}
 
 
 def test_a_slot_spans_its_gpus_and_a_budget_that_cannot_fit_is_refused() -> None:
