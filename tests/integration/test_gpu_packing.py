@@ -21,6 +21,7 @@ from waiting import wait_until
 
 from trialq._celery.dispatcher import CeleryDispatcher
 from trialq.settings import Settings
+from trialq.trial.gpu_plan import CONTEXT_RESERVE_MB
 from trialq.wire import heartbeat
 from trialq.wire.dispatch import TaskPhase, TaskStatus
 from trialq.wire.keys import queue_running_key
@@ -34,8 +35,14 @@ GIB = 2**30
 MIB = 2**20
 FAKE_TOTAL = 16 * GIB
 """Each fake GPU's memory: a fake's figure."""
-RESERVE_MB = 512
+RESERVE_MB = CONTEXT_RESERVE_MB
+"""The context each slot sets aside: the fake GPUs are not measured, so it is assumed."""
 WAIT_S = 90.0
+
+
+def _slot_gib(trials_per_gpu: int) -> str:
+    """A fake GPU's even share, as the worker's lines write it."""
+    return f"{(FAKE_TOTAL - trials_per_gpu * RESERVE_MB * MIB) / trials_per_gpu / GIB:.1f} GiB"
 
 
 @pytest.fixture
@@ -192,7 +199,7 @@ def _submit(spec: Path, redis_url: str) -> subprocess.CompletedProcess[str]:
 def test_a_study_that_no_live_worker_can_fit_is_refused_in_one_line(
     redis_url: str, tmp_path: Path, fake_gpus: Callable[[int], Path], gpu_worker: Callable[..., str]
 ) -> None:
-    gpu_worker(fake_gpus(1), "--gpus", "all", "--trials-per-gpu", "2")  # slots of 7.5 GiB
+    gpu_worker(fake_gpus(1), "--gpus", "all", "--trials-per-gpu", "2")
     spec = _spec(tmp_path / "study.toml", "fake_gpu_trials:records_its_gpu", 12000)
 
     run = _submit(spec, redis_url)
@@ -200,7 +207,7 @@ def test_a_study_that_no_live_worker_can_fit_is_refused_in_one_line(
     assert run.returncode == 2, run.stderr
     lines = run.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: submit-study: no live worker on queue")
-    assert "1 GPU with 12000 MB" in lines[0] and "2 slots of 1 GPU x 7.5 GiB" in lines[0]
+    assert "1 GPU with 12000 MB" in lines[0] and f"2 slots of 1 GPU x {_slot_gib(2)}" in lines[0]
 
 
 def test_a_neighbours_oom_is_sent_again_and_never_told(
@@ -243,7 +250,9 @@ def test_the_heartbeat_carries_the_gpus_and_slots_and_status_shows_them(
     assert beat.gpus.slot_budget_bytes == (FAKE_TOTAL - 4 * RESERVE_MB * MIB) // 4
     assert "gpu@1x2g" in beat.queues and "gpu@1x4g" not in beat.queues
     assert shown.returncode == 0, shown.stderr
-    assert f"2 x {fake_nvml.FAKE_NAME} (16.0 GiB), 8 slots of 1 GPU x 3.5 GiB" in shown.stdout
+    assert (
+        f"2 x {fake_nvml.FAKE_NAME} (16.0 GiB), 8 slots of 1 GPU x {_slot_gib(4)}" in shown.stdout
+    )
 
 
 def test_a_running_trial_counts_in_its_queues_running_set_until_it_ends(
