@@ -65,7 +65,7 @@ def test_the_ledger_counts_what_earlier_runs_finished_and_reports_a_budget_once(
     study = optuna.create_study()
     study.add_trial(optuna.create_trial(value=1.0, user_attrs={"duration_s": 3600, "gpus": 2}))
     study.add_trial(optuna.create_trial(state=TrialState.FAIL))
-    ledger = Ledger(study, 1, Clock(), None)
+    ledger = Ledger(study, Clock(), None)
 
     assert ledger.open(Budget(10, max_failed_trials=2)) == 10
     assert (ledger.counts.complete, ledger.counts.failed, ledger.gpu_hours) == (1, 1, 2.0)

@@ -96,7 +96,7 @@ class StudyDriver:
             self.define_space = load_search_space(spec)
         objectives = len(spec.study.objective_directions)
         channel = self.dispatcher.reports()
-        self.ledger = Ledger(self.study, objectives, clock, self.budget)
+        self.ledger = Ledger(self.study, clock, self.budget)
         self.relay = ReportRelay(channel, self._store, clock, reporting=objectives == 1)
         self.sender = Sender(
             spec, self.study, self.dispatcher, self._store, clock, self.define_space
@@ -291,6 +291,7 @@ class StudyDriver:
                              frozen.number, frozen.state.name)  # fmt: skip
                 continue
             verdict = fate.stopped_outside(frozen.state, counted_state(frozen))
+            self.ledger.finished_elsewhere(frozen)
             self.dispatcher.terminate(entry.task_id)
             del self.sender.in_flight[entry.task_id]
             self.teller.stopped(entry, verdict)
