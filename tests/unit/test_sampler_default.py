@@ -63,10 +63,11 @@ DBR = {"search_space": "mod:space"}
 @pytest.mark.parametrize(
     ("sampler", "max_in_flight", "n_trials", "fields", "expected"),
     [
-        # One in flight: Optuna 5's TPE (multivariate, liar) with its own random start.
-        ("tpe", 1, 50, {}, ("TPESampler", True, True, 0)),
-        ("tpe", 1, 200, {}, ("TPESampler", True, True, 0)),
-        ("tpe", 1, 50, DBR, ("TPESampler", True, True, 0)),
+        # One in flight: Optuna 5's TPE (multivariate, liar) with its own random start, its
+        # history bounded past 500 finished trials (issue 42, `trialq.driver.history`).
+        ("tpe", 1, 50, {}, ("BoundedTPE", True, True, 0)),
+        ("tpe", 1, 200, {}, ("BoundedTPE", True, True, 0)),
+        ("tpe", 1, 50, DBR, ("BoundedTPE", True, True, 0)),
         # In flight: never a running trial's params again, and Halton points until
         # max(10, k) trials have finished (issue 29); multivariate below 100 trials only
         # (issue 19).
@@ -78,8 +79,8 @@ DBR = {"search_space": "mod:space"}
         ("tpe", None, 200, {}, ("DistinctFromRunning", False, True, 10)),
         # A define-by-run space (no space up front): TPE alone, its random start (a Halton
         # start there changed nothing measurable: 0.35 and 0.24 of the gap at 50, 60 seeds).
-        ("tpe", 16, 50, DBR, ("TPESampler", True, True, 0)),
-        ("tpe", 16, 200, DBR, ("TPESampler", False, True, 0)),
+        ("tpe", 16, 50, DBR, ("BoundedTPE", True, True, 0)),
+        ("tpe", 16, 200, DBR, ("BoundedTPE", False, True, 0)),
         # Other samplers as Optuna builds them.
         ("random", 16, 50, {}, ("RandomSampler", None, None, 0)),
     ],

@@ -33,6 +33,8 @@ from optuna.distributions import (
 from optuna.samplers import BaseSampler, RandomSampler
 from optuna.trial import FrozenTrial, TrialState
 
+from trialq.driver.history import TrialIndex
+
 DRAWS = 16  # from each sampler; a collision past the first draw is already rare
 
 
@@ -51,6 +53,8 @@ class DistinctFromRunning(BaseSampler):
         points (`HaltonStart`) instead of the wrapped sampler's own random start."""
         self._random = RandomSampler(seed=seed)
         self._halton = HaltonStart(space, seed)
+        self._index: TrialIndex | None = None
+        self._index_of = -1  # the study id the index is of
 
     def infer_relative_search_space(
         self, study: optuna.Study, trial: FrozenTrial
@@ -60,11 +64,8 @@ class DistinctFromRunning(BaseSampler):
     def sample_relative(
         self, study: optuna.Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]
     ) -> dict[str, Any]:
-        running = [
-            t.params
-            for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-            if t.number != trial.number and t.params
-        ]
+        index = self._indexed(study)
+        running = [t.params for t in index.running() if t.number != trial.number and t.params]
         params: dict[str, Any] = {}
         if self.start and self._starting(study):
             params = self._halton.point(trial.number)
@@ -78,8 +79,17 @@ class DistinctFromRunning(BaseSampler):
         return params  # every draw is running already: the space is smaller than the flight
 
     def _starting(self, study: optuna.Study) -> bool:
-        finished = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
-        return len(finished) < self.start
+        """Whether fewer than `start` trials have finished (complete or pruned)."""
+        return self._indexed(study).learnt < self.start
+
+    def _indexed(self, study: optuna.Study) -> TrialIndex:
+        """The study's trials as they are now, learnt from those that changed (issue 42: a
+        scan of the whole study an ask cost more the larger it grew)."""
+        if self._index is None or self._index_of != study._study_id:
+            self._index = TrialIndex(study.directions, best=0, recent=0)
+            self._index_of = study._study_id
+        self._index.refresh(study)
+        return self._index
 
     def sample_independent(
         self,

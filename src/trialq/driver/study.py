@@ -20,6 +20,7 @@ from trialq.driver._storage.engine import rdb_storage
 from trialq.driver._storage.mirror import mirrored
 from trialq.driver.distinct import DistinctFromRunning
 from trialq.driver.gp_sampler import OneThreadGP, gp_and_tpe
+from trialq.driver.history import BoundedTPE
 from trialq.driver.outage import FIRST_RETRY_S, LONGEST_RETRY_S
 from trialq.driver.sampler_rule import (
     GP_NEEDS,
@@ -190,7 +191,7 @@ def make_sampler(spec: StudySpec, gp_available: bool | None = None) -> optuna.sa
     if name == "grid":
         args.setdefault("search_space", _grid_space(spec))
     classes: dict[str, Any] = {
-        "tpe": optuna.samplers.TPESampler,
+        "tpe": BoundedTPE,
         "gp": OneThreadGP,
         "gp+tpe": gp_and_tpe,
         "random": optuna.samplers.RandomSampler,
