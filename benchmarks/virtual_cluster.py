@@ -138,6 +138,9 @@ class VirtualCluster:
     def live_worker_count(self, queue: str) -> int:
         return 1
 
+    def forget_results(self, task_ids: Iterable[str]) -> None:
+        """Nothing is kept that a told trial leaves behind."""
+
     def wait_for_results(self, timeout_s: float) -> bool:
         """No real waiting on a virtual clock: the benchmark moves it to the next event."""
         return False

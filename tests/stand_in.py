@@ -62,6 +62,8 @@ class StandInDispatcher:
         self.channel = StandInReports()
         self._polled: set[str] = set()
         self._finished: set[str] = set()
+        self.forgotten: list[str] = []
+        """The attempts whose results the driver let go of (`forget_results`), in order."""
         self.waits: list[tuple[float, bool]] = []
         """Each `wait_for_results`: the timeout the driver gave, and whether a result woke
         it (every sent attempt's result is there at once, so one sent wakes it at once)."""
@@ -119,6 +121,9 @@ class StandInDispatcher:
 
     def live_worker_count(self, queue: str) -> int:
         return 1
+
+    def forget_results(self, task_ids: Iterable[str]) -> None:
+        self.forgotten.extend(task_ids)
 
     def wait_for_results(self, timeout_s: float) -> bool:
         woken = bool(self.sent)

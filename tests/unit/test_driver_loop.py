@@ -128,6 +128,8 @@ def test_a_tell_the_driver_died_before_writing_is_told_by_the_next_run_once(
     storage = "sqlite:///" + str(tmp_path / "loop.db")
     driver._fill(1)  # sent: the trial and its task id are in the database
     driver._collect()  # told, in the driver's memory; the step's write would come next
+    driver.forgetting.forget_written()
+    assert dispatcher.forgotten == [], "a result is let go only once its tell is written"
     # The driver dies here.
     (stored,) = optuna.load_study(study_name="loop", storage=storage).trials
     assert stored.state is optuna.trial.TrialState.RUNNING and "task_id" in stored.user_attrs
@@ -140,6 +142,7 @@ def test_a_tell_the_driver_died_before_writing_is_told_by_the_next_run_once(
     assert trial.user_attrs["task_id"] == stored.user_attrs["task_id"]
     assert len(dispatcher.sent) == 1, "re-attached and told, not sent again"
     assert resumed.counts.complete == 1
+    assert dispatcher.forgotten == [trial.user_attrs["task_id"]], "its result let go, once"
 
 
 # --- PostgreSQL: the driver's records are committed beside the loop ---------------------------

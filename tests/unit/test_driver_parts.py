@@ -4,6 +4,7 @@ Optuna study, the stand-in dispatcher and report channel of tests/stand_in.py), 
 from __future__ import annotations
 
 import textwrap
+from concurrent.futures import Future
 from pathlib import Path
 
 import optuna
@@ -15,6 +16,7 @@ from trial_requests import trial_request
 from trialq.driver._storage.store import store_for
 from trialq.driver.budget import Budget
 from trialq.driver.fate import Resends
+from trialq.driver.forgetting import Forgetting
 from trialq.driver.in_flight import InFlight
 from trialq.driver.ledger import Ledger
 from trialq.driver.relay import ReportRelay
@@ -206,3 +208,29 @@ def test_a_resend_withdraws_the_old_task_and_keeps_the_trial(spec: StudySpec) ->
     assert (new.trial.number, new.request.attempt) == (old.trial.number, 2)
     assert new.request.checkpoint_key == old.request.checkpoint_key
     assert new.resends == Resends(retries=1)
+
+
+def test_told_results_are_let_go_once_their_commit_is_done_and_a_failed_commit_s_wait() -> None:
+    dispatcher = StandInDispatcher([])
+    forgetting = Forgetting(dispatcher)
+    first, second, third = Future[None](), Future[None](), Future[None]()
+    forgetting.told("a")
+    forgetting.committing(first)
+    forgetting.told("b")
+    forgetting.committing(second)
+    forgetting.forget_written()
+    assert dispatcher.forgotten == [], "no commit done yet"
+
+    second.set_exception(OSError("the database went away"))
+    first.set_result(None)
+    forgetting.forget_written()
+    assert dispatcher.forgotten == ["a"]
+
+    forgetting.told("c")
+    forgetting.committing(third)  # the failed commit's writes go in this one, first
+    third.set_result(None)
+    forgetting.forget_written()
+    assert dispatcher.forgotten == ["a", "b", "c"]
+    forgetting.told("d")
+    forgetting.all_written()
+    assert dispatcher.forgotten == ["a", "b", "c", "d"]

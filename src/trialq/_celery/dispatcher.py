@@ -228,6 +228,22 @@ class CeleryDispatcher:
             pipe.execute()
             self._app.control.revoke(task_id, terminate=True, signal="SIGKILL")
 
+    def forget_results(self, task_ids: Iterable[str]) -> None:
+        """Delete trialq's result and Celery's task meta of each attempt; the key TTL
+        (`TRIALQ_KEY_TTL_S`) stays the safety net for what a driver never forgets (it died,
+        or gave up on an attempt whose process may still write)."""
+        ids = list(task_ids)
+        if not ids:
+            return
+        with _broker_errors("forgetting told trials"):
+            keys = [result_key(task_id) for task_id in ids]
+            if self._metas_on_broker:
+                keys += [self._backend.get_key_for_task(task_id) for task_id in ids]
+            self._broker.delete(*keys)
+            if not self._metas_on_broker:
+                for task_id in ids:
+                    self._backend.forget(task_id)
+
     def reports(self) -> DriverReports:
         """Trials report on the broker's Redis (`trialq.wire.channel`)."""
         return DriverReports(ReportChannel(self._broker, self._key_ttl_s))

@@ -17,11 +17,12 @@ states, so nothing depends on the order Celery connects handlers in.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 from typing import Any
 
-from celery import Celery, bootsteps, signals
+from celery import Celery, bootsteps, signals, states
 from celery.exceptions import Ignore, SoftTimeLimitExceeded, WorkerShutdown
 from celery.worker import state as worker_state
 
@@ -208,9 +209,24 @@ def _on_task_prerun(sender: Any = None, task_id: str = "", args: Any = (), **_: 
 
 
 @signals.task_postrun.connect
-def _on_task_postrun(**_: Any) -> None:
+def _on_task_postrun(
+    sender: Any = None, task_id: str = "", state: str | None = None, **_: Any
+) -> None:
     if _child is not None:
         _child.release()
+    stored = _child is not None and _child.stored_result_of == task_id
+    if getattr(sender, "name", None) == TASK_NAME and state == states.SUCCESS and stored:
+        _forget_success_meta(sender, task_id)
+
+
+def _forget_success_meta(task: Any, task_id: str) -> None:
+    """Drop the SUCCESS meta Celery has just stored where the trial stored its result under
+    trialq's own key first (`trialq.trial.result_store`), which is what the driver
+    reads, and forgets once the tell is written (`Dispatcher.forget_results`). Celery stores
+    the meta after the trial's own result, often after the driver forgot that task, where it
+    would stay for the key TTL (issue 42). Redis away: the TTL removes it."""
+    with contextlib.suppress(Exception):
+        task.backend.forget(task_id)
 
 
 @signals.worker_shutting_down.connect

@@ -31,6 +31,7 @@ from trialq.driver import fate
 from trialq.driver._storage.store import LAST_WRITE_WAIT_S, TrialStore, store_for
 from trialq.driver.budget import Budget, Stop
 from trialq.driver.fate import Resend, Tell, Terminate, Wait
+from trialq.driver.forgetting import Forgetting
 from trialq.driver.in_flight import InFlight, recorded_resends
 from trialq.driver.ledger import Ledger, budget_for
 from trialq.driver.outage import Outages
@@ -42,7 +43,7 @@ from trialq.driver.spec import StudySpec
 from trialq.driver.study_lock import StudyLock
 from trialq.driver.telling import Teller
 from trialq.driver.watch import OutsideCheck, Watch
-from trialq.errors import FailingTrials, Interrupted, SpecError, StudyDeleted
+from trialq.errors import BrokerUnreachable, FailingTrials, Interrupted, SpecError, StudyDeleted
 from trialq.oom_stand_ins import counted_state
 from trialq.wire.dispatch import Dispatcher
 from trialq.wire.messages import LAST_RUN_ATTR, Outcome
@@ -108,6 +109,7 @@ class StudyDriver:
         self.outside = OutsideCheck(
             self._store, self.study_lock, clock, self.options.outside_check_interval_s
         )
+        self.forgetting = Forgetting(self.dispatcher)
         self.limits = fate.Limits(spec.trial.max_retries, spec.trial.max_preemptions,
                                   spec.trial.memory_limit_mb, spec.trial.retry_crashes,
                                   spec.study.objective_metrics)  # fmt: skip
@@ -141,6 +143,7 @@ class StudyDriver:
             while self._step(n_trials, outages):
                 self._pause(self.options.poll_interval_s, outages)
             self._write_all(outages)
+            self._forget_all()
             self._store.set_study_attr(LAST_RUN_ATTR, self.ledger.last_run())
         except KeyboardInterrupt:
             raise Interrupted(_interrupted(self.sender.withdraw_waiting())) from None
@@ -167,6 +170,7 @@ class StudyDriver:
         more = True
         with outages.tolerated():
             self._check_storage(outages)
+            self.forgetting.forget_written()
             self._collect()
             if self.teller.stop_reason is not None:
                 raise FailingTrials(self.teller.stop_reason)
@@ -177,6 +181,7 @@ class StudyDriver:
             self.relay.relay(self.sender.in_flight.values())
             self.relay.forget_told()
         self._written = self._store.flush_behind()
+        self.forgetting.committing(self._written)
         self.sender.rerecord_failed(self._written)
         outstanding = self.sender.outstanding
         self.progress.update(self.counts, self.ledger.best_value(), outstanding)
@@ -201,6 +206,14 @@ class StudyDriver:
             with outages.tolerated():
                 self._store.flush()
                 written = True
+
+    def _forget_all(self) -> None:
+        """Every tell is written: drop the told trials' results from the broker. With the
+        broker away they stay until their TTL (`TRIALQ_KEY_TTL_S`); the run is done anyway."""
+        try:
+            self.forgetting.all_written()
+        except BrokerUnreachable as exc:
+            _log.warning("told trials' results left in the broker until their TTL: %s", exc)
 
     def _check_storage(self, outages: Outages) -> None:
         """Raise the last commit's error, if it failed; while the storage is known to be
@@ -269,6 +282,7 @@ class StudyDriver:
         self.relay.drain(entry)
         del self.sender.in_flight[entry.task_id]
         self.teller.tell(entry, verdict)
+        self.forgetting.told(entry.task_id)
         if verdict.ends_run is not None:
             raise SpecError(verdict.ends_run)
 

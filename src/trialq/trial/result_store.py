@@ -43,7 +43,7 @@ class ResultStore:
 
     def keep(
         self, request: TrialRequest, task_id: str, message: str, away_until: float = 0.0
-    ) -> None:
+    ) -> bool:
         """Store the result under trialq's own key, waiting out a Redis restart if needed,
         then announce it on the study's results channel: a driver waiting wakes at once.
 
@@ -51,7 +51,8 @@ class ResultStore:
         until `away_until` (`time.monotonic()`; the trial's hard limit ends the process about
         then anyway): a trial that returned is told as it returned, however long the broker
         was frozen within the driver's outage limit (issue 38, row 4: it gave up after 2 min,
-        and the trial was told what Celery made of the wait)."""
+        and the trial was told what Celery made of the wait). False: not stored (Celery's
+        own result is then the only one)."""
         error: redis.RedisError | None = None
         tries, started = 0, time.monotonic()
         schedule = iter(self.retry_delays_s)
@@ -66,7 +67,7 @@ class ResultStore:
             try:
                 self.client().set(result_key(task_id), message, ex=self.key_ttl_s)
                 self._announce(request, task_id)
-                return
+                return True
             except redis.RedisError as exc:
                 error = exc
         logger.error(
@@ -75,6 +76,7 @@ class ResultStore:
             request.number, request.study, request.attempt, task_id,
             tries, time.monotonic() - started, error,
         )  # fmt: skip
+        return False
 
     def keep_now(self, task_id: str, result: TrialResult) -> None:
         """Store the result once, without waiting (the process is about to be killed)."""

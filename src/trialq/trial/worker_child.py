@@ -72,6 +72,8 @@ class WorkerChild:
         self._redis: redis.Redis | None = None
         self._beacon: TrialBeacon | None = None
         self._log_token: Token[Mapping[str, str]] | None = None
+        self.stored_result_of: str | None = None
+        """The task whose result this process stored under trialq's own key (the last run)."""
         self.results = ResultStore(self.redis, settings.key_ttl_s, settings.max_result_bytes)
 
     def redis(self) -> redis.Redis:
@@ -150,12 +152,17 @@ class WorkerChild:
         )  # fmt: skip
         message = self.results.bounded_json(result)
         away_until = time.monotonic() + (request.hard_limit_s or request.timeout_s or 0.0)
-        _despite(timeout_errors, lambda: self.results.keep(request, task_id, message, away_until))
+        _despite(timeout_errors, lambda: self._keep(request, task_id, message, away_until))
         with contextlib.suppress(OSError, redis.RedisError, *timeout_errors):
             checkpoints.remove_orphans(channel, root)  # after the result: off the trial's time
         if result.device_refused:
             _stop_taking_trials()
         return json.loads(message)  # type: ignore[no-any-return]
+
+    def _keep(self, request: TrialRequest, task_id: str, message: str, away_until: float) -> None:
+        """Store the result under trialq's key, and remember whether it is there."""
+        kept = self.results.keep(request, task_id, message, away_until)
+        self.stored_result_of = task_id if kept else None
 
     def _take_slot(self) -> GpuShare | None:
         """Wait for a trial slot; put its GPUs and budget into this process's environment

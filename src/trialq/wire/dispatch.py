@@ -98,6 +98,11 @@ class Dispatcher(Protocol):
     def live_worker_count(self, queue: str) -> int:
         """How many workers consuming `queue` beat right now."""
 
+    def forget_results(self, task_ids: Iterable[str]) -> None:
+        """Drop what the broker keeps of finished attempts (their results, the queue's
+        record of them), in one round trip. Called only once their tells are durable: a
+        driver that dies before reads the results again (docs/deployment.md, "Sizing Redis")."""
+
     def wait_for_results(self, timeout_s: float) -> bool:
         """Wait until a trial sent through this dispatcher may have ended, or `timeout_s`
         has passed; True when woken early by a result. The driver's pause between passes:
