@@ -98,6 +98,8 @@ class CeleryDispatcher:
         """Celery's task metas live in the broker's Redis: one round trip reads them with
         trialq's own results."""
         self._key_ttl_s = settings.key_ttl_s
+        self._metas_read: dict[str, tuple[Any, TaskStatus]] = {}
+        """Each task's meta as last read, and its status: the next read decodes only a new one."""
         self._announcements = ResultAnnouncements(self._broker)
         self._pending_ids_script = self._broker.register_script(_PENDING_IDS_LUA)
 
@@ -147,13 +149,25 @@ class CeleryDispatcher:
             results, beacons, metas = pipe.execute()
         else:
             (results, beacons), metas = pipe.execute(), self._backend.mget(meta_keys)
+        read = zip(ids, results, metas, beacons, strict=True)
+        known, self._metas_read = self._metas_read, {}
         return {
             task_id: replace(
-                _finished(result) if result else _status(self._decode(meta)),
+                _finished(result) if result else self._meta_status(task_id, meta, known),
                 beating=beacon is not None,
             )
-            for task_id, result, meta, beacon in zip(ids, results, metas, beacons, strict=True)
+            for task_id, result, meta, beacon in read
         }
+
+    def _meta_status(
+        self, task_id: str, raw: Any, known: dict[str, tuple[Any, TaskStatus]]
+    ) -> TaskStatus:
+        """Celery's meta as a status; decoded only where it changed since the last read (a
+        pass reads every trial in flight, and most of them still run: issue 42)."""
+        last = known.get(task_id)
+        status = last[1] if last is not None and last[0] == raw else _status(self._decode(raw))
+        self._metas_read[task_id] = (raw, status)
+        return status
 
     def _decode(self, raw: Any) -> dict[str, Any] | None:
         return None if raw is None else self._backend.decode_result(raw)
