@@ -65,6 +65,8 @@ from trialq.errors import ForeignWriter, StorageUnreachable
 
 IDS_RESERVED_AT_ONCE = 32
 
+_FINISHED = tuple(state for state in TrialState if state.is_finished())
+
 FLUSH_WAIT_S = 2 * ANSWER_WITHIN_S
 """How long `flush` waits for its commit: one on its way before it, then its own, each
 bounded by the engine (`trialq.driver._storage.engine`); so the driver's main thread never
@@ -84,6 +86,17 @@ class _StudyCopy:
         for trial in trials:
             for name, distribution in trial.distributions.items():
                 self.distributions.setdefault(name, distribution)
+        self.unfinished = {t.number for t in trials if not t.state.is_finished()}
+        """The numbers of the trials not finished: what Optuna's ask reads (its WAITING
+        trials) is found among them, not in every trial of a large study (issue 42)."""
+
+    def put(self, trial: FrozenTrial) -> None:
+        """A new or changed trial."""
+        self.trials[trial.number] = trial
+        if trial.state.is_finished():
+            self.unfinished.discard(trial.number)
+        else:
+            self.unfinished.add(trial.number)
 
 
 class MirroredStorage(BaseStorage):
@@ -185,7 +198,11 @@ class MirroredStorage(BaseStorage):
         states: Container[TrialState] | None = None,
     ) -> list[FrozenTrial]:
         with self._lock:
-            trials = list(self._study(study_id).trials.values())
+            study = self._study(study_id)
+            if states is not None and not any(state in states for state in _FINISHED):
+                trials = [study.trials[number] for number in sorted(study.unfinished)]
+            else:
+                trials = list(study.trials.values())
         if states is not None:
             trials = [t for t in trials if t.state in states]
         return copy.deepcopy(trials) if deepcopy else trials
@@ -228,7 +245,7 @@ class MirroredStorage(BaseStorage):
                 # Read back: the template's values are as given (an int), the database's
                 # as stored (a float).
                 trial = self._backend.get_trial(created._trial_id)
-            study.trials[trial.number] = trial
+            study.put(trial)
             self._where[trial._trial_id] = (study_id, trial.number)
         return trial._trial_id
 
@@ -511,7 +528,7 @@ class MirroredStorage(BaseStorage):
         changed = copy.copy(trial)
         for name, value in changes.items():
             setattr(changed, name, value)
-        self._studies[self._where[trial._trial_id][0]].trials[trial.number] = changed
+        self._studies[self._where[trial._trial_id][0]].put(changed)
 
 
 _ABSENT = object()
