@@ -75,6 +75,7 @@ class VirtualCluster:
         self.clock = clock
         self.runs: dict[str, SimRun] = {}
         self.by_number: dict[int, SimRun] = {}
+        self._live: dict[str, SimRun] = {}  # runs not known to have ended: what `next_event` reads
 
     # --- Dispatcher ------------------------------------------------------------------------
 
@@ -91,6 +92,7 @@ class VirtualCluster:
         times = tuple(now + duration * (i + 1) / steps for i in range(steps))
         run = SimRun(request, sim, now, now + duration, times)
         self.runs[task_id] = run
+        self._live[task_id] = run
         self.by_number[request.number] = run
         return task_id
 
@@ -150,8 +152,9 @@ class VirtualCluster:
     def next_event(self, after: float) -> float | None:
         """The first report or end after `after` among unfinished runs (None: all done)."""
         upcoming = []
-        for run in self.runs.values():
-            if run.finishes <= after:
+        for task_id, run in list(self._live.items()):
+            if run.finishes <= after:  # the clock only goes on: a run that ended stays ended
+                del self._live[task_id]
                 continue
             upcoming.append(run.finishes)
             upcoming.extend(t for t in run.report_times if after < t < run.finishes)
