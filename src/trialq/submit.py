@@ -17,6 +17,7 @@ from typing import Any
 
 import optuna
 import redis
+from pydantic import SecretStr
 
 from trialq._celery.dispatcher import CeleryDispatcher
 from trialq.driver.drift import check_spec_against_study
@@ -117,8 +118,17 @@ def _checked_before_the_study(
         warning = eviction_warning(redis.Redis.from_url(settings.broker_url, socket_timeout=5))
         if warning is not None:
             _say(warning)
+        if settings.seal is None:
+            _say(UNAUTHENTICATED_RESULTS)
         check_a_worker_fits(spec, settings.broker_url)
     return define_space
+
+
+UNAUTHENTICATED_RESULTS = (
+    "warning: no result secret (TRIALQ_RESULT_SECRET_FILE): results are not authenticated, "
+    "and anyone who can write to the broker can tell a trial's result (docs/deployment.md#security)"
+)
+"""Said once at the start of a run without a secret (`--local` makes its own)."""
 
 
 def _start_local_cluster(
@@ -153,7 +163,11 @@ def _use_local_cluster(
     stack.callback(_say, f"workers' logs: {cluster.log_dir}")
     check_a_worker_fits(spec, cluster.broker_url)
     return settings.model_copy(
-        update={"broker_url": cluster.broker_url, "result_backend": cluster.broker_url}
+        update={
+            "broker_url": cluster.broker_url,
+            "result_backend": cluster.broker_url,
+            "result_secret": SecretStr(cluster.result_secret),
+        }
     )
 
 
