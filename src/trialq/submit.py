@@ -69,6 +69,8 @@ def submit_study(
         for note in check_spec_against_study(spec, study):
             _say(f"note: {note}")
         _say(f"study {study.study_name!r} in {redacted_url(url)}")
+        if cluster is None and settings.seal is None:
+            _say(UNAUTHENTICATED_RESULTS)
         if not _announce_progress(study, target):
             return study_summary(study)
         if cluster is not None:
@@ -118,8 +120,6 @@ def _checked_before_the_study(
         warning = eviction_warning(redis.Redis.from_url(settings.broker_url, socket_timeout=5))
         if warning is not None:
             _say(warning)
-        if settings.seal is None:
-            _say(UNAUTHENTICATED_RESULTS)
         check_a_worker_fits(spec, settings.broker_url)
     return define_space
 
