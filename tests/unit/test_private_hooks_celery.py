@@ -292,7 +292,9 @@ print(os.read(read, 100).decode())
 """
 
 
-@pytest.mark.skipif(importlib.util.find_spec("cffi") is None, reason="no cffi: billiard uses ctypes")
+@pytest.mark.skipif(
+    importlib.util.find_spec("cffi") is None, reason="no cffi: billiard uses ctypes"
+)
 def test_a_forked_pool_process_inherits_the_parser_billiard_declares_prctl_with() -> None:
     hook = PDEATHSIG_BY_CFFI
     assert PRCTL_DECLARATION in inspect.getsource(billiard.util.set_pdeathsig), hook.gone(
@@ -351,8 +353,8 @@ def test_sending_a_trial_subscribes_to_nothing(
 ) -> None:
     hook = ON_TASK_CALL
     app = create_app(Settings(broker_url=redis_url))
-    assert parameters(type(app.backend).on_task_call) == ["self", "producer", "task_id"], (
-        hook.gone(f"its parameters are {parameters(type(app.backend).on_task_call)}")
+    assert parameters(type(app.backend).on_task_call) == ["self", "producer", "task_id"], hook.gone(
+        f"its parameters are {parameters(type(app.backend).on_task_call)}"
     )
     subscribed: list[str] = []
     subscribe = redis.client.PubSub.subscribe
@@ -578,3 +580,35 @@ def test_celery_s_command_takes_an_app_object_as_its_app_option_s_default() -> N
     )
     assert run_celery(app, ["inspect", "--help"]) == 0, APP_OPTION.gone("the command failed")
     assert options[0].default is None, "the default is put back"
+
+
+# --- the worker's remote control, limited to what trialq needs -------------------------------
+
+REMOTE_CONTROL = Hook(
+    "celery.worker.consumer.control.Control (a consumer step named "
+    "'celery.worker.consumer.control.Control') whose box.node.handlers kombu's Node reads by "
+    "name; celery.worker.control.Panel.data and control.revoke(state, task_id, terminate, signal)",
+    "src/trialq/_celery/remote_control.py (LimitedRemoteControl)",
+    "a broker writer can shut every worker down, restart its pool, stop it consuming the queue "
+    "or change the trials' time limits (`celery control shutdown`)",
+)
+
+
+def test_the_remote_control_step_reads_its_handlers_from_its_node() -> None:
+    from celery.worker import control
+    from celery.worker.consumer.control import Control
+    from kombu import pidbox
+
+    from trialq._celery.remote_control import CONTROL_STEP, READ_ONLY
+
+    assert f"{Control.__module__}.{Control.__name__}" == CONTROL_STEP, REMOTE_CONTROL.gone(
+        "the step was renamed"
+    )
+    assert refers_to(Control.__init__, "box"), REMOTE_CONTROL.gone("the step keeps no box")
+    assert refers_to(pidbox.Node.handle, "handlers"), REMOTE_CONTROL.gone(
+        "kombu's Node no longer dispatches through handlers"
+    )
+    assert set(READ_ONLY) <= set(control.Panel.data), REMOTE_CONTROL.gone("a question is gone")
+    assert parameters(control.revoke)[:4] == ["state", "task_id", "terminate", "signal"], (
+        REMOTE_CONTROL.gone("revoke's signature changed")
+    )
