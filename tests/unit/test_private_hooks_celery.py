@@ -292,9 +292,7 @@ print(os.read(read, 100).decode())
 """
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("cffi") is None, reason="no cffi: billiard uses ctypes"
-)
+@pytest.mark.skipif(importlib.util.find_spec("cffi") is None, reason="no cffi: billiard uses ctypes")
 def test_a_forked_pool_process_inherits_the_parser_billiard_declares_prctl_with() -> None:
     hook = PDEATHSIG_BY_CFFI
     assert PRCTL_DECLARATION in inspect.getsource(billiard.util.set_pdeathsig), hook.gone(
@@ -353,8 +351,8 @@ def test_sending_a_trial_subscribes_to_nothing(
 ) -> None:
     hook = ON_TASK_CALL
     app = create_app(Settings(broker_url=redis_url))
-    assert parameters(type(app.backend).on_task_call) == ["self", "producer", "task_id"], hook.gone(
-        f"its parameters are {parameters(type(app.backend).on_task_call)}"
+    assert parameters(type(app.backend).on_task_call) == ["self", "producer", "task_id"], (
+        hook.gone(f"its parameters are {parameters(type(app.backend).on_task_call)}")
     )
     subscribed: list[str] = []
     subscribe = redis.client.PubSub.subscribe
