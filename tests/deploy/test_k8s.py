@@ -778,10 +778,10 @@ def test_every_password_file_is_mounted_from_the_secret(target: str) -> None:
 
 # Which Secret keys each workload may read: a worker never holds the database's password.
 SECRET_KEYS_BY_WORKLOAD = {
-    ("Deployment", WORKER): {"redis-password"},
+    ("Deployment", WORKER): {"redis-password", "result-secret"},
     ("StatefulSet", "redis"): {"redis-password"},
     ("StatefulSet", "postgres"): {"postgres-password"},
-    ("Job", "submit-study"): {"redis-password", "postgres-password"},
+    ("Job", "submit-study"): {"redis-password", "postgres-password", "result-secret"},
     ("Deployment", "optuna-dashboard"): {"redis-password", "postgres-password"},
 }
 
