@@ -889,6 +889,8 @@ def test_trialq_settings_find_the_passwords_in_the_mounted_files(
         settings = _settings_in(pod_spec["containers"][0], pod_spec, objs, tmp_path / name)
         assert urlsplit(settings.broker_url).password == "pw-redis-password", name
         assert urlsplit(settings.broker_url).hostname == "redis", name
+        # Trials sign their results, the driver checks them: both read the same key.
+        assert (settings.seal is not None) == (name != "optuna-dashboard"), name
         if name == WORKER:
             assert settings.storage is None, "workers talk only to Redis"
         else:
