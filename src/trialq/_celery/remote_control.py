@@ -3,9 +3,9 @@
 Celery's workers obey any control message on the broker: anyone who can write to it could
 `celery control shutdown` every worker, restart their pools, stop them consuming the queue
 or change a task's time limits (issue 38, row 7). A trialq worker answers only the driver's
-`revoke` (a withdrawn trial, a trial killed for its pruner: SIGKILL or SIGTERM only) and
-Flower's read-only questions; any other command is refused, in one line of the worker's log
-and in its reply to a sender that waits for one.
+`revoke` (a withdrawn trial, a trial killed for its pruner: SIGKILL or SIGTERM only),
+Flower's read-only questions and its `enable_events`; any other command is refused, in one
+line of the worker's log and in its reply to a sender that waits for one.
 """
 
 from __future__ import annotations
@@ -24,10 +24,16 @@ CONTROL_STEP = "celery.worker.consumer.control.Control"
 
 READ_ONLY = (
     "ping", "stats", "active", "reserved", "scheduled", "revoked", "registered",
-    "active_queues", "query_task", "report", "clock",
+    "active_queues", "query_task", "report", "clock", "conf",
 )  # fmt: skip
-"""Questions Flower's worker pages ask; none changes the worker. Not `conf` (settings),
-`objgraph` and `memdump` (costly to answer), nor `hello` (mingle, which trialq turns off)."""
+"""Questions Flower's worker pages ask; none changes the worker (`conf` shows the settings
+with Celery's censoring of passwords and keys). Not `objgraph`, `memdump` or `memsample`
+(costly to answer), nor `hello` (mingle, which trialq turns off)."""
+
+IDEMPOTENT = ("enable_events",)
+"""Flower sends `enable_events` every 5 s; a trialq worker sends its events anyway
+(`worker_send_task_events`), so answering changes nothing, and refusing it would log a line
+every 5 s. Its opposite, `disable_events`, is refused: it would blind Flower."""
 
 logger = logging.getLogger("trialq.worker")  # the worker's other lines' name
 
@@ -51,7 +57,7 @@ class AllowedCommands(dict[str, Any]):
 
 def allowed_commands() -> AllowedCommands:
     """The commands a trialq worker answers: `revoke` and `READ_ONLY`."""
-    read_only = {name: control.Panel.data[name] for name in READ_ONLY}
+    read_only = {name: control.Panel.data[name] for name in READ_ONLY + IDEMPOTENT}
     return AllowedCommands({"revoke": revoke, **read_only})
 
 
