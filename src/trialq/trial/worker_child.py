@@ -136,7 +136,7 @@ class WorkerChild:
         """Run one trial attempt and return its `TrialResult` as JSON (stored first); None
         for one not run: withdrawn by the driver, or a redelivery of one that ended."""
         request = TrialRequest.model_validate(payload)
-        if self.redis().exists(withdrawn_key(task_id)) or self._ended(task_id):
+        if self._withdrawn_or_ended(task_id):
             return None
         share = self._take_slot()
         channel = ReportChannel(self.redis(), self.settings.key_ttl_s, self.settings.seal)
@@ -160,12 +160,16 @@ class WorkerChild:
             _stop_taking_trials()
         return json.loads(message)  # type: ignore[no-any-return]
 
-    def _ended(self, task_id: str) -> bool:
-        """Whether the task has a result already (a redelivery of a trial that ended): one
-        this worker cannot verify with its secret is someone else's, and the trial runs."""
-        stored = self.redis().get(result_key(task_id))
-        if stored is None:
-            return False
+    def _withdrawn_or_ended(self, task_id: str) -> bool:
+        """Whether the driver withdrew the task, or it has a result already (a redelivery of
+        a trial that ended), asked in one round trip: a result this worker cannot verify with
+        its secret is someone else's, and the trial runs."""
+        pipe = self.redis().pipeline(transaction=False)
+        pipe.exists(withdrawn_key(task_id))
+        pipe.get(result_key(task_id))
+        withdrawn, stored = pipe.execute()
+        if withdrawn or stored is None:
+            return bool(withdrawn)
         refusal = stored_result_refusal(self.settings.seal, task_id, stored)
         if refusal is None:
             return True
