@@ -342,3 +342,23 @@ def test_remote_control_answers_only_what_trialq_needs(
 def _consumes(app: Celery, queue: str) -> bool:
     answers = app.control.inspect(timeout=5).active_queues() or {}
     return any(q["name"] == queue for queues in answers.values() for q in queues)
+
+
+def test_a_forged_success_in_celerys_meta_is_no_result(redis_url: str) -> None:
+    """Celery's own meta is written by whoever can write Redis too: a SUCCESS that does not
+    verify leaves a beating attempt running, and one whose process is gone lost (re-sent
+    within max_retries), never told as its forger said."""
+    secret = "the-deployment-secret-0123456789"
+    dispatcher = CeleryDispatcher(Settings(broker_url=redis_url, result_secret=secret))
+    client = redis.Redis.from_url(redis_url)
+    forged = TrialResult.of(trial_request(), Outcome.OK).model_dump(mode="json")
+    beating, gone = str(uuid.uuid4()), str(uuid.uuid4())
+    for task_id in (beating, gone):
+        meta = {"status": "SUCCESS", "result": forged, "task_id": task_id}
+        client.set(f"celery-task-meta-{task_id}", json.dumps(meta))
+    client.set(f"trialq:attempt:{beating}", 1)
+    statuses = dispatcher.statuses([beating, gone])
+    assert statuses[beating].phase is TaskPhase.RUNNING
+    assert statuses[gone].phase is TaskPhase.FAILED
+    assert statuses[gone].failure is Outcome.WORKER_LOST
+    assert "set aside (unsigned" in statuses[gone].detail
