@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -101,6 +102,9 @@ class LocalCluster:
         self._tmp = Path(tempfile.mkdtemp(prefix="trialq-local-tmp-"))
         """The workers' TMPDIR (their trial slots' lock files, their trials' temporary
         files): removed with the cluster, also after workers that were killed outright."""
+        self.result_secret = secrets.token_hex(32)
+        """What the workers sign results and reports with, made for this cluster alone: the
+        driver of `--local` checks them with it (`trialq.wire.signing`)."""
 
     def __enter__(self) -> LocalCluster:
         """Start everything and wait for every worker's heartbeat."""
@@ -166,6 +170,7 @@ class LocalCluster:
     ) -> subprocess.Popen[bytes]:
         env = {
             **os.environ,
+            "TRIALQ_RESULT_SECRET_FILE": str(self._secret_file()),
             **self.extra_env,
             "TRIALQ_BROKER_URL": self.broker_url,
             "TRIALQ_RESULT_BACKEND": self.broker_url,
@@ -181,6 +186,15 @@ class LocalCluster:
                 start_new_session=True,
                 preexec_fn=functools.partial(die_with_parent, when_orphaned),
             )
+
+    def _secret_file(self) -> Path:
+        """The file the workers read `result_secret` from (theirs alone: mode 0600), so that
+        it sits in no process's environment."""
+        path = self._tmp / "result-secret"
+        if not path.exists():
+            path.touch(mode=0o600)
+            path.write_text(self.result_secret)
+        return path
 
     def wait_for_workers(self, count: int) -> None:
         """Wait until `count` workers beat; stop everything if one dies first or none is up

@@ -17,6 +17,7 @@ from typing import Any
 
 import optuna
 import redis
+from pydantic import SecretStr
 
 from trialq._celery.dispatcher import CeleryDispatcher
 from trialq.driver.drift import check_spec_against_study
@@ -68,6 +69,8 @@ def submit_study(
         for note in check_spec_against_study(spec, study):
             _say(f"note: {note}")
         _say(f"study {study.study_name!r} in {redacted_url(url)}")
+        if cluster is None and settings.seal is None:
+            _say(UNAUTHENTICATED_RESULTS)
         if not _announce_progress(study, target):
             return study_summary(study)
         if cluster is not None:
@@ -121,6 +124,13 @@ def _checked_before_the_study(
     return define_space
 
 
+UNAUTHENTICATED_RESULTS = (
+    "warning: no result secret (TRIALQ_RESULT_SECRET_FILE): results are not authenticated, "
+    "and anyone who can write to the broker can tell a trial's result (docs/deployment.md#security)"
+)
+"""Said once at the start of a run without a secret (`--local` makes its own)."""
+
+
 def _start_local_cluster(
     stack: ExitStack,
     spec: StudySpec,
@@ -153,7 +163,11 @@ def _use_local_cluster(
     stack.callback(_say, f"workers' logs: {cluster.log_dir}")
     check_a_worker_fits(spec, cluster.broker_url)
     return settings.model_copy(
-        update={"broker_url": cluster.broker_url, "result_backend": cluster.broker_url}
+        update={
+            "broker_url": cluster.broker_url,
+            "result_backend": cluster.broker_url,
+            "result_secret": SecretStr(cluster.result_secret),
+        }
     )
 
 

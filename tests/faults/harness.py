@@ -102,6 +102,8 @@ class DriverRun:
     study_name: str = "faults"
     storage_url: str | None = None
     """Where the study lives; a SQLite file in `folder` unless given."""
+    env: dict[str, str] = field(default_factory=dict)
+    """The driver's environment beyond the tests' (a result secret, say)."""
 
     @property
     def tell_log(self) -> Path:
@@ -120,6 +122,7 @@ class DriverRun:
         """Start `submit-study` (counting tells) against the test broker."""
         env = {
             **os.environ,
+            **self.env,
             "TRIALQ_TEST_TELL_LOG": str(self.tell_log),
             "PYTHONPATH": os.pathsep.join([str(TESTS_DIR), os.environ.get("PYTHONPATH", "")]),
         }

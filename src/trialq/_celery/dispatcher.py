@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import time
 import uuid
 from collections.abc import Iterable, Iterator
@@ -18,6 +19,7 @@ from typing import Any
 import redis
 from celery import Celery
 from kombu.exceptions import OperationalError
+from pydantic import ValidationError
 
 from trialq._celery.app import TASK_NAME, create_app
 from trialq.errors import BrokerError, BrokerUnreachable
@@ -37,6 +39,9 @@ from trialq.wire.keys import (
     withdrawn_key,
 )
 from trialq.wire.messages import Outcome, TrialRequest, TrialResult
+from trialq.wire.signing import Seal, stored_result_refusal
+
+_log = logging.getLogger("trialq.driver")  # the loop's name: log lines read as before
 
 _FAILURE_OUTCOMES = {
     # Recorded by the worker's parent, alive, on seeing its trial process end with no result
@@ -98,6 +103,8 @@ class CeleryDispatcher:
         """Celery's task metas live in the broker's Redis: one round trip reads them with
         trialq's own results."""
         self._key_ttl_s = settings.key_ttl_s
+        self._seal = settings.seal
+        self._results = TrustedResults(settings.seal)
         self._announcements = ResultAnnouncements(self._broker)
         self._pending_ids_script = self._broker.register_script(_PENDING_IDS_LUA)
 
@@ -148,12 +155,27 @@ class CeleryDispatcher:
         else:
             (results, beacons), metas = pipe.execute(), self._backend.mget(meta_keys)
         return {
-            task_id: replace(
-                _finished(result) if result else _status(self._decode(meta)),
-                beating=beacon is not None,
-            )
+            task_id: self._status(task_id, result, meta, beating=beacon is not None)
             for task_id, result, meta, beacon in zip(ids, results, metas, beacons, strict=True)
         }
+
+    def _status(self, task_id: str, result: Any, raw_meta: Any, beating: bool) -> TaskStatus:
+        """One task's state: its own result where one verifies, else Celery's meta, whose
+        `SUCCESS` must verify too. A result set aside counts as none: the attempt runs on
+        (its real result still counts), or, its process gone, is an attempt lost."""
+        trusted = self._results.trusted(task_id, result) if result is not None else None
+        if trusted is not None:
+            return TaskStatus(TaskPhase.FINISHED, result=trusted, beating=beating)
+        meta = self._decode(raw_meta)
+        if meta is None or meta.get("status") != "SUCCESS":
+            return replace(_status(meta), beating=beating)
+        trusted = self._results.trusted(task_id, meta.get("result"))
+        if trusted is not None:
+            return TaskStatus(TaskPhase.FINISHED, result=trusted, beating=beating)
+        if beating:
+            return TaskStatus(TaskPhase.RUNNING, beating=True)
+        detail = f"its result was set aside ({self._results.refusals.get(task_id)})"
+        return TaskStatus(TaskPhase.FAILED, failure=Outcome.WORKER_LOST, detail=detail)
 
     def _decode(self, raw: Any) -> dict[str, Any] | None:
         return None if raw is None else self._backend.decode_result(raw)
@@ -230,7 +252,7 @@ class CeleryDispatcher:
 
     def reports(self) -> DriverReports:
         """Trials report on the broker's Redis (`trialq.wire.channel`)."""
-        return DriverReports(ReportChannel(self._broker, self._key_ttl_s))
+        return DriverReports(ReportChannel(self._broker, self._key_ttl_s, self._seal))
 
     def live_worker_count(self, queue: str) -> int:
         """Workers whose heartbeat is fresh and who consume the queue."""
@@ -242,6 +264,35 @@ class CeleryDispatcher:
         """Wait for a trial of a study sent through here to announce its stored result, or
         `timeout_s` (`ResultAnnouncements.wait`)."""
         return self._announcements.wait(timeout_s)
+
+
+class TrustedResults:
+    """The results the driver takes: with a seal, only those signed for their task with the
+    deployment's secret (`trialq.wire.signing`); always, only those that are a result. One
+    set aside is said once, in one line naming the task and why."""
+
+    def __init__(self, seal: Seal | None) -> None:
+        self._seal = seal
+        self.refusals: dict[str, str] = {}
+        """Why each task's result was set aside (the first said: one line a task)."""
+
+    def trusted(self, task_id: str, stored: Any) -> TrialResult | None:
+        """The result stored for `task_id` (JSON text, or what Celery decoded), or None
+        where it is set aside."""
+        refusal = stored_result_refusal(self._seal, task_id, stored)
+        if refusal is None:
+            try:
+                body = json.loads(stored) if isinstance(stored, bytes | str) else stored
+                return TrialResult.model_validate(body)
+            except ValidationError as exc:
+                refusal = f"not a trial result: {exc.errors()[0]['msg']}"
+        self._set_aside(task_id, refusal)
+        return None
+
+    def _set_aside(self, task_id: str, refusal: str) -> None:
+        if task_id not in self.refusals:
+            self.refusals[task_id] = refusal
+            _log.warning("the result of task %s is set aside, not told: %s", task_id, refusal)
 
 
 class ResultAnnouncements:
@@ -364,10 +415,6 @@ def _reads_results_itself(producer: Any, task_id: str) -> None:
     """In place of the result backend's `on_task_call`: no subscription to the task's meta."""
 
 
-def _finished(raw: bytes | str) -> TaskStatus:
-    return TaskStatus(TaskPhase.FINISHED, result=TrialResult.model_validate_json(raw))
-
-
 def _status(meta: dict[str, Any] | None) -> TaskStatus:
     """Map Celery's result meta onto a `TaskStatus`."""
     state = (meta or {}).get("status", "PENDING")
@@ -376,8 +423,6 @@ def _status(meta: dict[str, Any] | None) -> TaskStatus:
     if state == "STARTED":
         worker = (meta.get("result") or {}).get("hostname")
         return TaskStatus(TaskPhase.RUNNING, worker=worker)
-    if state == "SUCCESS":
-        return TaskStatus(TaskPhase.FINISHED, result=TrialResult.model_validate(meta["result"]))
     exc = meta.get("result")
     name = type(exc).__name__
     failure = _FAILURE_OUTCOMES.get(name, Outcome.ERROR)

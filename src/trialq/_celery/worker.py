@@ -27,6 +27,7 @@ from celery.worker import state as worker_state
 
 from trialq import logs
 from trialq._celery.app import TASK_NAME, create_app
+from trialq._celery.remote_control import LimitedRemoteControl
 from trialq.settings import Settings, redacted_url
 from trialq.trial.prewarm import device_in_use
 from trialq.trial.worker_child import EX_SOFTWARE, WorkerChild
@@ -72,6 +73,7 @@ def build_worker_app(state: WorkerState) -> Celery:
     app = create_app(state.settings)
     app.task(name=TASK_NAME, bind=True, acks_late=True, shared=False)(_run_trial_task)
     app.steps["worker"].add(WorkerStateStep)
+    app.steps["consumer"].add(LimitedRemoteControl)
     _broker_named_plainly(state.settings.broker_url)
     _room, _child, _app = state, None, app
     return app

@@ -41,6 +41,7 @@ from trialq.wire.heartbeat import RunningTrial, TrialBeacon
 from trialq.wire.keys import result_key, withdrawn_key
 from trialq.wire.messages import TrialRequest, TrialResult
 from trialq.wire.queue_running import QueueClaim
+from trialq.wire.signing import stored_result_refusal
 
 EX_SOFTWARE = 70
 """Exit status of a pool child that refuses to go on (os.EX_SOFTWARE)."""
@@ -72,7 +73,9 @@ class WorkerChild:
         self._redis: redis.Redis | None = None
         self._beacon: TrialBeacon | None = None
         self._log_token: Token[Mapping[str, str]] | None = None
-        self.results = ResultStore(self.redis, settings.key_ttl_s, settings.max_result_bytes)
+        self.results = ResultStore(
+            self.redis, settings.key_ttl_s, settings.max_result_bytes, settings.seal
+        )
 
     def redis(self) -> redis.Redis:
         """This process's Redis (connected after the fork, never inherited)."""
@@ -133,10 +136,10 @@ class WorkerChild:
         """Run one trial attempt and return its `TrialResult` as JSON (stored first); None
         for one not run: withdrawn by the driver, or a redelivery of one that ended."""
         request = TrialRequest.model_validate(payload)
-        if self.redis().exists(withdrawn_key(task_id), result_key(task_id)):
+        if self._withdrawn_or_ended(task_id):
             return None
         share = self._take_slot()
-        channel = ReportChannel(self.redis(), self.settings.key_ttl_s)
+        channel = ReportChannel(self.redis(), self.settings.key_ttl_s, self.settings.seal)
         root = self.settings.checkpoint_root or checkpoints.default_root()
         limits = GpuLimits(
             self.settings.nvml_module, self.settings.gpu_baseline_tolerance_mb,
@@ -148,7 +151,7 @@ class WorkerChild:
             lambda: self._run(request, channel, root, share, timeout_errors),
             lambda oom: self.results.keep_now(task_id, oom),
         )  # fmt: skip
-        message = self.results.bounded_json(result)
+        message = self.results.bounded_json(task_id, result)
         away_until = time.monotonic() + (request.hard_limit_s or request.timeout_s or 0.0)
         _despite(timeout_errors, lambda: self.results.keep(request, task_id, message, away_until))
         with contextlib.suppress(OSError, redis.RedisError, *timeout_errors):
@@ -156,6 +159,24 @@ class WorkerChild:
         if result.device_refused:
             _stop_taking_trials()
         return json.loads(message)  # type: ignore[no-any-return]
+
+    def _withdrawn_or_ended(self, task_id: str) -> bool:
+        """Whether the driver withdrew the task, or it has a result already (a redelivery of
+        a trial that ended), asked in one round trip: a result this worker cannot verify with
+        its secret is someone else's, and the trial runs."""
+        pipe = self.redis().pipeline(transaction=False)
+        pipe.exists(withdrawn_key(task_id))
+        pipe.get(result_key(task_id))
+        withdrawn, stored = pipe.execute()
+        if withdrawn or stored is None:
+            return bool(withdrawn)
+        refusal = stored_result_refusal(self.settings.seal, task_id, stored)
+        if refusal is None:
+            return True
+        logger.warning(
+            "a result stored for task %s set aside, the trial runs: %s", task_id, refusal
+        )
+        return False
 
     def _take_slot(self) -> GpuShare | None:
         """Wait for a trial slot; put its GPUs and budget into this process's environment
