@@ -302,6 +302,6 @@ def _check_time_limits(spec: StudySpec, settings: Settings) -> None:
     needed = spec.trial.hard_limit_s + VISIBILITY_MARGIN_S
     if needed > settings.visibility_timeout_s:
         raise SpecError(
-            f"{spec.path}: trial.timeout_s: {spec.trial.timeout_s:g} s plus grace needs "
+            f"{spec.where}: trial.timeout_s: {spec.trial.timeout_s:g} s plus grace needs "
             f"TRIALQ_VISIBILITY_TIMEOUT_S >= {needed:g} (it is {settings.visibility_timeout_s})"
         )
