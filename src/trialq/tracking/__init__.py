@@ -8,5 +8,6 @@ spec's `[tracking]` names it (docs/tracking.md).
 
 from trialq.tracking.base import StudyInfo, ToldTrial, Tracker, Tracking
 from trialq.tracking.config import TrackingSection
+from trialq.tracking.registry import trackers_for
 
-__all__ = ["StudyInfo", "ToldTrial", "Tracker", "Tracking", "TrackingSection"]
+__all__ = ["StudyInfo", "ToldTrial", "Tracker", "Tracking", "TrackingSection", "trackers_for"]
