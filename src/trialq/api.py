@@ -17,7 +17,13 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trialq.driver.spec import StudySection, StudySpec, TrialSection, spec_from_mapping
+from trialq.driver.spec import (
+    STUDY_NAME,
+    StudySection,
+    StudySpec,
+    TrialSection,
+    spec_from_mapping,
+)
 from trialq.driver.spec import load_spec as load_spec_file
 from trialq.errors import Interrupted, UsageError
 
@@ -72,7 +78,7 @@ def study_spec(
 ) -> StudySpec:
     """The spec `optimize` runs, checked as a spec file is (nothing runs)."""
     entrypoint = entrypoint_of(trial)
-    spec_keys.setdefault("name", entrypoint.split(":")[1])
+    spec_keys.setdefault("name", _default_name(entrypoint))
     tables = spec_tables({"entrypoint": entrypoint, "space": space or {}, **spec_keys})
     folder = Path(directory) if directory is not None else Path.cwd()
     path = folder / f"{spec_keys['name']}.toml"  # anchors relative paths; need not exist
@@ -139,6 +145,12 @@ def _local_workers(local: bool | None, broker: str | None, workers: int | None) 
     return None
 
 
+def _default_name(entrypoint: str) -> str:
+    """A study is named after its trial function unless `name` says otherwise."""
+    function = entrypoint.rpartition(":")[2].strip()
+    return function if STUDY_NAME.fullmatch(function) else "study"
+
+
 def entrypoint_of(trial: TrialFunction) -> str:
     """`module:function` for a function the workers can import by name; one line that
     says how to make it importable for one they cannot."""
@@ -147,13 +159,13 @@ def entrypoint_of(trial: TrialFunction) -> str:
     module = getattr(trial, "__module__", None)
     qualname = getattr(trial, "__qualname__", None)
     name = getattr(trial, "__name__", None) or repr(trial)
-    if module in (None, "__main__", "__mp_main__"):
+    if module in ("__main__", "__mp_main__"):
         raise UsageError(
             f"{WHERE}: {name} is defined in __main__ (this script or notebook), which the "
             "workers cannot import (nothing is pickled): move it into a module, e.g. "
             f"trials.py beside this one, and pass trials.{name} or 'trials:{name}'"
         )
-    if not qualname or not qualname.isidentifier():
+    if module is None or not qualname or not qualname.isidentifier():
         raise UsageError(
             f"{WHERE}: {qualname or name} is a lambda, a nested function or a method, which "
             "the workers cannot import by name: define it at the top level of a module "

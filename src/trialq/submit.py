@@ -307,8 +307,11 @@ def local_logs(spec: StudySpec, now: datetime | None = None) -> Path:
 
 def search_paths_for(spec: StudySpec) -> tuple[str, ...]:
     """Folders a local worker imports entrypoints from (its own `TRIALQ_IMPORT_PATHS`, never
-    a message's): the spec's and the current directory."""
-    return (str(spec.directory), str(Path.cwd()))
+    a message's): the spec's, the current directory, and the one this process found the
+    entrypoint's module in (a notebook's `sys.path` entry is not the workers')."""
+    found = spec.trial.entrypoint.module_folder(spec.directory)
+    folders = (str(spec.directory), str(Path.cwd()), *([str(found)] if found else []))
+    return tuple(dict.fromkeys(folders))
 
 
 def local_folders(spec: StudySpec, settings: Settings) -> dict[str, str]:
