@@ -13,6 +13,7 @@ import sys
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import optuna
 import pytest
@@ -46,14 +47,16 @@ def _hparams(accumulator: object) -> dict[str, object]:
     return {name: getattr(value, value.WhichOneof("kind")) for name, value in values.items()}
 
 
-def test_optimize_runs_on_local_workers_and_records_each_trial_in_tensorboard(
+def test_optimize_runs_on_local_workers_and_records_each_trial_in_tensorboard_and_mlflow(
     tmp_path: Path,
 ) -> None:
     """A function object of a module the workers can import, on local workers started and
     stopped by the call; a second call resumes the study and records only its new trials."""
+    pytest.importorskip("tensorboard")
+    mlflow = pytest.importorskip("mlflow")
+    tracked = {"tensorboard": True, "mlflow": "sqlite:///mlflow.db"}
     study = trialq.optimize(trials.reports_three, space=SPACE, metric="score", n_trials=3,
-                            workers=2, directory=tmp_path, progress=False,
-                            tensorboard=True)  # fmt: skip
+                            workers=2, directory=tmp_path, progress=False, **tracked)  # fmt: skip
 
     assert isinstance(study, optuna.Study)
     assert study.study_name == "reports_three"
@@ -74,12 +77,33 @@ def test_optimize_runs_on_local_workers_and_records_each_trial_in_tensorboard(
         assert _hparams(board) == pytest.approx(trial.params)
 
     again = trialq.optimize(trials.reports_three, space=SPACE, metric="score", n_trials=4,
-                            workers=1, directory=tmp_path, progress=False,
-                            tensorboard=True)  # fmt: skip
+                            workers=1, directory=tmp_path, progress=False, **tracked)  # fmt: skip
 
     assert len(again.trials) == 4
     assert sorted(p.name for p in root.iterdir()) == [f"trial-{n:05d}" for n in range(4)]
     assert all(len(list(p.iterdir())) == 1 for p in root.iterdir()), "one events file a trial"
+    _check_mlflow_runs(mlflow, tmp_path / "mlflow.db", again)
+
+
+def _check_mlflow_runs(mlflow: Any, db: Path, study: optuna.Study) -> None:
+    """One parent run for the study over both calls, one nested run per trial with what the
+    study holds of it."""
+    mlflow.set_tracking_uri(f"sqlite:///{db}")
+    runs = mlflow.search_runs(experiment_names=[study.study_name], output_format="list")
+    (parent,) = (run for run in runs if run.data.tags["trialq.role"] == "study")
+    children = {int(run.data.tags["trialq.trial_number"]): run for run in runs if run != parent}
+    assert sorted(children) == [0, 1, 2, 3]
+    client = mlflow.MlflowClient()
+    for trial in study.trials:
+        run = children[trial.number]
+        assert run.data.tags["mlflow.parentRunId"] == parent.info.run_id
+        assert run.info.status == "FINISHED"
+        assert run.data.params == {name: str(value) for name, value in trial.params.items()}
+        assert run.data.metrics["score"] == pytest.approx(trial.value)
+        assert run.data.tags["trialq.outcome"] == "ok"
+        assert run.data.tags["trialq.worker_host"] == trial.user_attrs["worker_host"]
+        history = client.get_metric_history(run.info.run_id, "reports/score")
+        assert {m.step: pytest.approx(m.value) for m in history} == trial.intermediate_values
 
 
 def test_optimize_on_a_broker_runs_on_its_workers(
