@@ -47,14 +47,16 @@ def _hparams(accumulator: object) -> dict[str, object]:
     return {name: getattr(value, value.WhichOneof("kind")) for name, value in values.items()}
 
 
-def test_optimize_runs_on_local_workers_and_records_each_trial_in_tensorboard_and_mlflow(
+def test_optimize_runs_on_local_workers_and_records_each_trial_in_every_tracker(
     tmp_path: Path,
 ) -> None:
     """A function object of a module the workers can import, on local workers started and
     stopped by the call; a second call resumes the study and records only its new trials."""
     pytest.importorskip("tensorboard")
     mlflow = pytest.importorskip("mlflow")
-    tracked = {"tensorboard": True, "mlflow": "sqlite:///mlflow.db"}
+    pytest.importorskip("wandb")
+    tracked = {"tensorboard": True, "mlflow": "sqlite:///mlflow.db",
+               "wandb": {"mode": "offline", "dir": "wandb-runs"}}  # fmt: skip
     study = trialq.optimize(trials.reports_three, space=SPACE, metric="score", n_trials=3,
                             workers=2, directory=tmp_path, progress=False, **tracked)  # fmt: skip
 
@@ -83,6 +85,30 @@ def test_optimize_runs_on_local_workers_and_records_each_trial_in_tensorboard_an
     assert sorted(p.name for p in root.iterdir()) == [f"trial-{n:05d}" for n in range(4)]
     assert all(len(list(p.iterdir())) == 1 for p in root.iterdir()), "one events file a trial"
     _check_mlflow_runs(mlflow, tmp_path / "mlflow.db", again)
+    _check_wandb_runs(tmp_path / "wandb-runs" / "wandb", again)
+
+
+def _check_wandb_runs(folder: Path, study: optuna.Study) -> None:
+    """One offline run per trial, in the study's group, with what the study holds of it."""
+    from wandb_records import read_offline_run
+
+    from trialq.tracking.wandb import run_id_of
+
+    runs = {}
+    for run_folder in folder.glob("offline-run-*"):
+        (log,) = run_folder.glob("*.wandb")
+        run = read_offline_run(log)
+        assert run.run_id not in runs, "a trial recorded twice"
+        runs[run.run_id] = run
+    assert sorted(runs) == sorted(run_id_of(study.study_name, t.number) for t in study.trials)
+    for trial in study.trials:
+        run = runs[run_id_of(study.study_name, trial.number)]
+        assert run.group == study.study_name
+        assert {k: v for k, v in run.config.items() if k != "_wandb"} == trial.params
+        reports = {h["_step"]: pytest.approx(h["reports/score"]) for h in run.history}
+        assert reports == trial.intermediate_values
+        assert run.summary["score"] == pytest.approx(trial.value)
+        assert run.summary["trialq/worker_host"] == trial.user_attrs["worker_host"]
 
 
 def _check_mlflow_runs(mlflow: Any, db: Path, study: optuna.Study) -> None:

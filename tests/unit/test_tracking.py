@@ -160,3 +160,27 @@ print("tensorflow" in sys.modules)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "False"
     assert (tmp_path / "s-tensorboard" / "trial-00000" / "events.out.tfevents.trialq").is_file()
+
+
+@pytest.mark.slow
+def test_a_wandb_trial_offline_is_one_run_in_the_study_group(tmp_path: Path) -> None:
+    pytest.importorskip("wandb")
+    from wandb_records import read_offline_run
+
+    from trialq.tracking.config import WandbTracking
+    from trialq.tracking.wandb import WandbTracker, run_id_of
+
+    for _ in range(2):  # a driver restarted on the study finds the run this machine wrote
+        tracker = WandbTracker(WandbTracking(mode="offline", dir="runs"))
+        tracker.start(_study(tmp_path))
+        tracker.record(_trial(1))
+        tracker.close()
+
+    (folder,) = (tmp_path / "runs" / "wandb").glob("offline-run-*")
+    (log,) = folder.glob("*.wandb")
+    run = read_offline_run(log)
+    assert run.run_id == run_id_of("s", 1) and run.group == "s"
+    assert {k: v for k, v in run.config.items() if k != "_wandb"} == {"x": 0.5, "act": "relu"}
+    assert [(h["_step"], h["reports/score"]) for h in run.history] == [(0, 0.1), (1, 0.2)]
+    assert run.summary["score"] == 1.0 and run.summary["aux"] == 3
+    assert run.summary["trialq/outcome"] == "ok" and run.summary["trialq/attempts"] == 2
