@@ -25,9 +25,21 @@ class OfflineRun:
     config: dict[str, Any] = field(default_factory=dict)
     history: list[dict[str, Any]] = field(default_factory=list)
     summary: dict[str, Any] = field(default_factory=dict)
+    exit_code: int | None = None
+    """The run's exit record, the last W&B writes; None until it is written."""
 
 
-def read_offline_run(path: Path) -> OfflineRun:
+def read_offline_run(path: Path, timeout_s: float = 60) -> OfflineRun:
+    """The run in `path`, once W&B's service wrote it: `run.finish()` returns before the
+    service has flushed the file (seen: the header alone right after it)."""
+    from waiting import wait_until
+
+    wait_until(lambda: _read(path).exit_code is not None, timeout_s,
+               f"W&B to write {path.name}", 0.1)  # fmt: skip
+    return _read(path)
+
+
+def _read(path: Path) -> OfflineRun:
     from wandb.proto import wandb_internal_pb2
 
     run = OfflineRun()
@@ -44,6 +56,8 @@ def read_offline_run(path: Path) -> OfflineRun:
             run.history.append(_items(record.history.item))
         elif kind == "summary":
             run.summary |= _items(record.summary.update)
+        elif kind == "exit":
+            run.exit_code = record.exit.exit_code
     return run
 
 

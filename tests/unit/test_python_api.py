@@ -84,7 +84,8 @@ def test_a_script_that_passes_its_own_function_gets_one_line_and_no_traceback(
 ) -> None:
     """What a user sees: a `UsageError` naming the fix, raised before anything starts."""
     script = tmp_path / "search.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent("""
         import trialq
         def train(params, trial):
             return params["x"]
@@ -92,7 +93,8 @@ def test_a_script_that_passes_its_own_function_gets_one_line_and_no_traceback(
             trialq.optimize(train, space={"x": [1, 2]}, n_trials=2)
         except trialq.UsageError as exc:
             print(exc)
-    """))
+    """)
+    )
 
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                           cwd=tmp_path, timeout=120)  # fmt: skip
@@ -138,9 +140,7 @@ def _refused(text: str, folder: str) -> bool:
 
 
 @pytest.mark.parametrize("case", _cases_a_spec_file_refuses_on_loading())
-def test_arguments_are_refused_as_the_same_keys_of_a_spec_file(
-    case: str, tmp_path: Path
-) -> None:
+def test_arguments_are_refused_as_the_same_keys_of_a_spec_file(case: str, tmp_path: Path) -> None:
     """The spec's model checks both: the line is the file's, with the argument's name for
     the key (`n_trials`, not `study.n_trials`)."""
     text, _ = BAD_SPECS[case]
@@ -212,7 +212,8 @@ def test_where_to_run_is_refused_when_it_contradicts_itself(
 
 def test_a_spec_file_loads_with_arguments_in_place_of_its_keys(tmp_path: Path) -> None:
     path = tmp_path / "study.toml"
-    path.write_text(textwrap.dedent("""
+    path.write_text(
+        textwrap.dedent("""
         [study]
         name = "s"
         n_trials = 3
@@ -223,7 +224,8 @@ def test_a_spec_file_loads_with_arguments_in_place_of_its_keys(tmp_path: Path) -
         type = "float"
         low = 0
         high = 1
-    """))
+    """)
+    )
 
     spec = trialq.load_spec(path, n_trials=7, timeout_s=60, tensorboard=True)
 
