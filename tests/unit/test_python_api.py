@@ -124,7 +124,8 @@ def _cases_a_spec_file_refuses_on_loading() -> list[str]:
                 tables = tomllib.loads(text)
             except tomllib.TOMLDecodeError:
                 continue
-            if set(tables) <= {"study", "trial", "space", "enqueue"} and _refused(text, folder):
+            known = {"study", "trial", "space", "enqueue", "tracking"}
+            if set(tables) <= known and _refused(text, folder):
                 cases.append(case)
     return cases
 
@@ -151,7 +152,7 @@ def test_arguments_are_refused_as_the_same_keys_of_a_spec_file(case: str, tmp_pa
     from_file = str(refused.value).removeprefix(f"{path}: ")
     tables = tomllib.loads(text)
     arguments = {**tables.get("study", {}), **tables.get("trial", {})}
-    arguments |= {key: tables[key] for key in ("space", "enqueue") if key in tables}
+    arguments |= {key: tables[key] for key in ("space", "enqueue", "tracking") if key in tables}
     entrypoint = arguments.pop("entrypoint", "trials:quadratic")
 
     with pytest.raises(UsageError) as raised:
@@ -192,7 +193,7 @@ def test_tracking_is_a_table_or_a_shorthand_argument() -> None:
     assert spec.tracking.mlflow is not None
     assert spec.tracking.mlflow.tracking_uri == "sqlite:///mlflow.db"
     assert _error(tracking={"tensorbord": True}) == (
-        "trialq.optimize(): tracking.tensorbord: unknown key"
+        "trialq.optimize(): tracking.tensorbord: unknown key (did you mean tensorboard?)"
     )
 
 

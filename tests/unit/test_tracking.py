@@ -184,3 +184,26 @@ def test_a_wandb_trial_offline_is_one_run_in_the_study_group(tmp_path: Path) -> 
     assert [(h["_step"], h["reports/score"]) for h in run.history] == [(0, 0.1), (1, 0.2)]
     assert run.summary["score"] == 1.0 and run.summary["aux"] == 3
     assert run.summary["trialq/outcome"] == "ok" and run.summary["trialq/attempts"] == 2
+
+
+def test_a_tracker_whose_library_is_missing_is_refused_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before the study starts: exit 2, with the extra that installs it."""
+    from trialq.errors import UsageError
+    from trialq.tracking import registry
+    from trialq.tracking.config import TrackingSection
+
+    (tmp_path / "adapter_of_a_missing_library.py").write_text("import library_not_installed\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(registry.ADAPTERS, "mlflow", ("adapter_of_a_missing_library",
+                                                      "library_not_installed", "mlflow"))  # fmt: skip
+
+    with pytest.raises(UsageError) as refused:
+        registry.trackers_for(TrackingSection(mlflow=True), "study.toml")
+
+    assert str(refused.value) == (
+        "study.toml: tracking.mlflow: library_not_installed is not installed here "
+        "(pip install 'trialq[mlflow]')"
+    )
+    assert refused.value.exit_code == 2

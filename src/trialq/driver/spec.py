@@ -381,7 +381,11 @@ def _first_error(errors: list[Any]) -> Any:
     return errors[0]
 
 
-_SECTIONS: dict[str, type[BaseModel]] = {"study": StudySection, "trial": TrialSection}
+_SECTIONS: dict[str, type[BaseModel]] = {
+    "study": StudySection,
+    "trial": TrialSection,
+    "tracking": TrackingSection,
+}
 
 
 def _close_key(loc: tuple[int | str, ...]) -> str | None:

@@ -71,7 +71,8 @@ class Teller:
         if verdict.constrained:
             entry.trial.set_constraint(OOM_CONSTRAINT, 1.0)
         self._store.tell(entry.trial, state, verdict.values)
-        self._tracking.told(told_trial(self._store.told(entry.trial)))
+        if self._tracking.active:
+            self._tracking.told(told_trial(self._store.told(entry.trial)))
         self._relay.forget(entry)
         _log.info("told state=%s outcome=%s", state.name, result.outcome, extra=logs.fields(result))
         if not result.outcome.succeeded:  # failed, or out of memory however it was told

@@ -122,6 +122,11 @@ class Tracking:
             self._thread = ThreadPoolExecutor(1, thread_name_prefix="trialq-tracking")
             self._submit(self._start_all)
 
+    @property
+    def active(self) -> bool:
+        """Whether any tracker records (else the driver builds no `ToldTrial`)."""
+        return self._thread is not None
+
     def told(self, trial: ToldTrial) -> None:
         """Record `trial` in every tracker, behind the loop's back."""
         if self._thread is not None:
