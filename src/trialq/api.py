@@ -124,6 +124,10 @@ def run(
     settings = Settings()
     if broker is not None:
         settings = settings.model_copy(update={"broker_url": broker})
+    if verbose or settings.log_level:  # as `-v` does: trialq's own lines on stderr
+        from trialq import logs
+
+        logs.to_stderr(settings.log_level or "INFO")
     try:
         study_run = submit.run_study(spec, settings, storage, n_trials, local_workers,
                                      show_progress=progress, verbose=verbose)  # fmt: skip
