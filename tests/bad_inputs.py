@@ -81,6 +81,14 @@ BAD_SPECS = {
         "trial.entrypoint: file",
     ),
     "no search space": (spec_text(space=""), "no search space"),
+    "misspelt tracker": (
+        spec_text() + "[tracking]\ntensorbord = true\n",
+        "tracking.tensorbord: unknown key (did you mean tensorboard?)",
+    ),
+    "tracker's unknown key": (
+        spec_text() + '[tracking.mlflow]\nuri = "sqlite:///m.db"\n',
+        "tracking.mlflow.uri: unknown key",
+    ),
     "unknown sampler": (spec_text(study=GOOD["study"] + '\nsampler = "magic"'), "study.sampler"),
     "bad sampler args": (
         spec_text(study=GOOD["study"] + "\nsampler_args = { nonsense = 1 }"),

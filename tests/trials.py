@@ -552,3 +552,11 @@ def reports_past_the_storage(params: dict[str, Any], trial: TrialContext) -> flo
     trial.report(math.inf, 2)
     trial.report(3.0, 3)
     return 1.0
+
+
+def reports_three(params: dict[str, Any], trial: TrialContext) -> dict[str, float]:
+    """Reports three steps of a curve peaking at x = 1, then returns it with a second metric
+    (what the tracking tests read back)."""
+    for step in range(3):
+        trial.report(-((params["x"] - 1.0) ** 2) - 0.1 * (2 - step), step)
+    return {"score": -((params["x"] - 1.0) ** 2), "aux": 1.5}

@@ -10,7 +10,7 @@ import shutil
 import sys
 from collections.abc import Mapping
 from contextlib import ExitStack
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,7 @@ from trialq.driver.study_lock import holding_study, holding_study_file
 from trialq.errors import SpecError, UsageError
 from trialq.local import LocalCluster
 from trialq.settings import Settings, redacted_url
+from trialq.tracking import StudyInfo, Tracker, Tracking, trackers_for
 from trialq.views.summary import study_summary
 from trialq.wire import frameworks, heartbeat, routing
 from trialq.wire.eviction import eviction_warning
@@ -51,11 +52,43 @@ def submit_study(
     budget_overrides: Mapping[str, Any] | None = None,
     verbose: bool = False,
 ) -> dict[str, Any]:
+    """`submit-study`: the spec file's study run (`run_study`), and its summary."""
+    run = run_study(
+        load_spec(spec_path), settings, storage_override, n_trials, local_workers,
+        show_progress, outage_limit_s, budget_overrides, verbose,
+    )  # fmt: skip
+    return run.summary
+
+
+@dataclass(frozen=True)
+class StudyRun:
+    """What a run of a study leaves: the study, and the summary `--json` prints."""
+
+    storage_url: str
+    study_name: str
+    summary: dict[str, Any]
+
+    def load(self) -> optuna.Study:
+        """The study, read afresh from its storage (the driver's copy is closed)."""
+        return optuna.load_study(study_name=self.study_name, storage=self.storage_url)
+
+
+def run_study(
+    spec: StudySpec,
+    settings: Settings,
+    storage_override: str | None,
+    n_trials: int | None,
+    local_workers: int | None,
+    show_progress: bool,
+    outage_limit_s: float | None = None,
+    budget_overrides: Mapping[str, Any] | None = None,
+    verbose: bool = False,
+) -> StudyRun:
     """Run the spec's study to its number of finished trials (or until another budget is
-    reached: `budget_overrides` set `trialq.driver.budget.Budget` fields for this run) and
-    return the summary."""
-    spec = load_spec(spec_path)
+    reached: `budget_overrides` set `trialq.driver.budget.Budget` fields for this run):
+    what `submit-study` and `trialq.optimize` both do."""
     define_space = _checked_before_the_study(spec, settings, local_workers, budget_overrides)
+    trackers = trackers_for(spec.tracking, spec.where)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     url = storage_url(spec, storage_override, settings.storage)
     target = n_trials or spec.study.n_trials
@@ -72,7 +105,7 @@ def submit_study(
         if cluster is None and settings.seal is None:
             _say(UNAUTHENTICATED_RESULTS)
         if not _announce_progress(study, target):
-            return study_summary(study)
+            return StudyRun(url, study.study_name, study_summary(study))
         if cluster is not None:
             settings = _use_local_cluster(stack, cluster, spec, settings)
         spec = routed(spec)  # from here, the queue is the trial's GPU class's
@@ -89,14 +122,52 @@ def submit_study(
             outage_limit_s=outage_limit,
         )
         budget = replace(budget_for(spec, target), **(budget_overrides or {}))
+        tracking = _start_tracking(stack, trackers, spec, settings, local_workers is not None)
         driver = StudyDriver(
-            spec, study, dispatcher, progress, options, study_lock, define_space, budget=budget
-        )
+            spec, study, dispatcher, progress, options, study_lock, define_space, budget=budget,
+            tracking=tracking,
+        )  # fmt: skip
         driver.run(target)
     if driver.stop is not None:
         _say(driver.stop.line)
     stopped_by = driver.stop.budget if driver.stop is not None else "n_trials"
-    return {**study_summary(study), "stopped_by": stopped_by, "budgets": driver.usage()}
+    summary = {**study_summary(study), "stopped_by": stopped_by, "budgets": driver.usage()}
+    return StudyRun(url, study.study_name, summary)
+
+
+def _start_tracking(
+    stack: ExitStack, trackers: list[Tracker], spec: StudySpec, settings: Settings, local: bool
+) -> Tracking:
+    """The spec's trackers (`[tracking]`), started, and closed when `stack` closes."""
+    tracking = Tracking(trackers)
+    if trackers:
+        tracking.start(study_info(spec, _artifact_folder(spec, settings, local)))
+        stack.callback(tracking.close)
+    return tracking
+
+
+def study_info(spec: StudySpec, artifact_folder: Path | None) -> StudyInfo:
+    """What the trackers know of the study: names of its objectives, and its folders."""
+    directions = spec.study.objective_directions
+    default = (
+        ("value",) if len(directions) == 1 else tuple(f"values_{i}" for i in range(len(directions)))
+    )
+    return StudyInfo(
+        name=spec.study.name,
+        directions=directions,
+        metric_names=spec.study.objective_metrics or default,
+        spec_folder=spec.directory,
+        artifact_root=artifact_folder,
+    )
+
+
+def _artifact_folder(spec: StudySpec, settings: Settings, local: bool) -> Path | None:
+    """The study's artifact root where it is a folder here: `--local`'s beside the spec, or
+    `TRIALQ_ARTIFACT_ROOT`'s (never a bucket)."""
+    if local:
+        return Path(local_folders(spec, settings)["TRIALQ_ARTIFACT_ROOT"])
+    root = settings.artifact_root
+    return root if isinstance(root, Path) else None
 
 
 def _checked_before_the_study(
@@ -250,8 +321,11 @@ def local_logs(spec: StudySpec, now: datetime | None = None) -> Path:
 
 def search_paths_for(spec: StudySpec) -> tuple[str, ...]:
     """Folders a local worker imports entrypoints from (its own `TRIALQ_IMPORT_PATHS`, never
-    a message's): the spec's and the current directory."""
-    return (str(spec.directory), str(Path.cwd()))
+    a message's): the spec's, the current directory, and the one this process found the
+    entrypoint's module in (a notebook's `sys.path` entry is not the workers')."""
+    found = spec.trial.entrypoint.module_folder(spec.directory)
+    folders = (str(spec.directory), str(Path.cwd()), *([str(found)] if found else []))
+    return tuple(dict.fromkeys(folders))
 
 
 def local_folders(spec: StudySpec, settings: Settings) -> dict[str, str]:
@@ -316,6 +390,6 @@ def _check_time_limits(spec: StudySpec, settings: Settings) -> None:
     needed = spec.trial.hard_limit_s + VISIBILITY_MARGIN_S
     if needed > settings.visibility_timeout_s:
         raise SpecError(
-            f"{spec.path}: trial.timeout_s: {spec.trial.timeout_s:g} s plus grace needs "
+            f"{spec.where}: trial.timeout_s: {spec.trial.timeout_s:g} s plus grace needs "
             f"TRIALQ_VISIBILITY_TIMEOUT_S >= {needed:g} (it is {settings.visibility_timeout_s})"
         )

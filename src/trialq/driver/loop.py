@@ -20,7 +20,7 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import optuna
@@ -44,6 +44,7 @@ from trialq.driver.telling import Teller
 from trialq.driver.watch import OutsideCheck, Watch
 from trialq.errors import FailingTrials, Interrupted, SpecError, StudyDeleted
 from trialq.oom_stand_ins import counted_state
+from trialq.tracking import Tracking
 from trialq.wire.dispatch import Dispatcher
 from trialq.wire.messages import LAST_RUN_ATTR, Outcome
 from trialq.wire.record import TrialRecord
@@ -88,6 +89,8 @@ class StudyDriver:
     store: TrialStore | None = None
     """Every write to the study's trials goes through it (`trialq.driver._storage.store`);
     by default the one for the study's storage."""
+    tracking: Tracking = field(default_factory=lambda: Tracking(trackers=()))
+    """Where each told trial is also recorded (`[tracking]`), started by the caller."""
 
     def __post_init__(self) -> None:
         spec, clock = self.spec, self.options.clock
@@ -101,7 +104,8 @@ class StudyDriver:
         self.sender = Sender(
             spec, self.study, self.dispatcher, self._store, clock, self.define_space
         )
-        self.teller = Teller(spec, self.study, self._store, self.relay, self.ledger, self.progress)
+        self.teller = Teller(spec, self.study, self._store, self.relay, self.ledger,
+                             self.progress, self.tracking)  # fmt: skip
         self.watch = Watch(self.dispatcher, channel, spec.trial.queue, clock,
                            self.options.lost_check_interval_s, spec.trial.prune_grace_s,
                            self.teller.oom_telling)  # fmt: skip

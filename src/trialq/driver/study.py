@@ -183,7 +183,7 @@ def make_sampler(spec: StudySpec, gp_available: bool | None = None) -> optuna.sa
     modules, fix = _NEEDS.get(name, ((), ""))
     if any(importlib.util.find_spec(module) is None for module in modules):
         # Optuna imports them at the first ask or fit, after the study exists: refuse before.
-        raise SpecError(f"{spec.path}: study.sampler: {name!r} needs {fix}")
+        raise SpecError(f"{spec.where}: study.sampler: {name!r} needs {fix}")
     _check_listable(spec, name)
     if name == "tpe":
         args = tpe_defaults(spec)
@@ -199,7 +199,7 @@ def make_sampler(spec: StudySpec, gp_available: bool | None = None) -> optuna.sa
         "grid": DriverGridSampler,
     }
     sampler: optuna.samplers.BaseSampler = _construct(
-        classes[name], args, "study.sampler_args", spec.path
+        classes[name], args, "study.sampler_args", spec.where
     )
     modelled = name in ("tpe", "gp", "gp+tpe") and spec.study.search_space is None
     if modelled and spec.study.max_in_flight != 1:
@@ -220,7 +220,7 @@ def _check_listable(spec: StudySpec, name: str) -> None:
     too_many = too_many_to_list(spec) if listing else None
     if too_many is not None:
         raise SpecError(
-            f"{spec.path}: space.{too_many}: sampler {name!r} lists every value, and its range "
+            f"{spec.where}: space.{too_many}: sampler {name!r} lists every value, and its range "
             f'has over {LISTED_POINTS_MAX:.0e} at its step: use a larger step or sampler = "tpe"'
         )
 
@@ -276,7 +276,7 @@ def make_pruner(spec: StudySpec) -> optuna.pruners.BasePruner:
         "successive_halving": optuna.pruners.SuccessiveHalvingPruner,
     }
     pruner_class = classes[spec.study.pruner]
-    return _construct(pruner_class, dict(spec.study.pruner_args), "study.pruner_args", spec.path)  # type: ignore[no-any-return]
+    return _construct(pruner_class, dict(spec.study.pruner_args), "study.pruner_args", spec.where)  # type: ignore[no-any-return]
 
 
 def distributions(spec: StudySpec) -> dict[str, optuna.distributions.BaseDistribution]:
@@ -305,17 +305,17 @@ def _grid_space(spec: StudySpec) -> dict[str, list[Any]]:
             grid[name] = list(range(param.low, param.high + 1, param.step))
         else:
             raise SpecError(
-                f"{spec.path}: space.{name}: the grid sampler needs int or categorical "
+                f"{spec.where}: space.{name}: the grid sampler needs int or categorical "
                 "params, or study.sampler_args.search_space"
             )
     return grid
 
 
-def _construct(factory: Any, args: dict[str, Any], key: str, path: Path) -> Any:
+def _construct(factory: Any, args: dict[str, Any], key: str, where: str) -> Any:
     try:
         return factory(**args)
     except (TypeError, ValueError) as exc:
-        raise SpecError(f"{path}: {key}: {exc}") from None
+        raise SpecError(f"{where}: {key}: {exc}") from None
 
 
 def _missing_driver(url: str, exc: ImportError) -> str:
