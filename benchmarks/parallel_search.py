@@ -317,8 +317,13 @@ def cases(
 def run_all(todo: list[Case], jobs: int) -> list[dict[str, Any]]:
     if jobs <= 1:
         return [summarise(case) for case in todo]
+    done = []
     with ProcessPoolExecutor(jobs) as pool:
-        return list(pool.map(summarise, todo, chunksize=4))
+        for row in pool.map(summarise, todo, chunksize=4):
+            done.append(row)
+            if len(done) % 100 == 0:
+                print(f"  {len(done)}/{len(todo)} studies", file=sys.stderr, flush=True)
+    return done
 
 
 Key = tuple[str, str, str, int]
