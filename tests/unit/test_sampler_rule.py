@@ -22,15 +22,12 @@ from trialq.errors import SpecError
 
 SPACE = {
     "lr": {"type": "float", "low": 1e-4, "high": 1.0, "log": True},
-    "layers": {"type": "int", "low": 1, "high": 8},
+    "act": {"type": "categorical", "choices": ["relu", "tanh"]},
 }
-WITH_CATEGORICAL = {**SPACE, "act": {"type": "categorical", "choices": ["relu", "tanh"]}}
 
 
-def spec(
-    max_in_flight: int | None, n_trials: int, space: dict[str, Any] | None = None, **study: Any
-) -> StudySpec:
-    space = {} if "search_space" in study else (SPACE if space is None else space)
+def spec(max_in_flight: int | None, n_trials: int, **study: Any) -> StudySpec:
+    space = {} if "search_space" in study else SPACE
     return StudySpec.model_validate(
         {
             "path": Path("spec.toml"),
@@ -56,7 +53,6 @@ def spec(
         (16, 50, {"directions": ["minimize", "minimize"], "metrics": ["a", "b"]}, True, "tpe"),
         (16, 50, {"search_space": "mod:space"}, True, "tpe"),  # define-by-run
         (16, 50, {"sampler_args": {"n_startup_trials": 5}}, True, "tpe"),  # TPE's own args
-        (16, 50, {"space": WITH_CATEGORICAL}, True, "tpe"),  # a categorical (issue 40)
         # A named sampler is that sampler.
         (16, 50, {"sampler": "tpe"}, True, "tpe"),
         (1, 500, {"sampler": "gp"}, False, "gp"),
@@ -64,7 +60,7 @@ def spec(
         (16, 50, {"sampler": "random"}, True, "random"),
     ],
 )  # fmt: skip
-def test_auto_picks_gp_only_for_short_wide_declared_single_objective_numeric_studies(
+def test_auto_picks_gp_only_for_short_wide_declared_single_objective_studies(
     max_in_flight: int | None,
     n_trials: int,
     fields: dict[str, Any],

@@ -7,12 +7,6 @@ acquisition counts the running trials (Monte Carlo fantasies of their results), 
 parameters than TPE with a constant liar, behind the same space-filling start (issue 29);
 taking turns with independent TPE keeps it from falling far behind where the landscape is
 separable (`taking_turns`).
-A space with a categorical parameter stays with TPE too (issue 40, `parallel_search --suite
-coco`, 50 trials, 16 in flight, 10 seeds, median best value): TPE, which holds a weight per
-choice, matched or beat GP and TPE taking turns on every categorical space of the suite
-(a choice among four bbob landscapes 1.16 against 1.36, a choice that moves one 1.48 against
-1.52, the training run 0.568 against 0.564), and a 2-D landscape with a 4-way categorical
-tried from outside saw the pair's median regret at 3.08 against 1.13 for Optuna's TPE.
 Everywhere else TPE stays: with one trial in flight there is no gap to close and GP lost the
 training objective (0.608 against 0.467, 20 seeds, measured before GP learnt from
 out-of-memory trials), at 100 trials and more TPE's ask stays in milliseconds where GP's
@@ -58,16 +52,11 @@ def gp_runs_here() -> bool:
     return all(importlib.util.find_spec(module) is not None for module in GP_NEEDS)
 
 
-def has_categorical(spec: StudySpec) -> bool:
-    """Whether the spec's declared space has a categorical parameter."""
-    return any(param.type == "categorical" for param in spec.space.values())
-
-
 def chosen_sampler(spec: StudySpec, gp_available: bool) -> str:
     """The sampler name `spec` builds: its own, or for `auto` `gp+tpe` (GP and independent
-    TPE taking turns, `taking_turns`) on a small declared single-objective study of floats
-    and ints with several trials in flight (where GP runs), else `tpe`. `max_in_flight`
-    unset means "the workers seen", taken as several."""
+    TPE taking turns, `taking_turns`) on a small declared single-objective study with
+    several trials in flight (where GP runs), else `tpe`. `max_in_flight` unset means "the
+    workers seen", taken as several."""
     study = spec.study
     if study.sampler != "auto":
         return study.sampler
@@ -76,7 +65,6 @@ def chosen_sampler(spec: StudySpec, gp_available: bool) -> str:
         len(study.objective_directions) == 1
         and study.search_space is None
         and bool(spec.space)
-        and not has_categorical(spec)
         and set(study.sampler_args) <= AUTO_KEEPS_ARGS
         and too_many_to_list(spec) is None
     )
