@@ -669,6 +669,9 @@ def plan(args: argparse.Namespace) -> tuple[list[Case], tuple[int, ...], list[st
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.suite and importlib.util.find_spec("cocoex") is None:
+        print("--suite coco needs COCO: pip install coco-experiment (the dev extra)")
+        return 2
     quiet()
     started = time.perf_counter()
     todo, ks, objectives, budgets = plan(args)
