@@ -5,7 +5,7 @@ the `coco-experiment` package (`cocoex`, offline), instance 1 of each function, 
 with categorical and conditional parameters built on them: a categorical that selects among
 bbob landscapes, one that shifts a landscape, and a define-by-run space whose branches have
 parameters of their own. The project's `train` (log ints and categoricals, a learning curve)
-runs beside them (`SUITE`).
+runs beside them (`suite_names`).
 
 A trial's score is the function's value, not its regret: every comparison the benchmark makes
 (differences of medians, shares of a gap) is the same with the optimum subtracted, and COCO
