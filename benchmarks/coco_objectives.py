@@ -111,6 +111,19 @@ def _shift(params: Params, rng: np.random.Generator) -> Simulated:
     return Simulated((value,), (value,))
 
 
+_RAW_OFFSET = (0.0, 3.0, 1.0, 5.0)
+
+
+def _raw(params: Params, rng: np.random.Generator) -> Simulated:
+    """`cat-select`'s four landscapes on their own scale (no log), offsets in the same units:
+    the choice's effect is as large as the floats'. Not in the suite (checked after it)."""
+    choice = int(str(params["choice"])[1:])
+    function = _LANDSCAPES[choice]
+    x = np.array([float(params["x0"]), float(params["x1"])])
+    value = float(_problem("bbob", function, 2)(x)) - _floor(function, 2) + _RAW_OFFSET[choice]
+    return Simulated((value,), (value,))
+
+
 def _categorical_2d(name: str) -> dict[str, dict[str, Any]]:
     return {
         name: {"type": "categorical", "choices": ["c0", "c1", "c2", "c3"]},
@@ -159,6 +172,7 @@ def _suite() -> dict[str, Objective]:
         found[objective.name] = objective
     found["cat-select"] = Objective("cat-select", _select, space=_categorical_2d("landscape"))
     found["cat-shift"] = Objective("cat-shift", _shift, space=_categorical_2d("shift"))
+    found["cat-raw"] = Objective("cat-raw", _raw, space=_categorical_2d("choice"))
     found["cat-branch"] = Objective(
         "cat-branch", _branch, search_space="benchmarks.coco_objectives:branching_space"
     )
