@@ -552,3 +552,13 @@ def reports_past_the_storage(params: dict[str, Any], trial: TrialContext) -> flo
     trial.report(math.inf, 2)
     trial.report(3.0, 3)
     return 1.0
+
+
+def sleeps_or_fails(params: dict[str, Any], trial: TrialContext) -> float:
+    """`how = "slow"`: runs a minute (reporting); any other: fails at once, the same way."""
+    if params["how"] != "slow":
+        raise RuntimeError("this trial fails the same way every time")
+    for step in range(120):
+        time.sleep(0.5)
+        trial.report(float(step), step)
+    return 1.0

@@ -196,8 +196,6 @@ def _non_negative_int(text: str) -> int:
 
 
 def _submit_study(args: argparse.Namespace) -> int:
-    from trialq import submit
-
     if args.workers and not args.local:
         raise UsageError("submit-study: --workers needs --local")
     if args.local and args.broker:
@@ -206,7 +204,20 @@ def _submit_study(args: argparse.Namespace) -> int:
     if args.broker:
         settings = settings.model_copy(update={"broker_url": args.broker})
     _log_to_stderr(args.verbose, settings)
-    summary = submit.submit_study(
+    try:
+        summary = _submitted(args, settings)
+    except TrialqError as exc:
+        if exc.summary is not None:  # a run that stopped early still says what it did
+            _show_summary(exc.summary, args.json)
+        raise
+    _show_summary(summary, args.json)
+    return 0 if summary["n_complete"] > 0 else 1
+
+
+def _submitted(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
+    from trialq import submit
+
+    return submit.submit_study(
         spec_path=args.spec,
         settings=settings,
         storage_override=args.storage,
@@ -217,12 +228,14 @@ def _submit_study(args: argparse.Namespace) -> int:
         budget_overrides=_budget_overrides(args),
         verbose=args.verbose,
     )
-    if args.json:
+
+
+def _show_summary(summary: dict[str, Any], as_json: bool) -> None:
+    if as_json:
         json.dump(summary, sys.stdout, default=str)
         sys.stdout.write("\n")
     else:
         _print_outcome(summary)
-    return 0 if summary["n_complete"] > 0 else 1
 
 
 def _log_to_stderr(verbose: bool, settings: Settings) -> None:

@@ -27,7 +27,7 @@ from trialq.driver.search_space import DefineSpace, load_search_space
 from trialq.driver.spec import StudySpec, load_spec
 from trialq.driver.study import open_study, storage_url
 from trialq.driver.study_lock import holding_study, holding_study_file
-from trialq.errors import SpecError, UsageError
+from trialq.errors import SpecError, TrialqError, UsageError
 from trialq.local import LocalCluster
 from trialq.settings import Settings, redacted_url
 from trialq.views.summary import study_summary
@@ -89,11 +89,33 @@ def submit_study(
         driver = StudyDriver(
             spec, study, dispatcher, progress, options, study_lock, define_space, budget=budget
         )
-        driver.run(target)
+        ended: TrialqError | None = None
+        try:
+            driver.run(target)
+        except TrialqError as exc:
+            ended = exc
+    if ended is not None:
+        ended.summary = _summary_at_an_end(study, driver)
+        raise ended
     if driver.stop is not None:
         _say(driver.stop.line)
-    stopped_by = driver.stop.budget if driver.stop is not None else "n_trials"
-    return {**study_summary(study), "stopped_by": stopped_by, "budgets": driver.usage()}
+    return _run_summary(study, driver)
+
+
+def _run_summary(study: optuna.Study, driver: StudyDriver) -> dict[str, Any]:
+    """The study's summary with what ended this run (`stopped_by`), its budgets, and the
+    trials a failing stop left in flight for the next run."""
+    ended = driver.ledger.last_run(driver.ended_by)
+    return {**study_summary(study), **ended, "left_in_flight": driver.left_in_flight}
+
+
+def _summary_at_an_end(study: optuna.Study, driver: StudyDriver) -> dict[str, Any] | None:
+    """The summary of a run an error ended (exit 5, 130, 2...), read from the driver's
+    mirror of the study; None where even that cannot be read."""
+    try:
+        return _run_summary(study, driver)
+    except Exception:  # the error that ended the run is what the user must see
+        return None
 
 
 def _checked_before_the_study(
