@@ -291,10 +291,23 @@ def _trialq_parser() -> _Parser:
     report.add_argument(
         "--storage", help="Optuna storage URL (default: the spec's, else TRIALQ_STORAGE)"
     )
+    _add_run_trial_parser(commands)
     health = commands.add_parser("health", help="exit 0 if a worker on this host beats")
     health.add_argument("--max-age", type=float, help="seconds since the last beat")
     health.add_argument("--broker", help="broker URL (default: TRIALQ_BROKER_URL)")
     return parser
+
+
+def _add_run_trial_parser(commands: Any) -> None:
+    run = commands.add_parser(
+        "run-trial", help="one trial in this process (a debugger works), told to no study"
+    )
+    run.add_argument("spec", type=Path, help="the study spec")
+    run.add_argument("--params", required=True, help="the params as a JSON object")
+    run.add_argument("--tell", action="store_true", help="add the trial to the study, finished")
+    run.add_argument(
+        "--storage", help="Optuna storage URL for --tell (default: as submit-study finds it)"
+    )
 
 
 def _add_worker_parser(commands: Any) -> None:
@@ -403,6 +416,10 @@ def _dispatch_trialq(args: argparse.Namespace, rest: list[str]) -> int:
         return _health(args)
     if args.command == "report":
         return _report(args)
+    if args.command == "run-trial":
+        from trialq.run_trial import run_here
+
+        return run_here(args.spec, args.params, args.tell, args.storage)
     return _status(args)
 
 
