@@ -562,3 +562,10 @@ def sleeps_or_fails(params: dict[str, Any], trial: TrialContext) -> float:
         time.sleep(0.5)
         trial.report(float(step), step)
     return 1.0
+
+
+def prints_and_raises(params: dict[str, Any], trial: TrialContext) -> float:
+    """Prints a line to stdout and one to stderr, then fails."""
+    print("hello from the trial's print")
+    print("a line on the trial's stderr", file=sys.stderr)
+    raise ValueError("failed after printing")

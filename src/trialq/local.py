@@ -172,6 +172,7 @@ class LocalCluster:
             "TRIALQ_ALLOWED_MODULES": ",".join(self.allowed_modules),
             "TMPDIR": str(self._tmp),
         }
+        env.setdefault("TRIALQ_TRIAL_LOG_DIR", str(self.log_dir))
         with (self.log_dir / log_name).open("wb") as log:
             return subprocess.Popen(
                 command,

@@ -55,6 +55,11 @@ class Settings(BaseSettings):
     """What one trial may print (stdout and stderr together, as Celery logs them) into its
     worker's log; past it the rest is dropped, said once (`trial/output_cap.py`). 0: no cap."""
 
+    trial_log_dir: Path | None = None
+    """Where each trial attempt's own log goes (`<study>/trial-<n>-attempt-<a>.log`: its
+    prints and trialq's lines about it, `trial/attempt_log.py`); none without it. `--local`
+    sets it to the run's logs folder."""
+
     visibility_timeout_s: int = Field(default=12 * 3600, gt=0)
     """Redis redelivers an unacknowledged task older than this, even one still running,
     so it must outlast the longest trial plus its grace period (checked before submitting)."""

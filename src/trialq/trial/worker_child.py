@@ -27,6 +27,7 @@ from trialq import logs
 from trialq.lifeline import die_with_parent
 from trialq.settings import Settings
 from trialq.trial import checkpoints, process_group
+from trialq.trial.attempt_log import AttemptLog
 from trialq.trial.device import TensorFlowDevice
 from trialq.trial.gpu_attempt import GpuLimits, run_on_share
 from trialq.trial.gpu_attribution import ProcessView
@@ -72,6 +73,7 @@ class WorkerChild:
         self._redis: redis.Redis | None = None
         self._beacon: TrialBeacon | None = None
         self._log_token: Token[Mapping[str, str]] | None = None
+        self._attempt_log: AttemptLog | None = None
         self.results = ResultStore(self.redis, settings.key_ttl_s, settings.max_result_bytes)
 
     def redis(self) -> redis.Redis:
@@ -109,6 +111,8 @@ class WorkerChild:
         reads: `trialq.wire.queue_running`)."""
         running = _running_trial(hostname, task_id, payload)
         self._log_token = logs.enter_trial(running)
+        if self.settings.trial_log_dir is not None:
+            self._attempt_log = AttemptLog(self.settings.trial_log_dir, running).open()
         interval, ttl = self.settings.heartbeat_interval_s, self.settings.heartbeat_ttl_s
         on_queue = QueueClaim.for_delivery(routing_key, task_id) if routing_key else None
         self._beacon = TrialBeacon(
@@ -123,6 +127,9 @@ class WorkerChild:
         if self._log_token is not None:
             logs.leave_trial(self._log_token)
             self._log_token = None
+        if self._attempt_log is not None:
+            self._attempt_log.close()
+            self._attempt_log = None
 
     def run(
         self,
@@ -148,6 +155,8 @@ class WorkerChild:
             lambda: self._run(request, channel, root, share, timeout_errors),
             lambda oom: self.results.keep_now(task_id, oom),
         )  # fmt: skip
+        if self._attempt_log is not None and self._attempt_log.written:
+            result = result.model_copy(update={"log_file": str(self._attempt_log.path)})
         message = self.results.bounded_json(result)
         away_until = time.monotonic() + (request.hard_limit_s or request.timeout_s or 0.0)
         _despite(timeout_errors, lambda: self.results.keep(request, task_id, message, away_until))

@@ -145,6 +145,7 @@ class Measured(TypedDict, total=False):
     device_refused: bool
     checkpoint_removed: bool
     artifacts: tuple[ArtifactMeta, ...]
+    log_file: str | None
 
 
 class TrialResult(_Message):
@@ -210,6 +211,9 @@ class TrialResult(_Message):
     artifacts: tuple[ArtifactMeta, ...] = ()
     """Files the trial stored with `trial.save_artifact`: the meta the driver links to the
     trial as `optuna.artifacts.upload_artifact` does (workers never touch the storage)."""
+    log_file: str | None = None
+    """The attempt's own log on its worker's host (`trial/attempt_log.py`), where the
+    worker writes one (`TRIALQ_TRIAL_LOG_DIR`; `--local` does)."""
 
     @classmethod
     def of(cls, request: TrialRequest, outcome: Outcome, error: str | None = None) -> TrialResult:

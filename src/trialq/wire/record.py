@@ -53,6 +53,7 @@ class TrialRecord(BaseModel):
     gpu_accounting_note: str | None = None
     reports_dropped: int | None = None
     fitted_batch_size: int | None = None
+    log_file: str | None = None
 
     @classmethod
     def told(
