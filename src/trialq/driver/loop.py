@@ -292,6 +292,8 @@ class StudyDriver:
             self._store.link_artifacts(entry.trial, resend.keep_artifacts.artifacts)
         self.relay.forget(entry)
         _log.info("%s", resend.reason, extra=logs.fields(entry.request))
+        if resend.new_attempt or resend.refusal is not None:
+            self.progress.note(f"#{entry.request.number} sent again: {resend.reason}")
         if resend.refusal is not None:
             self.teller.saw(Outcome.REFUSED, resend.refusal)
         self.sender.resend(entry, resend.new_attempt, resend.resends)

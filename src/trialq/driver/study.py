@@ -10,6 +10,7 @@ import contextlib
 import importlib.util
 import sqlite3
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -312,8 +313,12 @@ def _grid_space(spec: StudySpec) -> dict[str, list[Any]]:
 
 
 def _construct(factory: Any, args: dict[str, Any], key: str, path: Path) -> Any:
+    """`factory(**args)`, quiet about arguments Optuna calls experimental (`group`,
+    `deterministic_objective`): trialq chose them, the user has nothing to act on."""
     try:
-        return factory(**args)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return factory(**args)
     except (TypeError, ValueError) as exc:
         raise SpecError(f"{path}: {key}: {exc}") from None
 
