@@ -337,9 +337,15 @@ def _add_worker_parser(commands: Any) -> None:
     )  # fmt: skip
     worker.add_argument(
         "--preload",
-        help="modules the worker imports once, before forking trials: auto (TensorFlow when "
-        "installed), none, or comma-separated names (default: TRIALQ_PRELOAD, else auto)",
+        help="modules the worker imports once, before forking trials: auto (the framework "
+        "installed; of several, PyTorch and JAX, never TensorFlow beside another), none, or "
+        "comma-separated names (default: TRIALQ_PRELOAD, else auto)",
     )
+    worker.add_argument(
+        "--preload-from", metavar="MODULE|FILE",
+        help="also preload what this entrypoint module imports at its top (scikit-learn, "
+        "pandas...), read without importing it (default: TRIALQ_PRELOAD_FROM)",
+    )  # fmt: skip
     worker.add_argument(
         "--spare",
         type=_non_negative_int,
@@ -381,6 +387,7 @@ _WORKER_FLAGS = {
     "broker": "broker_url",
     "gpu": "cuda_visible_devices",
     "preload": "preload",
+    "preload_from": "preload_from",
     "spare": "spare_processes",
 }
 """`trialq worker`'s flags and the settings each one gives."""

@@ -95,9 +95,15 @@ class Settings(BaseSettings):
 
     preload: str = "auto"
     """Modules a worker's parent imports before it forks trial processes, so that trials start
-    with them loaded: `auto` (TensorFlow when installed), `none`, or comma-separated names.
-    Importing is all the parent does with them: a module that runs a TensorFlow op or touches
-    CUDA at import is refused (the forked trials would hang)."""
+    with them loaded: `auto` (the framework installed; of several, PyTorch and JAX, never
+    TensorFlow beside another), `none`, or comma-separated names. Importing is all the parent
+    does with them: a module that runs a TensorFlow op or touches CUDA at import is refused
+    (the forked trials would hang)."""
+
+    preload_from: str | None = None
+    """An entrypoint module (a `.py` file or a dotted name) whose top-level imports the
+    worker's parent preloads too (`trial/preload_from.py`), read without importing it;
+    `submit-study --local` sets it to the spec's entrypoint."""
 
     spare_processes: int = Field(default=1, ge=0)
     """Idle, already forked processes a worker keeps beyond its trial slots, so that the next

@@ -281,18 +281,26 @@ def local_folders(spec: StudySpec, settings: Settings) -> dict[str, str]:
 
 def local_preload(spec: StudySpec) -> dict[str, str]:
     """`--local`'s workers preload the spec's framework (`[trial] framework`, or the one its
-    entrypoint function uses), unless `TRIALQ_PRELOAD` says otherwise: a PyTorch study never
-    gets TensorFlow because TensorFlow is installed (docs/frameworks.md, "Preloading"). One
-    that is not installed here is never preloaded: one warning line, and the study runs."""
+    entrypoint function uses) and what the entrypoint's module imports at its top
+    (`TRIALQ_PRELOAD_FROM`), unless `TRIALQ_PRELOAD` says otherwise: a PyTorch study never
+    gets TensorFlow because TensorFlow is installed (docs/frameworks.md, "Preloading"). A
+    framework not installed here is never preloaded: one warning line, and the study runs."""
     if "TRIALQ_PRELOAD" in os.environ:
         return {}
+    entrypoint = spec.trial.entrypoint
+    target = (
+        str((spec.directory / entrypoint.target).resolve())
+        if entrypoint.is_file
+        else (entrypoint.target)
+    )
+    chosen = {"TRIALQ_PRELOAD": "none", "TRIALQ_PRELOAD_FROM": target}
     framework = _study_framework(spec)
     if framework is None:
-        return {}
+        return chosen
     if importlib.util.find_spec(framework) is None:
         _say(f"warning: {framework} is not installed here: --local preloads nothing for it")
-        return {}
-    return {"TRIALQ_PRELOAD": ",".join(frameworks.PRELOAD[framework])}
+        return chosen
+    return {**chosen, "TRIALQ_PRELOAD": ",".join(frameworks.PRELOAD[framework])}
 
 
 def _study_framework(spec: StudySpec) -> str | None:

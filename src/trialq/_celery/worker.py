@@ -195,6 +195,7 @@ def _on_worker_ready(sender: Any = None, **_: Any) -> None:
     _freeze_started_worker()
     if _room is None:
         return
+    logger.info("ready; preloaded for trials: %s", _room.preloaded.line())
     queues = tuple(sorted(sender.app.amqp.queues.consume_from or [DEFAULT_QUEUE]))
     concurrency = sender.pool.num_processes if sender.pool is not None else 1
     _room.start_heartbeat(sender.hostname, queues, concurrency)

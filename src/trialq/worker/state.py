@@ -29,7 +29,7 @@ from trialq.trial.gpu_inventory import Nvml
 from trialq.trial.gpu_plan import GpuPlan
 from trialq.trial.gpu_share import VISIBLE, GpuShare
 from trialq.trial.nvml_probe import ProbeResult, probe
-from trialq.trial.prewarm import device_in_use, preload, preload_modules
+from trialq.trial.prewarm import Preloaded, device_in_use, preload_for
 from trialq.trial.slots import TrialSlots
 from trialq.trial.telemetry import MIB, DeviceBaseline
 from trialq.trial.worker_child import WorkerChild
@@ -60,6 +60,8 @@ class WorkerState:
         """Created by `open_slots` in the parent before the pool forks: every child
         inherits them."""
         self.heartbeat: Heartbeat | None = None
+        self.preloaded = Preloaded()
+        """What `preload` imported and left out, for the worker's ready line."""
 
     # Starting, before the pool forks.
 
@@ -83,8 +85,11 @@ class WorkerState:
     def preload(self) -> None:
         """Import the framework in the parent, before the pool forks (`trialq worker` did
         already)."""
+        settings = self.settings
         try:
-            preload(preload_modules(self.settings.preload))
+            self.preloaded = preload_for(
+                settings.preload, settings.preload_from, settings.import_paths
+            )
         except TrialqError as exc:
             print(f"error: {exc}", file=sys.stderr)
             raise SystemExit(exc.exit_code) from None
