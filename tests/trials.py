@@ -569,3 +569,14 @@ def prints_and_raises(params: dict[str, Any], trial: TrialContext) -> float:
     print("hello from the trial's print")
     print("a line on the trial's stderr", file=sys.stderr)
     raise ValueError("failed after printing")
+
+
+def reports_threads(params: dict[str, Any], trial: TrialContext) -> dict[str, float]:
+    """The library threads this trial process was given; sleeps so that trials overlap."""
+    import torch
+
+    time.sleep(params.get("sleep_s", 0.0))
+    return {
+        "torch_threads": float(torch.get_num_threads()),
+        "omp": float(os.environ["OMP_NUM_THREADS"]),
+    }

@@ -173,6 +173,10 @@ class LocalCluster:
             "TMPDIR": str(self._tmp),
         }
         env.setdefault("TRIALQ_TRIAL_LOG_DIR", str(self.log_dir))
+        # The host's cores shared among the workers' trials (`trial/threads.py`'s rule, which
+        # a worker of one slot would apply to all of them alone).
+        cores = len(os.sched_getaffinity(0))
+        env.setdefault("TRIALQ_TRIAL_CPUS", str(max(1, cores // max(1, self.workers))))
         with (self.log_dir / log_name).open("wb") as log:
             return subprocess.Popen(
                 command,

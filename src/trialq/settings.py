@@ -55,6 +55,11 @@ class Settings(BaseSettings):
     """What one trial may print (stdout and stderr together, as Celery logs them) into its
     worker's log; past it the rest is dropped, said once (`trial/output_cap.py`). 0: no cap."""
 
+    trial_cpus: int | None = Field(default=None, ge=1)
+    """CPU threads a trial's libraries use on this worker, unless its spec says (`[trial]
+    cpus`); unset: the worker's cores divided among its slots (`trial/threads.py`).
+    `--local` sets it to the cores divided among its workers."""
+
     trial_log_dir: Path | None = None
     """Where each trial attempt's own log goes (`<study>/trial-<n>-attempt-<a>.log`: its
     prints and trialq's lines about it, `trial/attempt_log.py`); none without it. `--local`

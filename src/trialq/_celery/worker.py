@@ -107,6 +107,7 @@ class WorkerStateStep(bootsteps.Step):  # type: ignore[misc]
     requires = ("celery.worker.components:Pool",)
 
     def create(self, worker: Any) -> None:
+        room().concurrency = int(worker.concurrency or 1)
         room().prepare()
 
 

@@ -242,6 +242,9 @@ class TrialSection(_Frozen):
     framework: FrameworkChoice = "auto"
     """`auto` | `torch` | `tensorflow` | `jax`: whose memory settings, cap and peaks the trial
     process uses (docs/frameworks.md); `auto` finds it from the entrypoint's imports."""
+    cpus: Count | None = Field(default=None, ge=1)
+    """CPU threads each trial's libraries use (PyTorch, OpenMP, MKL, TensorFlow, XLA); unset:
+    its worker's cores divided among its slots (`trialq.trial.threads`)."""
 
     @property
     def hard_limit_s(self) -> float:

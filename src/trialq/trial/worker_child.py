@@ -37,6 +37,7 @@ from trialq.trial.result_store import ResultStore
 from trialq.trial.runner import run_trial
 from trialq.trial.slots import TrialSlots, claim_for_trial
 from trialq.trial.telemetry import DeviceBaseline
+from trialq.trial.threads import hold_threads
 from trialq.wire.channel import ReportChannel
 from trialq.wire.heartbeat import RunningTrial, TrialBeacon
 from trialq.wire.keys import result_key, withdrawn_key
@@ -63,8 +64,11 @@ class WorkerChild:
         slots: TrialSlots | None = None,
         baseline: DeviceBaseline | None = None,
         view: ProcessView = ProcessView.UNKNOWN,
+        cpus: int = 1,
     ) -> None:
         self.settings = settings
+        self.cpus = cpus
+        """The trial's library threads unless its request says (`trial/threads.py`)."""
         self.slots = slots
         self.baseline = baseline
         self.view = view
@@ -143,6 +147,7 @@ class WorkerChild:
         if self.redis().exists(withdrawn_key(task_id), result_key(task_id)):
             return None
         share = self._take_slot()
+        hold_threads(request.cpus or self.cpus)  # before anything the trial imports starts
         channel = ReportChannel(self.redis(), self.settings.key_ttl_s)
         root = self.settings.checkpoint_root or checkpoints.default_root()
         limits = GpuLimits(

@@ -107,6 +107,8 @@ class TrialRequest(_Message):
     framework: FrameworkChoice = "auto"
     """The spec's `[trial] framework`: whose environment, memory cap and peaks the trial
     process sets and reads (`trialq.trial.frameworks`); `auto` finds it from the entrypoint."""
+    cpus: int | None = Field(default=None, ge=1)
+    """The spec's `[trial] cpus`: the trial's library threads; None: the worker's share."""
 
     @model_validator(mode="after")
     def _killed_after_the_soft_limit(self) -> TrialRequest:

@@ -32,6 +32,7 @@ from trialq.trial.nvml_probe import ProbeResult, probe
 from trialq.trial.prewarm import Preloaded, device_in_use, preload_for
 from trialq.trial.slots import TrialSlots
 from trialq.trial.telemetry import MIB, DeviceBaseline
+from trialq.trial.threads import threads_per_trial, usable_cores
 from trialq.trial.worker_child import WorkerChild
 from trialq.wire.eviction import eviction_warning
 from trialq.wire.heartbeat import GpuBeat, Heartbeat, WorkerBeat
@@ -60,6 +61,9 @@ class WorkerState:
         """Created by `open_slots` in the parent before the pool forks: every child
         inherits them."""
         self.heartbeat: Heartbeat | None = None
+        self.concurrency = 1
+        """Trials at once (the pool's processes, the slots with `--gpus`): set by the Celery
+        edge as it builds the pool; what the host's cores are shared among."""
         self.preloaded = Preloaded()
         """What `preload` imported and left out, for the worker's ready line."""
 
@@ -175,7 +179,8 @@ class WorkerState:
 
     def child(self, backend: Callable[[], redis.Redis]) -> WorkerChild:
         """The steps of a trial process forked from this parent, with what it inherits."""
-        return WorkerChild(self.settings, backend, self.slots, self.baseline, self.view)
+        cpus = self.settings.trial_cpus or threads_per_trial(usable_cores(), self.concurrency)
+        return WorkerChild(self.settings, backend, self.slots, self.baseline, self.view, cpus)
 
     # Running.
 
