@@ -30,7 +30,7 @@ from types import TracebackType
 
 import redis
 
-from trialq.errors import LocalClusterError
+from trialq.errors import LocalClusterError, UsageError
 from trialq.lifeline import die_with_parent
 from trialq.wire import heartbeat
 
@@ -195,6 +195,9 @@ class LocalCluster:
         try:
             while len(heartbeat.live_workers(client)) < count:
                 dead = [p for p in self._workers if p.poll() is not None]
+                if any(p.returncode == UsageError.exit_code for p in dead):
+                    # the worker refused what it was given (TRIALQ_GPUS where no GPU is)
+                    raise UsageError(f"local worker refused its settings: {self._log_tail()}")
                 if dead or time.monotonic() > deadline:
                     raise LocalClusterError(
                         f"local workers did not start; logs in {self.log_dir}: {self._log_tail()}"

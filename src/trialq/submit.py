@@ -49,10 +49,12 @@ def submit_study(
     outage_limit_s: float | None = None,
     budget_overrides: Mapping[str, Any] | None = None,
     verbose: bool = False,
+    local_env: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """Run the spec's study to its number of finished trials (or until another budget is
     reached: `budget_overrides` set `trialq.driver.budget.Budget` fields for this run) and
-    return the summary."""
+    return the summary. `local_env`: more of `--local`'s workers' environment (its GPU
+    flags)."""
     spec = load_spec(spec_path)
     define_space = _checked_before_the_study(spec, settings, local_workers, budget_overrides)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -61,7 +63,9 @@ def submit_study(
     outage_limit = outage_limit_s or spec.study.outage_limit_s
     with ExitStack() as stack:
         # Started first: the workers import and beat while the study is opened.
-        cluster = _start_local_cluster(stack, spec, settings, local_workers, verbose)
+        cluster = _start_local_cluster(
+            stack, spec, settings, local_workers, verbose, local_env or {}
+        )
         stack.enter_context(holding_study_file(url, spec.study.name))  # SQLite: before opening
         study = open_study(spec, url, retry_for_s=outage_limit)
         study_lock = stack.enter_context(holding_study(study))  # before anything is written
@@ -80,7 +84,7 @@ def submit_study(
         progress: ProgressSink = NoProgress(show_failures=True)
         if show_progress:
             progress = stack.enter_context(RichProgress(spec.study.name, target))
-        workers = local_workers or _live_workers(dispatcher, spec)
+        workers = _local_slots(cluster) if cluster is not None else _live_workers(dispatcher, spec)
         options = DriverOptions(
             max_in_flight=spec.study.max_in_flight or max(1, workers),
             outage_limit_s=outage_limit,
@@ -149,6 +153,7 @@ def _start_local_cluster(
     settings: Settings,
     local_workers: int | None,
     verbose: bool,
+    local_env: Mapping[str, str],
 ) -> LocalCluster | None:
     """`--local`'s embedded Redis and workers, stopped when `stack` closes; None without it."""
     if local_workers is None:
@@ -157,7 +162,7 @@ def _start_local_cluster(
         local_workers,
         spec.trial.queue,
         local_allow_list(spec),
-        extra_env={**local_folders(spec, settings), **local_preload(spec)},
+        extra_env={**local_folders(spec, settings), **local_preload(spec), **local_env},
         log_dir=local_logs(spec),
         log_level="DEBUG" if verbose else "INFO",
     )
@@ -177,6 +182,13 @@ def _use_local_cluster(
     return settings.model_copy(
         update={"broker_url": cluster.broker_url, "result_backend": cluster.broker_url}
     )
+
+
+def _local_slots(cluster: LocalCluster) -> int:
+    """Trials `--local`'s workers run at once: one each, or a GPU worker's slots."""
+    client = redis.Redis.from_url(cluster.broker_url, socket_timeout=10)
+    beats = heartbeat.live_workers(client)
+    return max(cluster.workers, sum(b.gpus.slots if b.gpus else 1 for b in beats))
 
 
 def _live_workers(dispatcher: CeleryDispatcher, spec: StudySpec) -> int:
