@@ -38,3 +38,5 @@ def test_the_ready_line_names_the_entrypoints_imports_preloaded_and_left_out(
     assert "preloaded for trials: sklearn.linear_model; left out: " in line, line
     assert "helpers (your own module: not run in the worker's parent)" in line
     assert "not_installed_xyz (not installed here)" in line
+    logs = "".join(path.read_text() for path in cluster.log_dir.glob("worker*.log"))
+    assert "superuser privileges" not in logs, "Celery's root warning, for a JSON-only worker"

@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import gc
 import logging
+import warnings
 from typing import Any
 
 from celery import Celery, bootsteps, signals
-from celery.exceptions import Ignore, SoftTimeLimitExceeded, WorkerShutdown
+from celery.exceptions import Ignore, SecurityWarning, SoftTimeLimitExceeded, WorkerShutdown
 from celery.worker import state as worker_state
 
 from trialq import logs
@@ -73,8 +74,23 @@ def build_worker_app(state: WorkerState) -> Celery:
     app.task(name=TASK_NAME, bind=True, acks_late=True, shared=False)(_run_trial_task)
     app.steps["worker"].add(WorkerStateStep)
     _broker_named_plainly(state.settings.broker_url)
+    _quiet_about_root(app.conf.accept_content)
     _room, _child, _app = state, None, app
     return app
+
+
+def _quiet_about_root(accept_content: Any) -> None:
+    """Celery warns at every start of a worker run as root (`platforms.check_privileges`),
+    which is how a container runs by default: its danger is a pickled message running code
+    as root, and it refuses to start as root with pickle unless `C_FORCE_ROOT` says so. A
+    trialq worker accepts JSON only (`celery_config`), so the warning says nothing it could
+    act on; with pickle accepted it stays."""
+    if any("pickle" in str(kind) for kind in accept_content or ()):
+        return
+    warnings.filterwarnings(
+        "ignore", message="You're running the worker with superuser privileges",
+        category=SecurityWarning,
+    )  # fmt: skip
 
 
 def app_from_environment() -> Celery:
@@ -196,7 +212,6 @@ def _on_worker_ready(sender: Any = None, **_: Any) -> None:
     _freeze_started_worker()
     if _room is None:
         return
-    logger.info("ready; preloaded for trials: %s", _room.preloaded.line())
     queues = tuple(sorted(sender.app.amqp.queues.consume_from or [DEFAULT_QUEUE]))
     concurrency = sender.pool.num_processes if sender.pool is not None else 1
     _room.start_heartbeat(sender.hostname, queues, concurrency)

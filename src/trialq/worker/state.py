@@ -219,9 +219,9 @@ class WorkerState:
         found = "" if self.probe is None else f"; GPU processes: {self.probe.view.said()}"
         measured = f"; {self.gpu_measures.line()}" if self.gpu_measures is not None else ""
         logger.info(
-            "worker %s ready: broker %s, queues %s, %d trial(s) at a time%s%s",
-            name, redacted_url(self.settings.broker_url), ",".join(queues), concurrency, found,
-            measured,
+            "worker %s ready: broker %s, queues %s, %d trial(s) at a time%s%s; preloaded for "
+            "trials: %s", name, redacted_url(self.settings.broker_url), ",".join(queues),
+            concurrency, found, measured, self.preloaded.line(),
         )  # fmt: skip
 
     # Stopping.
