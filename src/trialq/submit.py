@@ -25,7 +25,7 @@ from trialq.driver.loop import DriverOptions, StudyDriver
 from trialq.driver.progress import NoProgress, ProgressSink, RichProgress
 from trialq.driver.search_space import DefineSpace, load_search_space
 from trialq.driver.spec import StudySpec, load_spec
-from trialq.driver.study import open_study, storage_url
+from trialq.driver.study import open_study, remember_storage, storage_url
 from trialq.driver.study_lock import holding_study, holding_study_file
 from trialq.errors import SpecError, TrialqError, UsageError
 from trialq.local import LocalCluster
@@ -68,6 +68,8 @@ def submit_study(
         )
         stack.enter_context(holding_study_file(url, spec.study.name))  # SQLite: before opening
         study = open_study(spec, url, retry_for_s=outage_limit)
+        if storage_override is not None:  # found there by `trialq status SPEC`
+            remember_storage(spec, url)
         study_lock = stack.enter_context(holding_study(study))  # before anything is written
         for note in check_spec_against_study(spec, study):
             _say(f"note: {note}")

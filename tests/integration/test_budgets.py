@@ -214,3 +214,22 @@ def test_a_failing_stop_prints_the_json_summary_records_the_last_run_and_stops_i
     assert [t.params["how"] for t in study.trials if t.state.name == "RUNNING"] == ["slow"]
     assert trialq_main(["status", str(spec), "--broker", redis_url]) == 0
     assert "last run: stopped by max_failed_trials" in capsys.readouterr().out
+
+
+def test_status_of_the_spec_finds_a_study_run_with_storage_elsewhere(
+    write_spec: Callable[..., Path],
+    start_workers: Callable[..., object],
+    redis_url: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    start_workers(1)
+    spec = _sleeps_spec(write_spec, "elsewhere", "", 0.1)
+    elsewhere = f"sqlite:///{tmp_path / 'other' / 'studies.db'}"
+    (tmp_path / "other").mkdir()
+
+    submit_study(spec, Settings(broker_url=redis_url), elsewhere, 2, None, False)
+
+    assert not (spec.parent / "elsewhere.db").exists()
+    assert trialq_main(["status", str(spec), "--broker", redis_url]) == 0
+    assert "study elsewhere" in capsys.readouterr().out
