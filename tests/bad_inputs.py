@@ -42,6 +42,18 @@ BAD_SPECS = {
         spec_text() + '[trail]\nqueue = "gpu"\n',
         "trail: unknown key (did you mean trial?)",
     ),
+    "misspelt param type": (
+        spec_text(space='[space.x]\ntpye = "float"\nlow = 0\nhigh = 1'),
+        "space.x.tpye: unknown key (did you mean type?)",
+    ),
+    "misspelt param key": (
+        spec_text(space='[space.x]\ntype = "float"\nlwo = 0\nhigh = 1'),
+        "space.x.lwo: unknown key (did you mean low?)",
+    ),
+    "param without type": (
+        spec_text(space='[space.x]\nlow = 0\nhigh = 1'),
+        "space.x: missing required key type (float, int or categorical)",
+    ),
     "wrong type": (spec_text(study='name = "s"\nn_trials = "many"'), "study.n_trials"),
     "missing n_trials": (spec_text(study='name = "s"'), "study.n_trials: missing required key"),
     "low > high": (

@@ -75,6 +75,9 @@ def start_workers(redis_url: str) -> Iterator[Callable[..., LocalCluster]]:
         broker_url: str | None = None,
     ) -> LocalCluster:
         env = {"PYTHONPATH": os.pathsep.join([str(TESTS_DIR), os.environ.get("PYTHONPATH", "")])}
+        # `auto` preloads PyTorch and JAX where several frameworks are installed (8 s and
+        # 400 MB a worker here): a test that wants a preload names it.
+        env["TRIALQ_PRELOAD"] = "none"
         cluster = LocalCluster(
             count,
             queue,

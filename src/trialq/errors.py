@@ -6,11 +6,16 @@ as one line; a traceback is only ever shown for a bug of ours.
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class TrialqError(Exception):
     """Base of every error trialq raises on purpose."""
 
     exit_code = 1
+    summary: dict[str, Any] | None = None
+    """The run's summary where the error ended a run of a study (`submit-study --json`
+    prints it before the error's line)."""
 
 
 class UsageError(TrialqError):

@@ -31,7 +31,7 @@ from types import TracebackType
 
 import redis
 
-from trialq.errors import LocalClusterError
+from trialq.errors import LocalClusterError, UsageError
 from trialq.lifeline import die_with_parent
 from trialq.wire import heartbeat
 
@@ -177,6 +177,11 @@ class LocalCluster:
             "TRIALQ_ALLOWED_MODULES": ",".join(self.allowed_modules),
             "TMPDIR": str(self._tmp),
         }
+        env.setdefault("TRIALQ_TRIAL_LOG_DIR", str(self.log_dir))
+        # The host's cores shared among the workers' trials (`trial/threads.py`'s rule, which
+        # a worker of one slot would apply to all of them alone).
+        cores = len(os.sched_getaffinity(0))
+        env.setdefault("TRIALQ_TRIAL_CPUS", str(max(1, cores // max(1, self.workers))))
         with (self.log_dir / log_name).open("wb") as log:
             return subprocess.Popen(
                 command,
@@ -204,6 +209,9 @@ class LocalCluster:
         try:
             while len(heartbeat.live_workers(client)) < count:
                 dead = [p for p in self._workers if p.poll() is not None]
+                if any(p.returncode == UsageError.exit_code for p in dead):
+                    # the worker refused what it was given (TRIALQ_GPUS where no GPU is)
+                    raise UsageError(f"local worker refused its settings: {self._log_tail()}")
                 if dead or time.monotonic() > deadline:
                     raise LocalClusterError(
                         f"local workers did not start; logs in {self.log_dir}: {self._log_tail()}"

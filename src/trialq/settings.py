@@ -67,6 +67,16 @@ class Settings(BaseSettings):
     """What one trial may print (stdout and stderr together, as Celery logs them) into its
     worker's log; past it the rest is dropped, said once (`trial/output_cap.py`). 0: no cap."""
 
+    trial_cpus: int | None = Field(default=None, ge=1)
+    """CPU threads a trial's libraries use on this worker, unless its spec says (`[trial]
+    cpus`); unset: the worker's cores divided among its slots (`trial/threads.py`).
+    `--local` sets it to the cores divided among its workers."""
+
+    trial_log_dir: Path | None = None
+    """Where each trial attempt's own log goes (`<study>/trial-<n>-attempt-<a>.log`: its
+    prints and trialq's lines about it, `trial/attempt_log.py`); none without it. `--local`
+    sets it to the run's logs folder."""
+
     visibility_timeout_s: int = Field(default=12 * 3600, gt=0)
     """Redis redelivers an unacknowledged task older than this, even one still running,
     so it must outlast the longest trial plus its grace period (checked before submitting)."""
@@ -102,9 +112,15 @@ class Settings(BaseSettings):
 
     preload: str = "auto"
     """Modules a worker's parent imports before it forks trial processes, so that trials start
-    with them loaded: `auto` (TensorFlow when installed), `none`, or comma-separated names.
-    Importing is all the parent does with them: a module that runs a TensorFlow op or touches
-    CUDA at import is refused (the forked trials would hang)."""
+    with them loaded: `auto` (the framework installed; of several, PyTorch and JAX, never
+    TensorFlow beside another), `none`, or comma-separated names. Importing is all the parent
+    does with them: a module that runs a TensorFlow op or touches CUDA at import is refused
+    (the forked trials would hang)."""
+
+    preload_from: str | None = None
+    """An entrypoint module (a `.py` file or a dotted name) whose top-level imports the
+    worker's parent preloads too (`trial/preload_from.py`), read without importing it;
+    `submit-study --local` sets it to the spec's entrypoint."""
 
     spare_processes: int = Field(default=1, ge=0)
     """Idle, already forked processes a worker keeps beyond its trial slots, so that the next

@@ -26,9 +26,9 @@ from trialq.driver.loop import DriverOptions, StudyDriver
 from trialq.driver.progress import NoProgress, ProgressSink, RichProgress
 from trialq.driver.search_space import DefineSpace, load_search_space
 from trialq.driver.spec import StudySpec, load_spec
-from trialq.driver.study import open_study, storage_url
+from trialq.driver.study import open_study, remember_storage, storage_url
 from trialq.driver.study_lock import holding_study, holding_study_file
-from trialq.errors import SpecError, UsageError
+from trialq.errors import SpecError, TrialqError, UsageError
 from trialq.local import LocalCluster
 from trialq.settings import Settings, redacted_url
 from trialq.tracking import StudyInfo, Tracker, Tracking, trackers_for
@@ -51,11 +51,12 @@ def submit_study(
     outage_limit_s: float | None = None,
     budget_overrides: Mapping[str, Any] | None = None,
     verbose: bool = False,
+    local_env: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """`submit-study`: the spec file's study run (`run_study`), and its summary."""
     run = run_study(
         load_spec(spec_path), settings, storage_override, n_trials, local_workers,
-        show_progress, outage_limit_s, budget_overrides, verbose,
+        show_progress, outage_limit_s, budget_overrides, verbose, local_env,
     )  # fmt: skip
     return run.summary
 
@@ -83,10 +84,12 @@ def run_study(
     outage_limit_s: float | None = None,
     budget_overrides: Mapping[str, Any] | None = None,
     verbose: bool = False,
+    local_env: Mapping[str, str] | None = None,
 ) -> StudyRun:
     """Run the spec's study to its number of finished trials (or until another budget is
     reached: `budget_overrides` set `trialq.driver.budget.Budget` fields for this run):
-    what `submit-study` and `trialq.optimize` both do."""
+    what `submit-study` and `trialq.optimize` both do. `local_env`: more of `--local`'s
+    workers' environment (its GPU flags)."""
     define_space = _checked_before_the_study(spec, settings, local_workers, budget_overrides)
     trackers = trackers_for(spec.tracking, spec.where)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -95,9 +98,13 @@ def run_study(
     outage_limit = outage_limit_s or spec.study.outage_limit_s
     with ExitStack() as stack:
         # Started first: the workers import and beat while the study is opened.
-        cluster = _start_local_cluster(stack, spec, settings, local_workers, verbose)
+        cluster = _start_local_cluster(
+            stack, spec, settings, local_workers, verbose, local_env or {}
+        )
         stack.enter_context(holding_study_file(url, spec.study.name))  # SQLite: before opening
         study = open_study(spec, url, retry_for_s=outage_limit)
+        if storage_override is not None:  # found there by `trialq status SPEC`
+            remember_storage(spec, url)
         study_lock = stack.enter_context(holding_study(study))  # before anything is written
         for note in check_spec_against_study(spec, study):
             _say(f"note: {note}")
@@ -116,7 +123,7 @@ def run_study(
         progress: ProgressSink = NoProgress(show_failures=True)
         if show_progress:
             progress = stack.enter_context(RichProgress(spec.study.name, target))
-        workers = local_workers or _live_workers(dispatcher, spec)
+        workers = _local_slots(cluster) if cluster is not None else _live_workers(dispatcher, spec)
         options = DriverOptions(
             max_in_flight=spec.study.max_in_flight or max(1, workers),
             outage_limit_s=outage_limit,
@@ -127,12 +134,33 @@ def run_study(
             spec, study, dispatcher, progress, options, study_lock, define_space, budget=budget,
             tracking=tracking,
         )  # fmt: skip
-        driver.run(target)
+        ended: TrialqError | None = None
+        try:
+            driver.run(target)
+        except TrialqError as exc:
+            ended = exc
+    if ended is not None:
+        ended.summary = _summary_at_an_end(study, driver)
+        raise ended
     if driver.stop is not None:
         _say(driver.stop.line)
-    stopped_by = driver.stop.budget if driver.stop is not None else "n_trials"
-    summary = {**study_summary(study), "stopped_by": stopped_by, "budgets": driver.usage()}
-    return StudyRun(url, study.study_name, summary)
+    return StudyRun(url, study.study_name, _run_summary(study, driver))
+
+
+def _run_summary(study: optuna.Study, driver: StudyDriver) -> dict[str, Any]:
+    """The study's summary with what ended this run (`stopped_by`), its budgets, and the
+    trials a failing stop left in flight for the next run."""
+    ended = driver.ledger.last_run(driver.ended_by)
+    return {**study_summary(study), **ended, "left_in_flight": driver.left_in_flight}
+
+
+def _summary_at_an_end(study: optuna.Study, driver: StudyDriver) -> dict[str, Any] | None:
+    """The summary of a run an error ended (exit 5, 130, 2...), read from the driver's
+    mirror of the study; None where even that cannot be read."""
+    try:
+        return _run_summary(study, driver)
+    except Exception:  # the error that ended the run is what the user must see
+        return None
 
 
 def _start_tracking(
@@ -208,6 +236,7 @@ def _start_local_cluster(
     settings: Settings,
     local_workers: int | None,
     verbose: bool,
+    local_env: Mapping[str, str],
 ) -> LocalCluster | None:
     """`--local`'s embedded Redis and workers, stopped when `stack` closes; None without it."""
     if local_workers is None:
@@ -216,7 +245,7 @@ def _start_local_cluster(
         local_workers,
         spec.trial.queue,
         local_allow_list(spec),
-        extra_env={**local_folders(spec, settings), **local_preload(spec)},
+        extra_env={**local_folders(spec, settings), **local_preload(spec), **local_env},
         log_dir=local_logs(spec),
         log_level="DEBUG" if verbose else "INFO",
     )
@@ -240,6 +269,13 @@ def _use_local_cluster(
             "result_secret": SecretStr(cluster.result_secret),
         }
     )
+
+
+def _local_slots(cluster: LocalCluster) -> int:
+    """Trials `--local`'s workers run at once: one each, or a GPU worker's slots."""
+    client = redis.Redis.from_url(cluster.broker_url, socket_timeout=10)
+    beats = heartbeat.live_workers(client)
+    return max(cluster.workers, sum(b.gpus.slots if b.gpus else 1 for b in beats))
 
 
 def _live_workers(dispatcher: CeleryDispatcher, spec: StudySpec) -> int:
@@ -347,18 +383,26 @@ def local_folders(spec: StudySpec, settings: Settings) -> dict[str, str]:
 
 def local_preload(spec: StudySpec) -> dict[str, str]:
     """`--local`'s workers preload the spec's framework (`[trial] framework`, or the one its
-    entrypoint function uses), unless `TRIALQ_PRELOAD` says otherwise: a PyTorch study never
-    gets TensorFlow because TensorFlow is installed (docs/frameworks.md, "Preloading"). One
-    that is not installed here is never preloaded: one warning line, and the study runs."""
+    entrypoint function uses) and what the entrypoint's module imports at its top
+    (`TRIALQ_PRELOAD_FROM`), unless `TRIALQ_PRELOAD` says otherwise: a PyTorch study never
+    gets TensorFlow because TensorFlow is installed (docs/frameworks.md, "Preloading"). A
+    framework not installed here is never preloaded: one warning line, and the study runs."""
     if "TRIALQ_PRELOAD" in os.environ:
         return {}
+    entrypoint = spec.trial.entrypoint
+    target = (
+        str((spec.directory / entrypoint.target).resolve())
+        if entrypoint.is_file
+        else (entrypoint.target)
+    )
+    chosen = {"TRIALQ_PRELOAD": "none", "TRIALQ_PRELOAD_FROM": target}
     framework = _study_framework(spec)
     if framework is None:
-        return {}
+        return chosen
     if importlib.util.find_spec(framework) is None:
         _say(f"warning: {framework} is not installed here: --local preloads nothing for it")
-        return {}
-    return {"TRIALQ_PRELOAD": ",".join(frameworks.PRELOAD[framework])}
+        return chosen
+    return {**chosen, "TRIALQ_PRELOAD": ",".join(frameworks.PRELOAD[framework])}
 
 
 def _study_framework(spec: StudySpec) -> str | None:

@@ -63,14 +63,15 @@ def _entry(study: optuna.Study, task_id: str = "t1") -> InFlight:
 
 def test_the_ledger_counts_what_earlier_runs_finished_and_reports_a_budget_once() -> None:
     study = optuna.create_study()
-    study.add_trial(optuna.create_trial(value=1.0, user_attrs={"duration_s": 3600, "gpus": 2}))
+    on_gpu = {"duration_s": 3600, "gpus": 2, "gpu_model": "NVIDIA H100"}
+    study.add_trial(optuna.create_trial(value=1.0, user_attrs=on_gpu))
     study.add_trial(optuna.create_trial(state=TrialState.FAIL))
     ledger = Ledger(study, 1, Clock(), None)
 
     assert ledger.open(Budget(10, max_failed_trials=2)) == 10
     assert (ledger.counts.complete, ledger.counts.failed, ledger.gpu_hours) == (1, 1, 2.0)
     assert ledger.reached() is None
-    ledger.record(TrialState.FAIL, TrialRecord(duration_s=1800))
+    ledger.record(TrialState.FAIL, TrialRecord(duration_s=1800, gpu_model="NVIDIA H100"))
 
     stop = ledger.reached()
     assert stop is not None and stop.budget == "max_failed_trials" and stop.failing

@@ -46,6 +46,8 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "worker_send_task_events": True,
         "task_send_sent_event": True,
         "worker_hijack_root_logger": False,
+        # A trial's print() is its own output, not a warning: INFO, with the trial's ids.
+        "worker_redirect_stdouts_level": "INFO",
         # Prefork with a warm spare process and prompt replacement of each trial's process.
         "worker_pool": "trialq._celery.pool:TrialPool",
     }

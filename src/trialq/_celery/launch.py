@@ -19,7 +19,7 @@ from typing import Any
 
 from trialq.settings import Settings
 from trialq.trial.gpu_share import GpuShare
-from trialq.trial.prewarm import preload, preload_modules
+from trialq.trial.prewarm import preload_for
 from trialq.wire.routing import slot_queues
 
 WITHOUT = ("--without-mingle", "--without-gossip")
@@ -81,7 +81,7 @@ def worker_argv(settings: Settings, options: WorkerOptions) -> list[str]:
 def run_worker(settings: Settings, options: WorkerOptions) -> int:
     """Preload, then run Celery's worker in this process, on the app built from `settings`,
     until it stops; its exit status."""
-    preload(preload_modules(settings.preload))  # refused here: one line, exit code 2
+    preload_for(settings.preload, settings.preload_from, settings.import_paths)  # refused: exit 2
     from trialq._celery.worker import build_worker_app
     from trialq.worker.state import WorkerState
 

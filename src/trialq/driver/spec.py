@@ -244,6 +244,9 @@ class TrialSection(_Frozen):
     framework: FrameworkChoice = "auto"
     """`auto` | `torch` | `tensorflow` | `jax`: whose memory settings, cap and peaks the trial
     process uses (docs/frameworks.md); `auto` finds it from the entrypoint's imports."""
+    cpus: Count | None = Field(default=None, ge=1)
+    """CPU threads each trial's libraries use (PyTorch, OpenMP, MKL, TensorFlow, XLA); unset:
+    its worker's cores divided among its slots (`trialq.trial.threads`)."""
 
     @property
     def hard_limit_s(self) -> float:
@@ -365,6 +368,12 @@ def _first_problem(exc: ValidationError, key_name: KeyNamer | None = None) -> st
         message = "missing required key"
     elif error["type"] == "union_tag_invalid":
         message = "type must be one of float, int, categorical"
+    elif error["type"] == "union_tag_not_found":  # no `type`: a typo of it, most likely
+        typo = _typo_of_type(error.get("input"))
+        if typo is not None:
+            key, message = f"{key}.{typo}", "unknown key (did you mean type?)"
+        else:
+            message = "missing required key type (float, int or categorical)"
     elif "input" in error and error["type"] not in {"value_error", "assertion_error"}:
         message = f"{message} (got {error['input']!r})"
     return f"{key}: {message}" if key else message
@@ -388,15 +397,30 @@ _SECTIONS: dict[str, type[BaseModel]] = {
 }
 
 
+_PARAMS: dict[str, type[BaseModel]] = {
+    "float": FloatParam, "int": IntParam, "categorical": CategoricalParam,
+}  # fmt: skip
+
+
+def _typo_of_type(given: Any) -> str | None:
+    """The key of a `[space.*]` table without `type` that looks like a typo of it."""
+    keys = [str(key) for key in given] if isinstance(given, Mapping) else []
+    return next((k for k in keys if difflib.get_close_matches(k, ["type"], cutoff=0.6)), None)
+
+
 def _close_key(loc: tuple[int | str, ...]) -> str | None:
-    """The known key of the same table that an unknown one looks like a typo of."""
+    """The known key of the same table that an unknown one looks like a typo of (a param's
+    keys are short: `lwo` is 0.67 like `low`, so a lower bar there)."""
+    cutoff = 0.75
     if len(loc) == 1:
         known: list[str] = ["study", "trial", "space", "enqueue", "tracking"]
     elif len(loc) == 2 and loc[0] in _SECTIONS:
         known = list(_SECTIONS[str(loc[0])].model_fields)
+    elif len(loc) == 4 and loc[0] == "space" and loc[2] in _PARAMS:
+        known, cutoff = list(_PARAMS[str(loc[2])].model_fields), 0.6
     else:
         return None
-    close = difflib.get_close_matches(str(loc[-1]), known, n=1, cutoff=0.75)
+    close = difflib.get_close_matches(str(loc[-1]), known, n=1, cutoff=cutoff)
     return close[0] if close else None
 
 

@@ -10,11 +10,13 @@ import contextlib
 import importlib.util
 import sqlite3
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import optuna
+import sqlalchemy
 
 from trialq.driver._storage.engine import rdb_storage
 from trialq.driver._storage.mirror import mirrored
@@ -40,6 +42,31 @@ def storage_url(spec: StudySpec, override: str | None, from_env: str | None) -> 
     if url is None:
         return f"sqlite:///{spec.directory / (spec.study.name + '.db')}"
     return _anchor_sqlite(url, spec.directory)
+
+
+def remember_storage(spec: StudySpec, override: str) -> None:
+    """Note beside the spec the storage a `--storage` run used (its password left out: it
+    comes from `.pgpass` or the like), so that `trialq status SPEC` finds the study there."""
+    # a read-only folder: `trialq status SPEC --storage URL` still works
+    with contextlib.suppress(OSError):
+        _remembered_file(spec).write_text(_without_password(override) + "\n", encoding="utf-8")
+
+
+def remembered_storage(spec: StudySpec) -> str | None:
+    """The storage the spec's last `--storage` run used, where noted (`remember_storage`)."""
+    try:
+        return _remembered_file(spec).read_text(encoding="utf-8").strip() or None
+    except OSError:
+        return None
+
+
+def _remembered_file(spec: StudySpec) -> Path:
+    return spec.directory / f"{spec.study.name}.storage"
+
+
+def _without_password(url: str) -> str:
+    parsed = sqlalchemy.engine.make_url(url)
+    return parsed.set(password=None).render_as_string(hide_password=False)
 
 
 def _anchor_sqlite(url: str, base: Path) -> str:
@@ -87,6 +114,7 @@ def find_study(
     path = Path(target)
     if path.suffix in (".toml", ".yaml", ".yml") or path.is_file():
         spec = load_spec(path)
+        storage = storage or remembered_storage(spec)
         return load_study(spec.study.name, storage_url(spec, storage, from_env), command)
     if (storage or from_env) is None:
         raise UsageError(
@@ -312,8 +340,12 @@ def _grid_space(spec: StudySpec) -> dict[str, list[Any]]:
 
 
 def _construct(factory: Any, args: dict[str, Any], key: str, where: str) -> Any:
+    """`factory(**args)`, quiet about arguments Optuna calls experimental (`group`,
+    `deterministic_objective`): trialq chose them, the user has nothing to act on."""
     try:
-        return factory(**args)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return factory(**args)
     except (TypeError, ValueError) as exc:
         raise SpecError(f"{where}: {key}: {exc}") from None
 

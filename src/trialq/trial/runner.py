@@ -282,7 +282,7 @@ def _call_entrypoint(
         before = set(sys.modules)
         train = _load(entrypoint)
     framework.after_import(before)
-    returned = _call(train, request.params, context)
+    returned = call_train(train, request.params, context)
     return numeric_metrics(returned)
 
 
@@ -312,7 +312,7 @@ def _memory_cap(
     return MemoryGuard(request.memory_limit_mb * 1024 * 1024, leave_word)
 
 
-def _call(train: Callable[..., Any], params: dict[str, Any], context: TrialContext) -> Any:
+def call_train(train: Callable[..., Any], params: dict[str, Any], context: TrialContext) -> Any:
     """`train(params, trial)`, or `train(params)` for a function that takes one argument."""
     try:
         takes_context = len(inspect.signature(train).parameters) >= 2

@@ -27,6 +27,7 @@ from trialq import logs
 from trialq.lifeline import die_with_parent
 from trialq.settings import Settings
 from trialq.trial import checkpoints, process_group
+from trialq.trial.attempt_log import AttemptLog
 from trialq.trial.device import TensorFlowDevice
 from trialq.trial.gpu_attempt import GpuLimits, run_on_share
 from trialq.trial.gpu_attribution import ProcessView
@@ -36,6 +37,7 @@ from trialq.trial.result_store import ResultStore
 from trialq.trial.runner import run_trial
 from trialq.trial.slots import TrialSlots, claim_for_trial
 from trialq.trial.telemetry import DeviceBaseline
+from trialq.trial.threads import hold_threads
 from trialq.wire.channel import ReportChannel
 from trialq.wire.heartbeat import RunningTrial, TrialBeacon
 from trialq.wire.keys import result_key, withdrawn_key
@@ -63,8 +65,11 @@ class WorkerChild:
         slots: TrialSlots | None = None,
         baseline: DeviceBaseline | None = None,
         view: ProcessView = ProcessView.UNKNOWN,
+        cpus: int = 1,
     ) -> None:
         self.settings = settings
+        self.cpus = cpus
+        """The trial's library threads unless its request says (`trial/threads.py`)."""
         self.slots = slots
         self.baseline = baseline
         self.view = view
@@ -73,6 +78,7 @@ class WorkerChild:
         self._redis: redis.Redis | None = None
         self._beacon: TrialBeacon | None = None
         self._log_token: Token[Mapping[str, str]] | None = None
+        self._attempt_log: AttemptLog | None = None
         self.results = ResultStore(
             self.redis, settings.key_ttl_s, settings.max_result_bytes, settings.seal
         )
@@ -112,6 +118,8 @@ class WorkerChild:
         reads: `trialq.wire.queue_running`)."""
         running = _running_trial(hostname, task_id, payload)
         self._log_token = logs.enter_trial(running)
+        if self.settings.trial_log_dir is not None:
+            self._attempt_log = AttemptLog(self.settings.trial_log_dir, running).open()
         interval, ttl = self.settings.heartbeat_interval_s, self.settings.heartbeat_ttl_s
         on_queue = QueueClaim.for_delivery(routing_key, task_id) if routing_key else None
         self._beacon = TrialBeacon(
@@ -126,6 +134,9 @@ class WorkerChild:
         if self._log_token is not None:
             logs.leave_trial(self._log_token)
             self._log_token = None
+        if self._attempt_log is not None:
+            self._attempt_log.close()
+            self._attempt_log = None
 
     def run(
         self,
@@ -139,6 +150,7 @@ class WorkerChild:
         if self._withdrawn_or_ended(task_id):
             return None
         share = self._take_slot()
+        hold_threads(request.cpus or self.cpus)  # before anything the trial imports starts
         channel = ReportChannel(self.redis(), self.settings.key_ttl_s, self.settings.seal)
         root = self.settings.checkpoint_root or checkpoints.default_root()
         limits = GpuLimits(
@@ -151,6 +163,8 @@ class WorkerChild:
             lambda: self._run(request, channel, root, share, timeout_errors),
             lambda oom: self.results.keep_now(task_id, oom),
         )  # fmt: skip
+        if self._attempt_log is not None and self._attempt_log.written:
+            result = result.model_copy(update={"log_file": str(self._attempt_log.path)})
         message = self.results.bounded_json(task_id, result)
         away_until = time.monotonic() + (request.hard_limit_s or request.timeout_s or 0.0)
         _despite(timeout_errors, lambda: self.results.keep(request, task_id, message, away_until))
