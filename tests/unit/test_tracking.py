@@ -2,7 +2,7 @@
 study, its records catch up when it answers again or are said missing at the end; a trial
 recorded twice is one record; the driver never loads TensorFlow to write TensorBoard's files.
 The trackers here are the real libraries on local stores; the driver loop's side is in
-tests/integration/test_python_api.py."""
+tests/integration/test_python_api_runs.py."""
 
 from __future__ import annotations
 
