@@ -78,12 +78,14 @@ class _SendingApp:
         self.sent = {"name": name, **options}
 
 
-def test_the_dispatcher_sends_the_requests_own_soft_and_hard_limits() -> None:
+def test_the_dispatcher_sends_the_requests_hard_limit_and_leaves_the_soft_one_to_the_trial() -> None:
+    """Celery's soft limit counts the trial process's waits on Redis before the trial too
+    (issue 38, row 4): the trial process arms its own (`trialq.trial.soft_limit`)."""
     app = _SendingApp()
     dispatcher = CeleryDispatcher(Settings(broker_url="redis://127.0.0.1:1/0"), app=app)  # type: ignore[arg-type]
     request = trial_request(study="limits", timeout_s=60, hard_limit_s=90)
 
     assert dispatcher.submit(request, "gpu", task_id="t-1") == "t-1"
 
-    assert (app.sent["soft_time_limit"], app.sent["time_limit"]) == (60, 90)
+    assert app.sent["time_limit"] == 90 and "soft_time_limit" not in app.sent
     assert app.sent["args"] == [request.model_dump(mode="json")]
