@@ -56,7 +56,8 @@ class TestRun:
     rows: list[dict[str, Any]] = field(default_factory=list)
 
     def take(self, report: dict[str, Any]) -> None:
-        self.rows.extend(report["rows"])
+        if report["when"] == "teardown":  # its properties hold every row the test recorded
+            self.rows = list(report["rows"])
         outcome = report["outcome"]
         if report.get("wasxfail") is not None:
             outcome = "xfailed" if outcome == "skipped" else "xpassed"
@@ -110,7 +111,7 @@ def _line(row: dict[str, Any] | None, run: TestRun, result: str) -> str:
     return f"{figures} | {result:<6} | {test}"
 
 
-def pytest_command(files: Sequence[str], rows: str | None, extra: Sequence[str]) -> list[str]:
+def command_line(files: Sequence[str], rows: str | None, extra: Sequence[str]) -> list[str]:
     """The pytest run: this module as its plugin, one process (`-n 0`: the fault tests
     start their own workers and servers), `-k` where rows were selected."""
     command = [sys.executable, "-m", "pytest", "-p", "faults.battery", "-n", "0", "-q", *files]
@@ -131,7 +132,7 @@ def run_battery(files: Sequence[str], rows: str | None, extra: Sequence[str]) ->
                 filter(None, [str(TESTS_DIR), os.environ.get("PYTHONPATH")])
             ),
         }
-        pytest = subprocess.run(pytest_command(files, rows, extra), cwd=ROOT, env=env)
+        pytest = subprocess.run(command_line(files, rows, extra), cwd=ROOT, env=env)
         runs = read_runs(out.read_text().splitlines())
     if not runs:
         print(f"no row selected (pytest exit {pytest.returncode})", file=sys.stderr)
