@@ -147,7 +147,11 @@ def test_ctrl_c_while_redis_is_frozen_does_not_claim_the_queued_trials_withdrawn
     run = DriverRun(tmp_path, url)
     run.write_spec(fault_spec("sleeps", grid("sleep_s", 30.0, 30.5), 2, in_flight=2))
     driver = run.start("--outage-limit", "60")
-    wait_until(lambda: _running(run), 60, "a trial to run")
+    # Both sent: one started, one queued (a trial is RUNNING in the study before it is sent,
+    # and a driver interrupted before its first send has nothing to withdraw).
+    trial_process_started(url)
+    client = redis.Redis.from_url(url)
+    wait_until(lambda: client.llen("gpu") >= 1, 60, "the second trial to be queued")
     os.kill(server.pid, signal.SIGSTOP)
     try:
         time.sleep(0.5)
