@@ -7,6 +7,8 @@ import ssl
 import types
 from typing import Any
 
+import pytest
+import redis
 from trial_requests import trial_request
 
 from trialq._celery.app import create_app
@@ -89,3 +91,21 @@ def test_the_dispatcher_sends_the_requests_hard_limit_and_leaves_the_soft_one_to
 
     assert app.sent["time_limit"] == 90 and "soft_time_limit" not in app.sent
     assert app.sent["args"] == [request.model_dump(mode="json")]
+
+
+@pytest.mark.parametrize(
+    "refusal",
+    [
+        redis.exceptions.OutOfMemoryError("command not allowed when used memory > 'maxmemory'."),
+        redis.exceptions.ReadOnlyError("You can't write against a read only replica."),
+        redis.ConnectionError("Connection refused"),
+    ],
+)
+def test_the_result_backend_retries_a_redis_that_refuses_writes_for_a_while(
+    refusal: redis.RedisError,
+) -> None:
+    """A full Redis's refusal of STARTED made the worker's parent exit ("Unrecoverable
+    error: OutOfMemoryError"), its trial waited for forever (issue 38, row 2)."""
+    app = create_app(Settings(broker_url="redis://127.0.0.1:1/0"))
+    assert app.backend.exception_safe_to_retry(refusal)
+    assert not app.backend.exception_safe_to_retry(redis.ResponseError("WRONGTYPE"))
