@@ -166,7 +166,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def pytest_runtest_logreport(report: Any) -> None:
     """Write what each phase of each test did, with the ledger's rows attached to it."""
     out = os.environ.get(OUT_ENV)
-    if not out:
+    if not out or os.environ.get("PYTEST_XDIST_WORKER"):  # under -n N, the controller writes
         return
     rows = [
         value[1]
