@@ -106,6 +106,38 @@ BAD_SPECS = {
         spec_text(study=GOOD["study"] + "\nsampler_args = { nonsense = 1 }"),
         "study.sampler_args:",
     ),
+    "sampler count below its range": (
+        spec_text(study=GOOD["study"] + '\nsampler = "tpe"\nsampler_args = { n_startup_trials = -1 }'),
+        "study.sampler_args.n_startup_trials: -1 is out of range: 0 to",
+    ),
+    "sampler candidates of none": (
+        spec_text(study=GOOD["study"] + '\nsampler = "tpe"\nsampler_args = { n_ei_candidates = 0 }'),
+        "study.sampler_args.n_ei_candidates: 0 is out of range: 1 to",
+    ),
+    "sampler count of a wrong type": (
+        spec_text(study=GOOD["study"] + '\nsampler_args = { n_startup_trials = "ten" }'),
+        "study.sampler_args.n_startup_trials: 'ten' is not an int",
+    ),
+    "sampler flag that is no bool": (
+        spec_text(study=GOOD["study"] + '\nsampler = "tpe"\nsampler_args = { multivariate = 3 }'),
+        "study.sampler_args.multivariate: 3 is not a bool",
+    ),
+    "sampler weight at 0": (
+        spec_text(study=GOOD["study"] + '\nsampler = "tpe"\nsampler_args = { prior_weight = 0.0 }'),
+        "study.sampler_args.prior_weight: 0.0 must be above 0",
+    ),
+    "sampler argument a spec cannot give": (
+        spec_text(study=GOOD["study"] + '\nsampler = "tpe"\nsampler_args = { gamma = 3 }'),
+        "study.sampler_args.gamma: takes a Callable",
+    ),
+    "random seed that is no int": (
+        spec_text(study=GOOD["study"] + '\nsampler = "random"\nsampler_args = { seed = 2.5 }'),
+        "study.sampler_args.seed: 2.5 is not an int",
+    ),
+    "nsga2 population of one": (
+        spec_text(study=GOOD["study"] + '\nsampler = "nsga2"\nsampler_args = { population_size = 1 }'),
+        "study.sampler_args.population_size: 1 is out of range: 2 to",
+    ),
     "bad pruner args": (
         spec_text(study=GOOD["study"] + "\npruner_args = { nonsense = 1 }"),
         "study.pruner_args:",

@@ -380,7 +380,11 @@ def _add_worker_parser(commands: Any) -> None:
         "--concurrency", "-c", type=_positive_int, default=1,
         help="trials at once, each in its own process (default 1; with --gpus, the slots)",
     )  # fmt: skip
-    worker.add_argument("--hostname", "-n", help="Celery node name (default trialq-PID@HOST)")
+    worker.add_argument(
+        "--hostname", "-n",
+        help="Celery node name (default trialq-PID-XXXX@HOST, new at every start); refused "
+        "while another live worker beats under it",
+    )  # fmt: skip
     worker.add_argument(
         "--loglevel", "-l", default="INFO",
         help="DEBUG, INFO (a line as each trial starts and ends; the default), WARNING, ERROR",

@@ -48,6 +48,12 @@ class PreloadError(UsageError):
     """Raised when a module the worker should preload is unknown or fails to import."""
 
 
+class WorkerNameTaken(UsageError):
+    """Raised when `trialq worker --hostname` names a worker that another live process
+    already beats as: a lost worker of the two would never be seen lost (its twin keeps the
+    name's heartbeat fresh), so the worker refuses to start."""
+
+
 class DeviceInParent(TrialqError):
     """Raised when the worker's parent initialised a device (a TensorFlow op, CUDA): trial
     processes forked from it would hang, so the worker refuses to fork them."""

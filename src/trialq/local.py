@@ -99,6 +99,9 @@ class LocalCluster:
         """Where the workers' Redis listens: an embedded one unless a URL was given."""
         self._redis: subprocess.Popen[bytes] | None = None
         self._workers: list[subprocess.Popen[bytes]] = []
+        self._name_token = secrets.token_hex(2)
+        """In its workers' names: two clusters on one broker never share a worker's name (a
+        worker refuses a name another live one beats as)."""
         self._tmp = Path(tempfile.mkdtemp(prefix="trialq-local-tmp-"))
         """The workers' TMPDIR (their trial slots' lock files, their trials' temporary
         files): removed with the cluster, also after workers that were killed outright."""
@@ -156,7 +159,7 @@ class LocalCluster:
             sys.executable, "-m", "trialq", "worker",
             "--queue", self.queue,
             "--concurrency", "1",
-            "--hostname", f"local{index}@%h",
+            "--hostname", f"local{index}-{self._name_token}@%h",
             "--loglevel", self.log_level,
         ]  # fmt: skip
         # Killed outright when the driver dies: a cold shutdown hangs with its Redis gone, and

@@ -140,6 +140,18 @@ def test_a_beacon_read_with_the_status_is_not_asked_again() -> None:
     assert asked.worker_alive
 
 
+def test_a_running_attempt_whose_beacon_was_seen_and_is_gone_is_lost_though_its_worker_beats() -> None:
+    """Issue 38, row 6: a twin of the same name keeps the worker's heartbeat fresh; the
+    attempt's own process is gone (the stand-in's workers all beat)."""
+    study, dispatcher = optuna.create_study(), BeaconsAsked(beating=True)
+    watch, entry = _watch(dispatcher, Clock()), _entry(study)
+    running = TaskStatus(TaskPhase.RUNNING, worker="w")
+
+    assert watch.known(entry, running, None).worker_alive and entry.beacon_seen
+    dispatcher.beating = False
+    assert not watch.known(entry, running, None).worker_alive
+
+
 def test_a_claim_is_lost_once_its_beacon_was_seen_and_is_gone() -> None:
     study, dispatcher = optuna.create_study(), BeaconsAsked(beating=True)
     watch, entry = _watch(dispatcher, Clock()), _entry(study)

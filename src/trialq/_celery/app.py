@@ -11,6 +11,7 @@ from typing import Any
 
 from celery import Celery
 
+from trialq._celery.backend import backend_for
 from trialq.settings import Settings
 from trialq.wire.keys import DEFAULT_QUEUE
 
@@ -85,7 +86,8 @@ def _needs_tls_default(url: str) -> bool:
 
 def create_app(settings: Settings) -> Celery:
     """A Celery app bound to the settings' broker and result backend."""
-    celery_app = Celery("trialq", broker=settings.broker_url, backend=settings.backend_url)
+    backend = backend_for(settings.backend_url)
+    celery_app = Celery("trialq", broker=settings.broker_url, backend=backend)
     celery_app.conf.update(celery_config(settings))
     celery_app.conf.update(_transport(settings))
     celery_app.conf.update(_tls_defaults(settings))

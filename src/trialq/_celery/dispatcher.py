@@ -116,7 +116,9 @@ class CeleryDispatcher:
             raise BrokerUnreachable(f"broker unreachable: {_without_password(exc)}") from None
 
     def submit(self, request: TrialRequest, queue: str, task_id: str | None = None) -> str:
-        """Publish the request on the queue with its soft and hard time limits."""
+        """Publish the request on the queue with its hard time limit. Its soft limit is the
+        trial process's own, counted from when the trial's code starts
+        (`trialq.trial.soft_limit`): Celery's counts the waits on Redis before it too."""
         task_id = task_id or str(uuid.uuid4())
         self._announcements.listen(request.study)  # before the send: none is missed
         try:
@@ -125,7 +127,6 @@ class CeleryDispatcher:
                 args=[request.model_dump(mode="json")],
                 task_id=task_id,
                 queue=queue,
-                soft_time_limit=request.timeout_s,
                 time_limit=request.hard_limit_s,
             )
         except (OperationalError, redis.RedisError) as exc:

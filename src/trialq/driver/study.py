@@ -23,6 +23,7 @@ from trialq.driver._storage.mirror import mirrored
 from trialq.driver.distinct import DistinctFromRunning
 from trialq.driver.gp_sampler import OneThreadGP, gp_and_tpe
 from trialq.driver.outage import FIRST_RETRY_S, LONGEST_RETRY_S
+from trialq.driver.sampler_args import check_sampler_args
 from trialq.driver.sampler_rule import (
     GP_NEEDS,
     LISTED_POINTS_MAX,
@@ -226,6 +227,15 @@ def make_sampler(spec: StudySpec, gp_available: bool | None = None) -> optuna.sa
         "nsga2": optuna.samplers.NSGAIISampler,
         "grid": DriverGridSampler,
     }
+    try:
+        check_sampler_args(classes[name], args, "study.sampler_args")
+    except SpecError as exc:
+        raise SpecError(f"{spec.path}: {exc}") from None
+    _check_listable(spec, name)
+    if name == "tpe":
+        args = tpe_defaults(spec)
+    if name == "grid":
+        args.setdefault("search_space", _grid_space(spec))
     sampler: optuna.samplers.BaseSampler = _construct(
         classes[name], args, "study.sampler_args", spec.where
     )

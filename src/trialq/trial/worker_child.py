@@ -223,11 +223,13 @@ class WorkerChild:
             own_process_group=True,
             gpu=share,
             output_max_bytes=self.settings.trial_output_max_bytes,
+            soft_limit_s=request.timeout_s,
         )
 
 
 def _despite(timeout_errors: tuple[type[BaseException], ...], step: Callable[[], None]) -> None:
-    """Run a step after the trial returned, again if the soft time limit interrupts it: the
+    """Run a step after the trial returned, again if Celery's soft time limit interrupts it
+    (a request from a driver that still sets it; the trial's own is disarmed by now): the
     trial's outcome is decided, and a limit that passed while Redis was waited for changes
     nothing (issue 38, row 4). Celery raises it once; the hard limit still ends the process.
     """
