@@ -1,6 +1,6 @@
 """Search quality with many trials in flight: samplers compared on the real driver.
 
-    python -m benchmarks.parallel_search [--quick] [--seeds N] [--first-seed N]
+    python -m benchmarks.parallel_search [--quick | --suite coco] [--seeds N] [--first-seed N]
         [--budgets 50 ...] [--jobs N] [--out FILE]
 
 Runs trialq's real `StudyDriver` (its ask/tell loop, in-flight bookkeeping, OOM constraint
@@ -21,6 +21,12 @@ time per sampler at 200 and 1,000 trials; writes JSON (default
 benchmarks/last_parallel_search.json). The last line is `gap closed at k=16: <fraction>` for
 trialq's default sampler: per budget the median over objectives (each objective's gap taken
 on medians over seeds), and of the budgets the worst.
+
+`--suite coco` runs objectives the project did not write (`coco_objectives`: COCO's bbob and
+bbob-mixint, categorical and conditional spaces on them, and the project's `train`), Optuna's
+default TPE and trialq's default at k = 1 and 16, 20 seeds; it adds, per objective and budget,
+the default's median minus Optuna's TPE's at the same k with a 90% bootstrap interval
+(`versus_optuna`), and ends `suite: worse than Optuna's TPE beyond noise: <cells>`.
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
+from benchmarks.coco_objectives import coco_objectives, suite_names
 from benchmarks.search_objectives import DEFAULT_RUN, OBJECTIVES, Objective, hypervolume_2d
 from benchmarks.virtual_cluster import (
     MEDIAN_TRIAL_S,
@@ -62,6 +69,10 @@ from trialq.driver.sampler_rule import gp_runs_here
 from trialq.driver.spec import StudySpec
 from trialq.driver.study import make_pruner, make_sampler
 from trialq.driver.taking_turns import TakingTurns
+
+if importlib.util.find_spec("cocoex") is not None:  # the dev extra installs it
+    OBJECTIVES.update(coco_objectives())
+SUITE_SEEDS = 20
 
 BUDGETS = (50, 100, 200)
 KS = (1, 4, 16, 64)
@@ -312,8 +323,13 @@ def cases(
 def run_all(todo: list[Case], jobs: int) -> list[dict[str, Any]]:
     if jobs <= 1:
         return [summarise(case) for case in todo]
+    done = []
     with ProcessPoolExecutor(jobs) as pool:
-        return list(pool.map(summarise, todo, chunksize=4))
+        for row in pool.map(summarise, todo, chunksize=4):
+            done.append(row)
+            if len(done) % 100 == 0:
+                print(f"  {len(done)}/{len(todo)} studies", file=sys.stderr, flush=True)
+    return done
 
 
 Key = tuple[str, str, str, int]
@@ -489,6 +505,79 @@ def print_spread(spread: dict[str, dict[str, dict[str, float] | None]], budgets:
         print(f"  {objective:<15}" + "".join(f"{c:>28}" for c in cells))
 
 
+def versus_optuna(
+    results: list[dict[str, Any]], objectives: list[str], budgets: list[str], ks: Iterable[int]
+) -> dict[str, dict[str, dict[str, float] | None]]:
+    """Per objective, k and budget: the default's median score minus Optuna's TPE's at the
+    same k (positive: the default is worse), with its 90% bootstrap interval (the seeds drawn
+    again with replacement, the same draw for both, which share their seeds; 1,000 times).
+    "Worse beyond noise" is an interval wholly above 0."""
+    by_cell: dict[tuple[str, str, int, str], dict[int, float]] = defaultdict(dict)
+    for row in results:
+        if row["pruner"] == "none":
+            for budget, value in row["scores"].items():
+                by_cell[(row["objective"], row["variant"], row["k"], budget)][row["seed"]] = value
+    rng = random.Random(0)
+    found: dict[str, dict[str, dict[str, float] | None]] = {}
+    for objective in objectives:
+        for k in ks:
+            for budget in budgets:
+                cells = [
+                    by_cell.get((objective, DEFAULT, k, budget), {}),
+                    by_cell.get((objective, BASELINE, k, budget), {}),
+                ]
+                seeds = sorted(set(cells[0]) & set(cells[1]))
+                key = f"k={k} budget={budget}"
+                if not seeds:
+                    found.setdefault(objective, {})[key] = None
+                    continue
+                draws = sorted(
+                    _difference(cells, rng.choices(seeds, k=len(seeds)))
+                    for _ in range(BOOTSTRAP_DRAWS)
+                )
+                found.setdefault(objective, {})[key] = {
+                    "difference": _difference(cells, seeds),
+                    "p05": draws[int(0.05 * len(draws))],
+                    "p95": draws[int(0.95 * len(draws)) - 1],
+                    "default": statistics.median(cells[0][s] for s in seeds),
+                    "optuna_tpe": statistics.median(cells[1][s] for s in seeds),
+                    "seeds": len(seeds),
+                }
+    return found
+
+
+def _difference(cells: list[dict[int, float]], seeds: list[int]) -> float:
+    ours, theirs = (statistics.median(c[s] for s in seeds) for c in cells)
+    return ours - theirs if math.isfinite(ours - theirs) else math.inf
+
+
+def worse_beyond_noise(versus: dict[str, dict[str, dict[str, float] | None]]) -> list[str]:
+    """`objective k=.. budget=..` of each cell where the default's interval is above 0."""
+    return [
+        f"{objective} {key}"
+        for objective, by_key in versus.items()
+        for key, cell in by_key.items()
+        if cell is not None and cell["p05"] > 0
+    ]
+
+
+def print_versus(versus: dict[str, dict[str, dict[str, float] | None]]) -> None:
+    print(f"\n{DEFAULT} minus Optuna's TPE at the same k, median over seeds [90% bootstrap")
+    print("interval]; positive is worse, * where the interval is above 0")
+    keys = sorted({key for by_key in versus.values() for key in by_key})
+    print(f"{'objective':<20}" + "".join(f"{key:>30}" for key in keys))
+    for objective, by_key in versus.items():
+        cells = []
+        for key in keys:
+            cell = by_key.get(key)
+            cells.append(
+                "-" if cell is None
+                else f"{fmt(cell['difference'])} [{fmt(cell['p05'])}, {fmt(cell['p95'])}]"
+                + ("*" if cell["p05"] > 0 else " ")
+            )  # fmt: skip
+        print(f"{objective:<20}" + "".join(f"{c:>30}" for c in cells))
+
+
 # --- ask time ------------------------------------------------------------------------------
 
 
@@ -539,7 +628,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="the baseline and the default at k=1 and 16, 5 seeds: minutes",
     )
-    parser.add_argument("--seeds", type=int, help="seeds per cell (default 10; --quick 5)")
+    parser.add_argument(
+        "--suite",
+        choices=["coco"],
+        help="objectives the project did not write (coco_objectives): the baseline and the "
+        f"default at k=1 and 16, {SUITE_SEEDS} seeds",
+    )
+    parser.add_argument(
+        "--seeds", type=int, help=f"seeds per cell (default 10; --quick 5; --suite {SUITE_SEEDS})"
+    )
     parser.add_argument("--first-seed", type=int, default=0, help="seeds from this one (default 0)")
     parser.add_argument(
         "--budgets",
@@ -558,7 +655,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def plan(args: argparse.Namespace) -> tuple[list[Case], tuple[int, ...], list[str], list[str]]:
-    if args.quick:
+    if args.suite:
+        objectives = args.objectives or list(suite_names())
+        variants = args.variants or [BASELINE, DEFAULT]
+        ks, seeds, pruners = tuple(args.ks or (1, 16)), args.seeds or SUITE_SEEDS, {}
+    elif args.quick:
         objectives = args.objectives or ["branin", "hartmann6", "train", "conditional"]
         variants = args.variants or [BASELINE, DEFAULT]
         ks, seeds, pruners = tuple(args.ks or (1, 16)), args.seeds or 5, {}
@@ -574,6 +675,9 @@ def plan(args: argparse.Namespace) -> tuple[list[Case], tuple[int, ...], list[st
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.suite and importlib.util.find_spec("cocoex") is None:
+        print("--suite coco needs COCO: pip install coco-experiment (the dev extra)")
+        return 2
     quiet()
     started = time.perf_counter()
     todo, ks, objectives, budgets = plan(args)
@@ -591,12 +695,19 @@ def main(argv: list[str] | None = None) -> int:
     if closed:
         print_gaps(closed, table, objectives, budgets)
         print_spread(spread, budgets)
-    asks = ask_times([v for v in dict.fromkeys(c.variant for c in todo)], quick=args.quick)
+    versus = versus_optuna(results, objectives, budgets, ks) if args.suite else {}
+    if versus:
+        print_versus(versus)
+    quick = args.quick or bool(args.suite)
+    asks = ask_times([v for v in dict.fromkeys(c.variant for c in todo)], quick=quick)
     print_ask_times(asks)
     headline = worst([closed.get(DEFAULT, {}).get(b) for b in budgets])
     wall_s = time.perf_counter() - started
-    write(args.out, args, results, table, closed, spread, asks, headline, wall_s)
+    write(args.out, args, results, table, closed, spread, asks, headline, wall_s, versus)
     print(f"gap closed at k=16: {fmt(headline) if headline is not None else 'n/a'}")
+    if args.suite:
+        worse = worse_beyond_noise(versus)
+        print(f"suite: worse than Optuna's TPE beyond noise: {', '.join(worse) or 'none'}")
     return 0
 
 
@@ -632,6 +743,7 @@ def write(
     asks: dict[str, dict[str, float]],
     headline: float | None,
     wall_s: float,
+    versus: dict[str, dict[str, dict[str, float] | None]],
 ) -> None:
     cells = [
         {"objective": o, "variant": v, "pruner": p, "k": k, **cell}
@@ -640,6 +752,7 @@ def write(
     document = {
         "benchmark": "parallel_search",
         "quick": args.quick,
+        "suite": args.suite,
         "median_trial_s": MEDIAN_TRIAL_S,
         "wall_s_virtual": WALL_S,
         "default_sampler": describe_default(),
@@ -648,6 +761,7 @@ def write(
         "gap_closed_k16": closed,
         "gap_closed_spread": spread,
         "gap_closed_headline": headline,
+        "default_minus_optuna_tpe": versus,
         "ask_s": asks,
         "runs": results,
         "wall_s": wall_s,

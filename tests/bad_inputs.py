@@ -42,6 +42,18 @@ BAD_SPECS = {
         spec_text() + '[trail]\nqueue = "gpu"\n',
         "trail: unknown key (did you mean trial?)",
     ),
+    "misspelt param type": (
+        spec_text(space='[space.x]\ntpye = "float"\nlow = 0\nhigh = 1'),
+        "space.x.tpye: unknown key (did you mean type?)",
+    ),
+    "misspelt param key": (
+        spec_text(space='[space.x]\ntype = "float"\nlwo = 0\nhigh = 1'),
+        "space.x.lwo: unknown key (did you mean low?)",
+    ),
+    "param without type": (
+        spec_text(space='[space.x]\nlow = 0\nhigh = 1'),
+        "space.x: missing required key type (float, int or categorical)",
+    ),
     "wrong type": (spec_text(study='name = "s"\nn_trials = "many"'), "study.n_trials"),
     "missing n_trials": (spec_text(study='name = "s"'), "study.n_trials: missing required key"),
     "low > high": (
@@ -81,10 +93,50 @@ BAD_SPECS = {
         "trial.entrypoint: file",
     ),
     "no search space": (spec_text(space=""), "no search space"),
+    "misspelt tracker": (
+        spec_text() + "[tracking]\ntensorbord = true\n",
+        "tracking.tensorbord: unknown key (did you mean tensorboard?)",
+    ),
+    "tracker's unknown key": (
+        spec_text() + '[tracking.mlflow]\nuri = "sqlite:///m.db"\n',
+        "tracking.mlflow.uri: unknown key",
+    ),
     "unknown sampler": (spec_text(study=GOOD["study"] + '\nsampler = "magic"'), "study.sampler"),
     "bad sampler args": (
         spec_text(study=GOOD["study"] + "\nsampler_args = { nonsense = 1 }"),
         "study.sampler_args:",
+    ),
+    "sampler count below its range": (
+        spec_text(study=GOOD["study"] + '\nsampler = "tpe"\nsampler_args = { n_startup_trials = -1 }'),
+        "study.sampler_args.n_startup_trials: -1 is out of range: 0 to",
+    ),
+    "sampler candidates of none": (
+        spec_text(study=GOOD["study"] + '\nsampler = "tpe"\nsampler_args = { n_ei_candidates = 0 }'),
+        "study.sampler_args.n_ei_candidates: 0 is out of range: 1 to",
+    ),
+    "sampler count of a wrong type": (
+        spec_text(study=GOOD["study"] + '\nsampler_args = { n_startup_trials = "ten" }'),
+        "study.sampler_args.n_startup_trials: 'ten' is not an int",
+    ),
+    "sampler flag that is no bool": (
+        spec_text(study=GOOD["study"] + '\nsampler = "tpe"\nsampler_args = { multivariate = 3 }'),
+        "study.sampler_args.multivariate: 3 is not a bool",
+    ),
+    "sampler weight at 0": (
+        spec_text(study=GOOD["study"] + '\nsampler = "tpe"\nsampler_args = { prior_weight = 0.0 }'),
+        "study.sampler_args.prior_weight: 0.0 must be above 0",
+    ),
+    "sampler argument a spec cannot give": (
+        spec_text(study=GOOD["study"] + '\nsampler = "tpe"\nsampler_args = { gamma = 3 }'),
+        "study.sampler_args.gamma: takes a Callable",
+    ),
+    "random seed that is no int": (
+        spec_text(study=GOOD["study"] + '\nsampler = "random"\nsampler_args = { seed = 2.5 }'),
+        "study.sampler_args.seed: 2.5 is not an int",
+    ),
+    "nsga2 population of one": (
+        spec_text(study=GOOD["study"] + '\nsampler = "nsga2"\nsampler_args = { population_size = 1 }'),
+        "study.sampler_args.population_size: 1 is out of range: 2 to",
     ),
     "bad pruner args": (
         spec_text(study=GOOD["study"] + "\npruner_args = { nonsense = 1 }"),

@@ -64,8 +64,9 @@ def storage_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 
 @pytest.fixture
-def start_workers(redis_url: str) -> Iterator[Callable[..., LocalCluster]]:
-    """Start N real `trialq worker` processes on the test database; stopped afterwards."""
+def start_workers(redis_url: str, tmp_path: Path) -> Iterator[Callable[..., LocalCluster]]:
+    """Start N real `trialq worker` processes on the test database; stopped afterwards. Their
+    logs are kept in the test's folder (`workers-N/`), to read after a failure."""
     clusters: list[LocalCluster] = []
 
     def start(
@@ -75,12 +76,16 @@ def start_workers(redis_url: str) -> Iterator[Callable[..., LocalCluster]]:
         broker_url: str | None = None,
     ) -> LocalCluster:
         env = {"PYTHONPATH": os.pathsep.join([str(TESTS_DIR), os.environ.get("PYTHONPATH", "")])}
+        # `auto` preloads PyTorch and JAX where several frameworks are installed (8 s and
+        # 400 MB a worker here): a test that wants a preload names it.
+        env["TRIALQ_PRELOAD"] = "none"
         cluster = LocalCluster(
             count,
             queue,
             allowed_modules=("trials", "trialq.examples"),
             extra_env={**env, **(extra_env or {})},
             broker_url=broker_url or redis_url,
+            log_dir=tmp_path / f"workers-{len(clusters)}",
         )
         clusters.append(cluster.__enter__())
         return cluster

@@ -552,3 +552,39 @@ def reports_past_the_storage(params: dict[str, Any], trial: TrialContext) -> flo
     trial.report(math.inf, 2)
     trial.report(3.0, 3)
     return 1.0
+
+
+def reports_three(params: dict[str, Any], trial: TrialContext) -> dict[str, float]:
+    """Reports three steps of a curve peaking at x = 1, then returns it with a second metric
+    (what the tracking tests read back)."""
+    for step in range(3):
+        trial.report(-((params["x"] - 1.0) ** 2) - 0.1 * (2 - step), step)
+    return {"score": -((params["x"] - 1.0) ** 2), "aux": 1.5}
+
+
+def sleeps_or_fails(params: dict[str, Any], trial: TrialContext) -> float:
+    """`how = "slow"`: runs a minute (reporting); any other: fails at once, the same way."""
+    if params["how"] != "slow":
+        raise RuntimeError("this trial fails the same way every time")
+    for step in range(120):
+        time.sleep(0.5)
+        trial.report(float(step), step)
+    return 1.0
+
+
+def prints_and_raises(params: dict[str, Any], trial: TrialContext) -> float:
+    """Prints a line to stdout and one to stderr, then fails."""
+    print("hello from the trial's print")
+    print("a line on the trial's stderr", file=sys.stderr)
+    raise ValueError("failed after printing")
+
+
+def reports_threads(params: dict[str, Any], trial: TrialContext) -> dict[str, float]:
+    """The library threads this trial process was given; sleeps so that trials overlap."""
+    import torch
+
+    time.sleep(params.get("sleep_s", 0.0))
+    return {
+        "torch_threads": float(torch.get_num_threads()),
+        "omp": float(os.environ["OMP_NUM_THREADS"]),
+    }

@@ -104,6 +104,7 @@ def _submit_parser() -> _Parser:
         "(default: the spec's study.outage_limit_s, else 300)",
     )
     _add_budget_flags(parser)
+    _add_local_gpu_flags(parser)
     parser.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument(
@@ -128,6 +129,50 @@ def _add_budget_flags(parser: _Parser) -> None:
                          help="stop once the best value reaches it")  # fmt: skip
     budgets.add_argument("--max-failed-trials", type=_positive_int, metavar="N",
                          help="stop once the study has N failed trials (exit 5)")  # fmt: skip
+
+
+def _add_local_gpu_flags(parser: _Parser) -> None:
+    """`trialq worker`'s GPU flags, for the one worker `--local` starts to own the GPUs."""
+    gpus = parser.add_argument_group("--local's GPUs (as trialq worker's flags)")
+    gpus.add_argument("--gpus", metavar="all|0,1|GPU-<uuid>,...",
+                      help="one local worker owns these GPUs, cut into trial slots")  # fmt: skip
+    gpus.add_argument("--trials-per-gpu", type=_positive_int, metavar="N",
+                      help="trials at once on each GPU (with --gpus)")  # fmt: skip
+    gpus.add_argument("--gpus-per-trial", type=_positive_int, metavar="K",
+                      help="GPUs each slot spans (with --gpus)")  # fmt: skip
+    gpus.add_argument("--gpu-memory-mb", type=_non_negative_int, metavar="M",
+                      help="GPU memory each trial may hold (with --gpus)")  # fmt: skip
+
+
+_LOCAL_GPU_FLAGS = {
+    "gpus": "TRIALQ_GPUS",
+    "trials_per_gpu": "TRIALQ_TRIALS_PER_GPU",
+    "gpus_per_trial": "TRIALQ_GPUS_PER_TRIAL",
+    "gpu_memory_mb": "TRIALQ_GPU_MEMORY_MB",
+}
+"""`submit-study --local`'s GPU flags and the variable each one gives its worker."""
+
+
+def _local_gpu_env(args: argparse.Namespace) -> dict[str, str]:
+    """The local worker's GPU settings from the flags; refused (exit 2) without --local, a
+    slot flag without --gpus, or --gpus with --workers (one worker owns the GPUs)."""
+    given = {flag: getattr(args, flag) for flag in _LOCAL_GPU_FLAGS if getattr(args, flag)}
+    if not given:
+        return {}
+    named = ", ".join("--" + flag.replace("_", "-") for flag in given)
+    if not args.local:
+        raise UsageError(
+            f"submit-study: {named} configure --local's worker; a remote worker takes "
+            "them itself (trialq worker --gpus ...)"
+        )
+    if "gpus" not in given:
+        raise UsageError(f"submit-study: {named} cut --gpus into slots; give --gpus too")
+    if args.workers:
+        raise UsageError(
+            "submit-study: --gpus: one local worker owns the GPUs (its trials at once are its "
+            "slots: --trials-per-gpu); leave out --workers"
+        )
+    return {_LOCAL_GPU_FLAGS[flag]: str(value) for flag, value in given.items()}
 
 
 _BUDGET_FLAGS = {
@@ -196,8 +241,6 @@ def _non_negative_int(text: str) -> int:
 
 
 def _submit_study(args: argparse.Namespace) -> int:
-    from trialq import submit
-
     if args.workers and not args.local:
         raise UsageError("submit-study: --workers needs --local")
     if args.local and args.broker:
@@ -206,23 +249,43 @@ def _submit_study(args: argparse.Namespace) -> int:
     if args.broker:
         settings = settings.model_copy(update={"broker_url": args.broker})
     _log_to_stderr(args.verbose, settings)
-    summary = submit.submit_study(
+    local_env = _local_gpu_env(args)
+    try:
+        summary = _submitted(args, settings, local_env)
+    except TrialqError as exc:
+        if exc.summary is not None:  # a run that stopped early still says what it did
+            _show_summary(exc.summary, args.json)
+        raise
+    _show_summary(summary, args.json)
+    return 0 if summary["n_complete"] > 0 else 1
+
+
+def _submitted(
+    args: argparse.Namespace, settings: Settings, local_env: dict[str, str]
+) -> dict[str, Any]:
+    from trialq import submit
+
+    workers = 1 if local_env else (args.workers or 2)
+    return submit.submit_study(
         spec_path=args.spec,
         settings=settings,
         storage_override=args.storage,
         n_trials=args.n_trials,
-        local_workers=(args.workers or 2) if args.local else None,
+        local_workers=workers if args.local else None,
         show_progress=not args.no_progress,
         outage_limit_s=args.outage_limit,
         budget_overrides=_budget_overrides(args),
         verbose=args.verbose,
+        local_env=local_env,
     )
-    if args.json:
+
+
+def _show_summary(summary: dict[str, Any], as_json: bool) -> None:
+    if as_json:
         json.dump(summary, sys.stdout, default=str)
         sys.stdout.write("\n")
     else:
         _print_outcome(summary)
-    return 0 if summary["n_complete"] > 0 else 1
 
 
 def _log_to_stderr(verbose: bool, settings: Settings) -> None:
@@ -278,10 +341,23 @@ def _trialq_parser() -> _Parser:
     report.add_argument(
         "--storage", help="Optuna storage URL (default: the spec's, else TRIALQ_STORAGE)"
     )
+    _add_run_trial_parser(commands)
     health = commands.add_parser("health", help="exit 0 if a worker on this host beats")
     health.add_argument("--max-age", type=float, help="seconds since the last beat")
     health.add_argument("--broker", help="broker URL (default: TRIALQ_BROKER_URL)")
     return parser
+
+
+def _add_run_trial_parser(commands: Any) -> None:
+    run = commands.add_parser(
+        "run-trial", help="one trial in this process (a debugger works), told to no study"
+    )
+    run.add_argument("spec", type=Path, help="the study spec")
+    run.add_argument("--params", required=True, help="the params as a JSON object")
+    run.add_argument("--tell", action="store_true", help="add the trial to the study, finished")
+    run.add_argument(
+        "--storage", help="Optuna storage URL for --tell (default: as submit-study finds it)"
+    )
 
 
 def _add_worker_parser(commands: Any) -> None:
@@ -304,16 +380,26 @@ def _add_worker_parser(commands: Any) -> None:
         "--concurrency", "-c", type=_positive_int, default=1,
         help="trials at once, each in its own process (default 1; with --gpus, the slots)",
     )  # fmt: skip
-    worker.add_argument("--hostname", "-n", help="Celery node name (default trialq-PID@HOST)")
+    worker.add_argument(
+        "--hostname", "-n",
+        help="Celery node name (default trialq-PID-XXXX@HOST, new at every start); refused "
+        "while another live worker beats under it",
+    )  # fmt: skip
     worker.add_argument(
         "--loglevel", "-l", default="INFO",
         help="DEBUG, INFO (a line as each trial starts and ends; the default), WARNING, ERROR",
     )  # fmt: skip
     worker.add_argument(
         "--preload",
-        help="modules the worker imports once, before forking trials: auto (TensorFlow when "
-        "installed), none, or comma-separated names (default: TRIALQ_PRELOAD, else auto)",
+        help="modules the worker imports once, before forking trials: auto (the framework "
+        "installed; of several, PyTorch and JAX, never TensorFlow beside another), none, or "
+        "comma-separated names (default: TRIALQ_PRELOAD, else auto)",
     )
+    worker.add_argument(
+        "--preload-from", metavar="MODULE|FILE",
+        help="also preload what this entrypoint module imports at its top (scikit-learn, "
+        "pandas...), read without importing it (default: TRIALQ_PRELOAD_FROM)",
+    )  # fmt: skip
     worker.add_argument(
         "--spare",
         type=_non_negative_int,
@@ -355,6 +441,7 @@ _WORKER_FLAGS = {
     "broker": "broker_url",
     "gpu": "cuda_visible_devices",
     "preload": "preload",
+    "preload_from": "preload_from",
     "spare": "spare_processes",
 }
 """`trialq worker`'s flags and the settings each one gives."""
@@ -390,6 +477,10 @@ def _dispatch_trialq(args: argparse.Namespace, rest: list[str]) -> int:
         return _health(args)
     if args.command == "report":
         return _report(args)
+    if args.command == "run-trial":
+        from trialq.run_trial import run_here
+
+        return run_here(args.spec, args.params, args.tell, args.storage)
     return _status(args)
 
 

@@ -6,11 +6,16 @@ as one line; a traceback is only ever shown for a bug of ours.
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class TrialqError(Exception):
     """Base of every error trialq raises on purpose."""
 
     exit_code = 1
+    summary: dict[str, Any] | None = None
+    """The run's summary where the error ended a run of a study (`submit-study --json`
+    prints it before the error's line)."""
 
 
 class UsageError(TrialqError):
@@ -41,6 +46,12 @@ class FailingTrials(TrialqError):
 
 class PreloadError(UsageError):
     """Raised when a module the worker should preload is unknown or fails to import."""
+
+
+class WorkerNameTaken(UsageError):
+    """Raised when `trialq worker --hostname` names a worker that another live process
+    already beats as: a lost worker of the two would never be seen lost (its twin keeps the
+    name's heartbeat fresh), so the worker refuses to start."""
 
 
 class DeviceInParent(TrialqError):

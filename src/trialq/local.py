@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -30,7 +31,7 @@ from types import TracebackType
 
 import redis
 
-from trialq.errors import LocalClusterError
+from trialq.errors import LocalClusterError, UsageError
 from trialq.lifeline import die_with_parent
 from trialq.wire import heartbeat
 
@@ -98,9 +99,15 @@ class LocalCluster:
         """Where the workers' Redis listens: an embedded one unless a URL was given."""
         self._redis: subprocess.Popen[bytes] | None = None
         self._workers: list[subprocess.Popen[bytes]] = []
+        self._name_token = secrets.token_hex(2)
+        """In its workers' names: two clusters on one broker never share a worker's name (a
+        worker refuses a name another live one beats as)."""
         self._tmp = Path(tempfile.mkdtemp(prefix="trialq-local-tmp-"))
         """The workers' TMPDIR (their trial slots' lock files, their trials' temporary
         files): removed with the cluster, also after workers that were killed outright."""
+        self.result_secret = secrets.token_hex(32)
+        """What the workers sign results and reports with, made for this cluster alone: the
+        driver of `--local` checks them with it (`trialq.wire.signing`)."""
 
     def __enter__(self) -> LocalCluster:
         """Start everything and wait for every worker's heartbeat."""
@@ -152,7 +159,7 @@ class LocalCluster:
             sys.executable, "-m", "trialq", "worker",
             "--queue", self.queue,
             "--concurrency", "1",
-            "--hostname", f"local{index}@%h",
+            "--hostname", f"local{index}-{self._name_token}@%h",
             "--loglevel", self.log_level,
         ]  # fmt: skip
         # Killed outright when the driver dies: a cold shutdown hangs with its Redis gone, and
@@ -166,12 +173,18 @@ class LocalCluster:
     ) -> subprocess.Popen[bytes]:
         env = {
             **os.environ,
+            "TRIALQ_RESULT_SECRET_FILE": str(self._secret_file()),
             **self.extra_env,
             "TRIALQ_BROKER_URL": self.broker_url,
             "TRIALQ_RESULT_BACKEND": self.broker_url,
             "TRIALQ_ALLOWED_MODULES": ",".join(self.allowed_modules),
             "TMPDIR": str(self._tmp),
         }
+        env.setdefault("TRIALQ_TRIAL_LOG_DIR", str(self.log_dir))
+        # The host's cores shared among the workers' trials (`trial/threads.py`'s rule, which
+        # a worker of one slot would apply to all of them alone).
+        cores = len(os.sched_getaffinity(0))
+        env.setdefault("TRIALQ_TRIAL_CPUS", str(max(1, cores // max(1, self.workers))))
         with (self.log_dir / log_name).open("wb") as log:
             return subprocess.Popen(
                 command,
@@ -182,6 +195,15 @@ class LocalCluster:
                 preexec_fn=functools.partial(die_with_parent, when_orphaned),
             )
 
+    def _secret_file(self) -> Path:
+        """The file the workers read `result_secret` from (theirs alone: mode 0600), so that
+        it sits in no process's environment."""
+        path = self._tmp / "result-secret"
+        if not path.exists():
+            path.touch(mode=0o600)
+            path.write_text(self.result_secret)
+        return path
+
     def wait_for_workers(self, count: int) -> None:
         """Wait until `count` workers beat; stop everything if one dies first or none is up
         within `STARTUP_TIMEOUT_S`."""
@@ -190,6 +212,9 @@ class LocalCluster:
         try:
             while len(heartbeat.live_workers(client)) < count:
                 dead = [p for p in self._workers if p.poll() is not None]
+                if any(p.returncode == UsageError.exit_code for p in dead):
+                    # the worker refused what it was given (TRIALQ_GPUS where no GPU is)
+                    raise UsageError(f"local worker refused its settings: {self._log_tail()}")
                 if dead or time.monotonic() > deadline:
                     raise LocalClusterError(
                         f"local workers did not start; logs in {self.log_dir}: {self._log_tail()}"

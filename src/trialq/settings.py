@@ -11,10 +11,11 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import quote, urlsplit, urlunsplit
 
-from pydantic import AliasChoices, Field, field_validator, model_validator
+from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from trialq.wire.keys import DEFAULT_KEY_TTL_S
+from trialq.wire.signing import MIN_SECRET_CHARS, Seal, seal_of
 
 DEFAULT_BROKER_URL = "redis://127.0.0.1:6379/0"
 _URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
@@ -42,6 +43,17 @@ class Settings(BaseSettings):
     storage_password_file: Path | None = None
     """Likewise, the password put into the `storage` URL."""
 
+    result_secret_file: Path | None = None
+    """A file holding the secret that trial processes sign their results and reports with
+    and the driver checks them against (`trialq.wire.signing`): the same on the driver and
+    every worker (Compose and Kubernetes mount one). With it, the driver sets aside a result
+    that does not verify (anyone who can write to the broker could have written it); without
+    it, results are taken as they are, and the driver says so at its start."""
+
+    result_secret: SecretStr | None = None
+    """The secret itself, where no file can be mounted (`--local` hands its own workers one
+    this way); the file, when given, wins."""
+
     allowed_modules: Annotated[tuple[str, ...], NoDecode] = ("trialq.examples",)
     """Module prefixes a worker may import entrypoints from (comma separated in the env).
     A task naming any other module ends with outcome `error` and nothing is imported."""
@@ -54,6 +66,16 @@ class Settings(BaseSettings):
     trial_output_max_bytes: int = Field(default=10 * 2**20, ge=0)
     """What one trial may print (stdout and stderr together, as Celery logs them) into its
     worker's log; past it the rest is dropped, said once (`trial/output_cap.py`). 0: no cap."""
+
+    trial_cpus: int | None = Field(default=None, ge=1)
+    """CPU threads a trial's libraries use on this worker, unless its spec says (`[trial]
+    cpus`); unset: the worker's cores divided among its slots (`trial/threads.py`).
+    `--local` sets it to the cores divided among its workers."""
+
+    trial_log_dir: Path | None = None
+    """Where each trial attempt's own log goes (`<study>/trial-<n>-attempt-<a>.log`: its
+    prints and trialq's lines about it, `trial/attempt_log.py`); none without it. `--local`
+    sets it to the run's logs folder."""
 
     visibility_timeout_s: int = Field(default=12 * 3600, gt=0)
     """Redis redelivers an unacknowledged task older than this, even one still running,
@@ -90,9 +112,15 @@ class Settings(BaseSettings):
 
     preload: str = "auto"
     """Modules a worker's parent imports before it forks trial processes, so that trials start
-    with them loaded: `auto` (TensorFlow when installed), `none`, or comma-separated names.
-    Importing is all the parent does with them: a module that runs a TensorFlow op or touches
-    CUDA at import is refused (the forked trials would hang)."""
+    with them loaded: `auto` (the framework installed; of several, PyTorch and JAX, never
+    TensorFlow beside another), `none`, or comma-separated names. Importing is all the parent
+    does with them: a module that runs a TensorFlow op or touches CUDA at import is refused
+    (the forked trials would hang)."""
+
+    preload_from: str | None = None
+    """An entrypoint module (a `.py` file or a dotted name) whose top-level imports the
+    worker's parent preloads too (`trial/preload_from.py`), read without importing it;
+    `submit-study --local` sets it to the spec's entrypoint."""
 
     spare_processes: int = Field(default=1, ge=0)
     """Idle, already forked processes a worker keeps beyond its trial slots, so that the next
@@ -176,10 +204,22 @@ class Settings(BaseSettings):
             data["broker_url"] = with_password(data.get("broker_url", DEFAULT_BROKER_URL), password)
             if data.get("result_backend"):
                 data["result_backend"] = with_password(data["result_backend"], password)
+        if data.get("result_secret_file"):
+            data["result_secret"] = _secret(data["result_secret_file"], "TRIALQ_RESULT_SECRET_FILE")
         if data.get("storage_password_file") and data.get("storage"):
             password = _secret(data["storage_password_file"], "TRIALQ_STORAGE_PASSWORD_FILE")
             data["storage"] = with_password(data["storage"], password)
         return data
+
+    @field_validator("result_secret")
+    @classmethod
+    def _long_enough(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and len(value.get_secret_value()) < MIN_SECRET_CHARS:
+            raise ValueError(
+                f"the result secret has {len(value.get_secret_value())} characters; it needs "
+                f"at least {MIN_SECRET_CHARS} (e.g. `openssl rand -hex 32`)"
+            )
+        return value
 
     @field_validator("checkpoint_root", mode="before")
     @classmethod
@@ -233,6 +273,12 @@ class Settings(BaseSettings):
     def backend_url(self) -> str:
         """The result backend actually used."""
         return self.result_backend or self.broker_url
+
+    @property
+    def seal(self) -> Seal | None:
+        """What signs and checks results and reports; None without a secret."""
+        secret = self.result_secret
+        return seal_of(secret.get_secret_value() if secret is not None else None)
 
 
 def redacted_url(url: str) -> str:

@@ -10,13 +10,14 @@ import shutil
 import sys
 from collections.abc import Mapping
 from contextlib import ExitStack
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import optuna
 import redis
+from pydantic import SecretStr
 
 from trialq._celery.dispatcher import CeleryDispatcher
 from trialq.driver.drift import check_spec_against_study
@@ -25,11 +26,12 @@ from trialq.driver.loop import DriverOptions, StudyDriver
 from trialq.driver.progress import NoProgress, ProgressSink, RichProgress
 from trialq.driver.search_space import DefineSpace, load_search_space
 from trialq.driver.spec import StudySpec, load_spec
-from trialq.driver.study import open_study, storage_url
+from trialq.driver.study import open_study, remember_storage, storage_url
 from trialq.driver.study_lock import holding_study, holding_study_file
-from trialq.errors import SpecError, UsageError
+from trialq.errors import SpecError, TrialqError, UsageError
 from trialq.local import LocalCluster
 from trialq.settings import Settings, redacted_url
+from trialq.tracking import StudyInfo, Tracker, Tracking, trackers_for
 from trialq.views.summary import study_summary
 from trialq.wire import frameworks, heartbeat, routing
 from trialq.wire.eviction import eviction_warning
@@ -49,27 +51,68 @@ def submit_study(
     outage_limit_s: float | None = None,
     budget_overrides: Mapping[str, Any] | None = None,
     verbose: bool = False,
+    local_env: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
+    """`submit-study`: the spec file's study run (`run_study`), and its summary."""
+    run = run_study(
+        load_spec(spec_path), settings, storage_override, n_trials, local_workers,
+        show_progress, outage_limit_s, budget_overrides, verbose, local_env,
+    )  # fmt: skip
+    return run.summary
+
+
+@dataclass(frozen=True)
+class StudyRun:
+    """What a run of a study leaves: the study, and the summary `--json` prints."""
+
+    storage_url: str
+    study_name: str
+    summary: dict[str, Any]
+
+    def load(self) -> optuna.Study:
+        """The study, read afresh from its storage (the driver's copy is closed)."""
+        return optuna.load_study(study_name=self.study_name, storage=self.storage_url)
+
+
+def run_study(
+    spec: StudySpec,
+    settings: Settings,
+    storage_override: str | None,
+    n_trials: int | None,
+    local_workers: int | None,
+    show_progress: bool,
+    outage_limit_s: float | None = None,
+    budget_overrides: Mapping[str, Any] | None = None,
+    verbose: bool = False,
+    local_env: Mapping[str, str] | None = None,
+) -> StudyRun:
     """Run the spec's study to its number of finished trials (or until another budget is
-    reached: `budget_overrides` set `trialq.driver.budget.Budget` fields for this run) and
-    return the summary."""
-    spec = load_spec(spec_path)
+    reached: `budget_overrides` set `trialq.driver.budget.Budget` fields for this run):
+    what `submit-study` and `trialq.optimize` both do. `local_env`: more of `--local`'s
+    workers' environment (its GPU flags)."""
     define_space = _checked_before_the_study(spec, settings, local_workers, budget_overrides)
+    trackers = trackers_for(spec.tracking, spec.where)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     url = storage_url(spec, storage_override, settings.storage)
     target = n_trials or spec.study.n_trials
     outage_limit = outage_limit_s or spec.study.outage_limit_s
     with ExitStack() as stack:
         # Started first: the workers import and beat while the study is opened.
-        cluster = _start_local_cluster(stack, spec, settings, local_workers, verbose)
+        cluster = _start_local_cluster(
+            stack, spec, settings, local_workers, verbose, local_env or {}
+        )
         stack.enter_context(holding_study_file(url, spec.study.name))  # SQLite: before opening
         study = open_study(spec, url, retry_for_s=outage_limit)
+        if storage_override is not None:  # found there by `trialq status SPEC`
+            remember_storage(spec, url)
         study_lock = stack.enter_context(holding_study(study))  # before anything is written
         for note in check_spec_against_study(spec, study):
             _say(f"note: {note}")
         _say(f"study {study.study_name!r} in {redacted_url(url)}")
+        if cluster is None and settings.seal is None:
+            _say(UNAUTHENTICATED_RESULTS)
         if not _announce_progress(study, target):
-            return study_summary(study)
+            return StudyRun(url, study.study_name, study_summary(study))
         if cluster is not None:
             settings = _use_local_cluster(stack, cluster, spec, settings)
         spec = routed(spec)  # from here, the queue is the trial's GPU class's
@@ -80,20 +123,79 @@ def submit_study(
         progress: ProgressSink = NoProgress(show_failures=True)
         if show_progress:
             progress = stack.enter_context(RichProgress(spec.study.name, target))
-        workers = local_workers or _live_workers(dispatcher, spec)
+        workers = _local_slots(cluster) if cluster is not None else _live_workers(dispatcher, spec)
         options = DriverOptions(
             max_in_flight=spec.study.max_in_flight or max(1, workers),
             outage_limit_s=outage_limit,
         )
         budget = replace(budget_for(spec, target), **(budget_overrides or {}))
+        tracking = _start_tracking(stack, trackers, spec, settings, local_workers is not None)
         driver = StudyDriver(
-            spec, study, dispatcher, progress, options, study_lock, define_space, budget=budget
-        )
-        driver.run(target)
+            spec, study, dispatcher, progress, options, study_lock, define_space, budget=budget,
+            tracking=tracking,
+        )  # fmt: skip
+        ended: TrialqError | None = None
+        try:
+            driver.run(target)
+        except TrialqError as exc:
+            ended = exc
+    if ended is not None:
+        ended.summary = _summary_at_an_end(study, driver)
+        raise ended
     if driver.stop is not None:
         _say(driver.stop.line)
-    stopped_by = driver.stop.budget if driver.stop is not None else "n_trials"
-    return {**study_summary(study), "stopped_by": stopped_by, "budgets": driver.usage()}
+    return StudyRun(url, study.study_name, _run_summary(study, driver))
+
+
+def _run_summary(study: optuna.Study, driver: StudyDriver) -> dict[str, Any]:
+    """The study's summary with what ended this run (`stopped_by`), its budgets, and the
+    trials a failing stop left in flight for the next run."""
+    ended = driver.ledger.last_run(driver.ended_by)
+    return {**study_summary(study), **ended, "left_in_flight": driver.left_in_flight}
+
+
+def _summary_at_an_end(study: optuna.Study, driver: StudyDriver) -> dict[str, Any] | None:
+    """The summary of a run an error ended (exit 5, 130, 2...), read from the driver's
+    mirror of the study; None where even that cannot be read."""
+    try:
+        return _run_summary(study, driver)
+    except Exception:  # the error that ended the run is what the user must see
+        return None
+
+
+def _start_tracking(
+    stack: ExitStack, trackers: list[Tracker], spec: StudySpec, settings: Settings, local: bool
+) -> Tracking:
+    """The spec's trackers (`[tracking]`), started, and closed when `stack` closes."""
+    tracking = Tracking(trackers)
+    if trackers:
+        tracking.start(study_info(spec, _artifact_folder(spec, settings, local)))
+        stack.callback(tracking.close)
+    return tracking
+
+
+def study_info(spec: StudySpec, artifact_folder: Path | None) -> StudyInfo:
+    """What the trackers know of the study: names of its objectives, and its folders."""
+    directions = spec.study.objective_directions
+    default = (
+        ("value",) if len(directions) == 1 else tuple(f"values_{i}" for i in range(len(directions)))
+    )
+    return StudyInfo(
+        name=spec.study.name,
+        directions=directions,
+        metric_names=spec.study.objective_metrics or default,
+        spec_folder=spec.directory,
+        artifact_root=artifact_folder,
+    )
+
+
+def _artifact_folder(spec: StudySpec, settings: Settings, local: bool) -> Path | None:
+    """The study's artifact root where it is a folder here: `--local`'s beside the spec, or
+    `TRIALQ_ARTIFACT_ROOT`'s (never a bucket)."""
+    if local:
+        return Path(local_folders(spec, settings)["TRIALQ_ARTIFACT_ROOT"])
+    root = settings.artifact_root
+    return root if isinstance(root, Path) else None
 
 
 def _checked_before_the_study(
@@ -121,12 +223,20 @@ def _checked_before_the_study(
     return define_space
 
 
+UNAUTHENTICATED_RESULTS = (
+    "warning: no result secret (TRIALQ_RESULT_SECRET_FILE): results are not authenticated, "
+    "and anyone who can write to the broker can tell a trial's result (docs/deployment.md#security)"
+)
+"""Said once at the start of a run without a secret (`--local` makes its own)."""
+
+
 def _start_local_cluster(
     stack: ExitStack,
     spec: StudySpec,
     settings: Settings,
     local_workers: int | None,
     verbose: bool,
+    local_env: Mapping[str, str],
 ) -> LocalCluster | None:
     """`--local`'s embedded Redis and workers, stopped when `stack` closes; None without it."""
     if local_workers is None:
@@ -135,7 +245,7 @@ def _start_local_cluster(
         local_workers,
         spec.trial.queue,
         local_allow_list(spec),
-        extra_env={**local_folders(spec, settings), **local_preload(spec)},
+        extra_env={**local_folders(spec, settings), **local_preload(spec), **local_env},
         log_dir=local_logs(spec),
         log_level="DEBUG" if verbose else "INFO",
     )
@@ -153,8 +263,19 @@ def _use_local_cluster(
     stack.callback(_say, f"workers' logs: {cluster.log_dir}")
     check_a_worker_fits(spec, cluster.broker_url)
     return settings.model_copy(
-        update={"broker_url": cluster.broker_url, "result_backend": cluster.broker_url}
+        update={
+            "broker_url": cluster.broker_url,
+            "result_backend": cluster.broker_url,
+            "result_secret": SecretStr(cluster.result_secret),
+        }
     )
+
+
+def _local_slots(cluster: LocalCluster) -> int:
+    """Trials `--local`'s workers run at once: one each, or a GPU worker's slots."""
+    client = redis.Redis.from_url(cluster.broker_url, socket_timeout=10)
+    beats = heartbeat.live_workers(client)
+    return max(cluster.workers, sum(b.gpus.slots if b.gpus else 1 for b in beats))
 
 
 def _live_workers(dispatcher: CeleryDispatcher, spec: StudySpec) -> int:
@@ -236,8 +357,11 @@ def local_logs(spec: StudySpec, now: datetime | None = None) -> Path:
 
 def search_paths_for(spec: StudySpec) -> tuple[str, ...]:
     """Folders a local worker imports entrypoints from (its own `TRIALQ_IMPORT_PATHS`, never
-    a message's): the spec's and the current directory."""
-    return (str(spec.directory), str(Path.cwd()))
+    a message's): the spec's, the current directory, and the one this process found the
+    entrypoint's module in (a notebook's `sys.path` entry is not the workers')."""
+    found = spec.trial.entrypoint.module_folder(spec.directory)
+    folders = (str(spec.directory), str(Path.cwd()), *([str(found)] if found else []))
+    return tuple(dict.fromkeys(folders))
 
 
 def local_folders(spec: StudySpec, settings: Settings) -> dict[str, str]:
@@ -259,18 +383,26 @@ def local_folders(spec: StudySpec, settings: Settings) -> dict[str, str]:
 
 def local_preload(spec: StudySpec) -> dict[str, str]:
     """`--local`'s workers preload the spec's framework (`[trial] framework`, or the one its
-    entrypoint function uses), unless `TRIALQ_PRELOAD` says otherwise: a PyTorch study never
-    gets TensorFlow because TensorFlow is installed (docs/frameworks.md, "Preloading"). One
-    that is not installed here is never preloaded: one warning line, and the study runs."""
+    entrypoint function uses) and what the entrypoint's module imports at its top
+    (`TRIALQ_PRELOAD_FROM`), unless `TRIALQ_PRELOAD` says otherwise: a PyTorch study never
+    gets TensorFlow because TensorFlow is installed (docs/frameworks.md, "Preloading"). A
+    framework not installed here is never preloaded: one warning line, and the study runs."""
     if "TRIALQ_PRELOAD" in os.environ:
         return {}
+    entrypoint = spec.trial.entrypoint
+    target = (
+        str((spec.directory / entrypoint.target).resolve())
+        if entrypoint.is_file
+        else (entrypoint.target)
+    )
+    chosen = {"TRIALQ_PRELOAD": "none", "TRIALQ_PRELOAD_FROM": target}
     framework = _study_framework(spec)
     if framework is None:
-        return {}
+        return chosen
     if importlib.util.find_spec(framework) is None:
         _say(f"warning: {framework} is not installed here: --local preloads nothing for it")
-        return {}
-    return {"TRIALQ_PRELOAD": ",".join(frameworks.PRELOAD[framework])}
+        return chosen
+    return {**chosen, "TRIALQ_PRELOAD": ",".join(frameworks.PRELOAD[framework])}
 
 
 def _study_framework(spec: StudySpec) -> str | None:
@@ -302,6 +434,6 @@ def _check_time_limits(spec: StudySpec, settings: Settings) -> None:
     needed = spec.trial.hard_limit_s + VISIBILITY_MARGIN_S
     if needed > settings.visibility_timeout_s:
         raise SpecError(
-            f"{spec.path}: trial.timeout_s: {spec.trial.timeout_s:g} s plus grace needs "
+            f"{spec.where}: trial.timeout_s: {spec.trial.timeout_s:g} s plus grace needs "
             f"TRIALQ_VISIBILITY_TIMEOUT_S >= {needed:g} (it is {settings.visibility_timeout_s})"
         )

@@ -50,6 +50,7 @@ class Cluster:
         self.env_file = folder / "cluster.env"
         lines = [f"{name}_PASSWORD={value}" for name, value in self.passwords.items()]
         lines += [f"{name}={port}" for name, port in self.ports.items()]
+        lines.append(f"RESULT_SECRET={secrets.token_hex(32)}")
         self.env_file.write_text("\n".join(lines) + "\n")
 
     def compose(

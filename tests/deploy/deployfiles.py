@@ -36,6 +36,7 @@ TEST_ENV = {
     "REDIS_PASSWORD": "redis-test-password",
     "POSTGRES_PASSWORD": "pg-test-password",
     "FLOWER_PASSWORD": "flower-test-password",
+    "RESULT_SECRET": "result-test-secret-0123456789",
 }
 
 

@@ -195,14 +195,16 @@ def test_the_worker_defaults_to_all_gpus_one_slot_each_and_no_fixed_budget(
 
 
 def test_env_example_sets_the_defaults_compose_has(tmp_path: Path) -> None:
-    """Copying .env.example changes nothing but the passwords you fill in."""
+    """Copying .env.example changes nothing but the passwords and the secret you fill in."""
     example = env_example()
-    assert {k: v for k, v in example.items() if k.endswith("_PASSWORD")} == {
+    filled_in = ("_PASSWORD", "_SECRET")
+    assert {k: v for k, v in example.items() if k.endswith(filled_in)} == {
         "REDIS_PASSWORD": "",
         "POSTGRES_PASSWORD": "",
         "FLOWER_PASSWORD": "",
+        "RESULT_SECRET": "",
     }
-    assert {k: v for k, v in example.items() if not k.endswith("_PASSWORD")} == WORKER_SETTINGS
+    assert {k: v for k, v in example.items() if not k.endswith(filled_in)} == WORKER_SETTINGS
     with_example = compose_model(COMPOSE_FILE, env={**example, **TEST_ENV})
     assert with_example == compose_model(COMPOSE_FILE)
 
@@ -255,7 +257,10 @@ def test_worker_environment(workers: dict[str, Any]) -> None:
         env = worker["environment"]
         assert env["TRIALQ_BROKER_URL"] == "redis://redis:6379/0", name
         assert env["TRIALQ_BROKER_PASSWORD_FILE"] == "/run/secrets/redis_password", name
-        assert worker["secrets"] == ["redis_password"], f"{name}: the Redis password only"
+        assert env["TRIALQ_RESULT_SECRET_FILE"] == "/run/secrets/result_secret", name
+        assert worker["secrets"] == ["redis_password", "result_secret"], (
+            f"{name}: the Redis password and the result secret only"
+        )
         assert "TRIALQ_STORAGE" not in env, f"{name}: workers talk only to Redis"
         # A framework's own settings belong to its image (and trialq's adapter), not to a
         # service that runs whichever image TRIALQ_FRAMEWORK names.
@@ -465,6 +470,20 @@ def test_driver_is_one_shot_under_a_profile(services: dict[str, Any]) -> None:
     )
     assert driver["environment"]["TRIALQ_STORAGE_PASSWORD_FILE"] == "/run/secrets/postgres_password"
     assert driver["image"].startswith("trialq-driver:")
+
+
+def test_the_driver_and_the_workers_alone_hold_the_result_secret(
+    services: dict[str, Any],
+) -> None:
+    """Trials sign their results, the driver checks them (docs/deployment.md#security): both
+    mount the same secret file; no other service gets it."""
+    holders = {
+        name for name, service in services.items() if "result_secret" in service.get("secrets", [])
+    }
+    assert holders == {"driver", WORKER}
+    for name in holders:
+        env = services[name]["environment"]
+        assert env["TRIALQ_RESULT_SECRET_FILE"] == "/run/secrets/result_secret", name
 
 
 def test_each_trialq_image_is_built_by_one_service_and_never_pulled(

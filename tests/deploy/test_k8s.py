@@ -778,10 +778,10 @@ def test_every_password_file_is_mounted_from_the_secret(target: str) -> None:
 
 # Which Secret keys each workload may read: a worker never holds the database's password.
 SECRET_KEYS_BY_WORKLOAD = {
-    ("Deployment", WORKER): {"redis-password"},
+    ("Deployment", WORKER): {"redis-password", "result-secret"},
     ("StatefulSet", "redis"): {"redis-password"},
     ("StatefulSet", "postgres"): {"postgres-password"},
-    ("Job", "submit-study"): {"redis-password", "postgres-password"},
+    ("Job", "submit-study"): {"redis-password", "postgres-password", "result-secret"},
     ("Deployment", "optuna-dashboard"): {"redis-password", "postgres-password"},
 }
 
@@ -889,6 +889,8 @@ def test_trialq_settings_find_the_passwords_in_the_mounted_files(
         settings = _settings_in(pod_spec["containers"][0], pod_spec, objs, tmp_path / name)
         assert urlsplit(settings.broker_url).password == "pw-redis-password", name
         assert urlsplit(settings.broker_url).hostname == "redis", name
+        # Trials sign their results, the driver checks them: both read the same key.
+        assert (settings.seal is not None) == (name != "optuna-dashboard"), name
         if name == WORKER:
             assert settings.storage is None, "workers talk only to Redis"
         else:

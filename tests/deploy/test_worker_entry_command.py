@@ -24,6 +24,8 @@ from typing import Any
 import pytest
 from trial_requests import trial_request
 
+from trialq.wire.signing import Seal, stored_result_refusal
+
 from .deployfiles import (
     COMPOSE_FILE,
     CPU_OVERRIDE_FILE,
@@ -39,6 +41,7 @@ messages = pytest.importorskip("trialq.wire.messages")
 
 PROBE_MODULE = "trialq_deploy_probe"
 TRIAL_TIMEOUT_S = 120
+RESULT_SECRET = "entry-command-test-secret-0123456789"
 STOP_TIMEOUT_S = 60
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -88,6 +91,9 @@ def _worker_env(probe_dir: Path, broker_url: str) -> dict[str, str]:
     )
     env.pop("TRIALQ_BROKER_PASSWORD_FILE", None)
     env.pop("TRIALQ_HEARTBEAT_FILE", None)
+    secret = probe_dir / "result_secret"  # the compose file's is /run/secrets/result_secret
+    secret.write_text(RESULT_SECRET)
+    env["TRIALQ_RESULT_SECRET_FILE"] = str(secret)
     return env
 
 
@@ -120,12 +126,15 @@ def test_worker_command_takes_trials_and_stops_cleanly(
         task_serializer="json", accept_content=["json"], result_accept_content=["json"]
     )
     try:
-        results = []
+        results, signed = [], []
         for number, x in enumerate((1.5, 4.0)):
-            raw = _send_trial(client, number, x).get(timeout=TRIAL_TIMEOUT_S)
+            sent = _send_trial(client, number, x)
+            raw = sent.get(timeout=TRIAL_TIMEOUT_S)
             results.append(messages.TrialResult.model_validate(raw))
+            signed.append((sent.id, raw))
         assert [r.outcome for r in results] == [messages.Outcome.OK] * 2, results
         assert [r.metrics["double_x"] for r in results] == [3.0, 8.0]
+        assert all(stored_result_refusal(Seal(RESULT_SECRET), t, raw) is None for t, raw in signed)
         trial_pids = [r.worker_pid for r in results]
         assert worker.pid not in trial_pids, "a trial ran in the worker's main process"
         assert trial_pids[0] != trial_pids[1], "max-tasks-per-child 1: one process per trial"

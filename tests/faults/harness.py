@@ -102,6 +102,8 @@ class DriverRun:
     study_name: str = "faults"
     storage_url: str | None = None
     """Where the study lives; a SQLite file in `folder` unless given."""
+    env: dict[str, str] = field(default_factory=dict)
+    """The driver's environment beyond the tests' (a result secret, say)."""
 
     @property
     def tell_log(self) -> Path:
@@ -120,6 +122,7 @@ class DriverRun:
         """Start `submit-study` (counting tells) against the test broker."""
         env = {
             **os.environ,
+            **self.env,
             "TRIALQ_TEST_TELL_LOG": str(self.tell_log),
             "PYTHONPATH": os.pathsep.join([str(TESTS_DIR), os.environ.get("PYTHONPATH", "")]),
         }
@@ -182,7 +185,12 @@ def finished_count(run: DriverRun) -> int:
 
 def worker_parent_running_a_trial(cluster: LocalCluster) -> psutil.Process:
     """The main process of the worker whose child has STARTED a trial (Celery's own meta)."""
-    client = redis.Redis.from_url(cluster.broker_url)
+    return trial_process_started(cluster.broker_url).parent()
+
+
+def trial_process_started(broker_url: str) -> psutil.Process:
+    """The trial process that has STARTED a trial (Celery's own meta), waited for."""
+    client = redis.Redis.from_url(broker_url)
 
     def started_pid() -> int | None:
         for key in client.scan_iter(match="celery-task-meta-*"):
@@ -191,7 +199,7 @@ def worker_parent_running_a_trial(cluster: LocalCluster) -> psutil.Process:
                 return int(meta["result"]["pid"])
         return None
 
-    return psutil.Process(wait_until(started_pid, 60, "a worker to start a trial")).parent()
+    return psutil.Process(wait_until(started_pid, 60, "a worker to start a trial"))
 
 
 def _sqlite_holds(path: Path, study_name: str) -> bool:

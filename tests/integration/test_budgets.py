@@ -3,6 +3,8 @@ left kept, a re-run goes on from there, and `[[enqueue]]` params are sent exactl
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -10,6 +12,7 @@ from typing import Any
 import optuna
 import pytest
 
+from trialq.cli import submit_study_main, trialq_main
 from trialq.errors import FailingTrials
 from trialq.settings import Settings
 from trialq.submit import submit_study
@@ -83,20 +86,17 @@ def test_a_hard_wall_stops_the_trials_in_flight_and_the_next_run_sends_them_agai
     assert second["stopped_by"] == "n_trials"
 
 
-def test_gpu_hours_count_from_the_trials_records_across_runs(
+def test_trials_of_cpu_only_workers_use_no_gpu_hours(
     write_spec: Callable[..., Path], start_workers: Callable[..., object], redis_url: str
 ) -> None:
     start_workers(2)
-    spec = _sleeps_spec(write_spec, "gpuh", f"max_gpu_hours = {1.5 / 3600}", 0.6)
+    spec = _sleeps_spec(write_spec, "gpuh", f"max_gpu_hours = {0.5 / 3600}", 0.6)
 
-    first = _run(spec, redis_url)
-    second = _run(spec, redis_url)
+    first = _run(spec, redis_url, n_trials=4)
 
-    assert first["stopped_by"] == "max_gpu_hours"
-    assert 2 <= len(first["trials"]) < 12
-    assert second["stopped_by"] == "max_gpu_hours"
-    assert len(second["trials"]) == len(first["trials"]), "the re-run counted the first's hours"
-    assert all(t["user_attrs"]["gpus"] == 1 for t in second["trials"])
+    assert first["stopped_by"] == "n_trials", "CPU-only trials were counted as GPU-hours"
+    assert first["budgets"]["max_gpu_hours"]["used"] == 0
+    assert all(t["user_attrs"]["gpus"] == 1 for t in first["trials"])
 
 
 def test_a_goal_reached_ends_the_run_and_enqueued_params_are_sent_once(
@@ -162,3 +162,71 @@ def test_max_failed_trials_stops_the_run_as_failing_with_the_rest_kept(
         _run(spec, redis_url)
 
     assert [t.state.name for t in _study(spec, "failing").trials] == ["FAIL"] * 3
+
+
+def test_a_failing_stop_prints_the_json_summary_records_the_last_run_and_stops_in_flight(
+    write_spec: Callable[..., Path],
+    start_workers: Callable[..., object],
+    redis_url: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    start_workers(2)
+    spec = write_spec(
+        """
+        [study]
+        name = "failing-json"
+        n_trials = 30
+        max_in_flight = 2
+        max_failures_in_a_row = 0
+        max_failed_trials = 2
+        [trial]
+        entrypoint = "trials:sleeps_or_fails"
+        [space.how]
+        type = "categorical"
+        choices = ["slow", "fail"]
+        [[enqueue]]
+        how = "slow"
+        [[enqueue]]
+        how = "fail"
+        [[enqueue]]
+        how = "fail"
+        [[enqueue]]
+        how = "fail"
+        """,
+        name="failing-json.toml",
+    )
+    started = time.monotonic()
+
+    code = submit_study_main([str(spec), "--json", "--no-progress", "--broker", redis_url])
+
+    assert code == 5
+    assert time.monotonic() - started < 45, "the run waited for the slow trial in flight"
+    out, err = capsys.readouterr()
+    summary = json.loads(out)
+    assert summary["stopped_by"] == "max_failed_trials" and summary["n_failed"] == 2
+    assert summary["left_in_flight"] == 1
+    assert err.count("2 trials failed (max_failed_trials = 2)") == 1, err
+    study = _study(spec, "failing-json")
+    assert study.user_attrs[LAST_RUN_ATTR]["stopped_by"] == "max_failed_trials"
+    assert [t.params["how"] for t in study.trials if t.state.name == "RUNNING"] == ["slow"]
+    assert trialq_main(["status", str(spec), "--broker", redis_url]) == 0
+    assert "last run: stopped by max_failed_trials" in capsys.readouterr().out
+
+
+def test_status_of_the_spec_finds_a_study_run_with_storage_elsewhere(
+    write_spec: Callable[..., Path],
+    start_workers: Callable[..., object],
+    redis_url: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    start_workers(1)
+    spec = _sleeps_spec(write_spec, "elsewhere", "", 0.1)
+    elsewhere = f"sqlite:///{tmp_path / 'other' / 'studies.db'}"
+    (tmp_path / "other").mkdir()
+
+    submit_study(spec, Settings(broker_url=redis_url), elsewhere, 2, None, False)
+
+    assert not (spec.parent / "elsewhere.db").exists()
+    assert trialq_main(["status", str(spec), "--broker", redis_url]) == 0
+    assert "study elsewhere" in capsys.readouterr().out

@@ -101,6 +101,8 @@ def test_local_runs_a_study_from_a_clean_directory_without_services(tmp_path: Pa
     assert process.returncode == 0, err
     summary = json.loads(out)
     assert summary["n_complete"] == 4
+    # Its own secret: every result signed and verified, nothing said of authentication.
+    assert "not authenticated" not in err and "set aside" not in err, err
     assert len({t["user_attrs"]["worker_pid"] for t in summary["trials"]}) == 4
     # The trials yield the CPU to the driver, which feeds them all.
     expected = min(os.getpriority(os.PRIO_PROCESS, 0) + WORKER_NICENESS, 19)

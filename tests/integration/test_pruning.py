@@ -23,8 +23,9 @@ from trialq.submit import submit_study
 pytestmark = pytest.mark.integration
 
 
-def _run(spec: Path, redis_url: str) -> dict[str, Any]:
-    return submit_study(spec, Settings(broker_url=redis_url), None, None, None, False)
+def _run(spec: Path, redis_url: str, result_secret: str | None = None) -> dict[str, Any]:
+    settings = Settings(broker_url=redis_url, result_secret=result_secret)
+    return submit_study(spec, settings, None, None, None, False)
 
 
 def _enqueue(spec: Path, name: str, direction: str, *params: dict[str, Any]) -> optuna.Study:
@@ -69,11 +70,12 @@ PRUNING_SPEC = """
 def test_median_pruner_stops_worse_curves_early_and_their_processes_exit(
     write_spec: Callable[..., Path], start_workers: Callable[..., LocalCluster], redis_url: str
 ) -> None:
-    start_workers(2)
+    cluster = start_workers(2)
     spec = write_spec(PRUNING_SPEC.format(name="prune", n=6, entrypoint="reports_curve", grace=30))
     _enqueue(spec, "prune", "maximize", *({"x": x} for x in (1.0, 0.9, 0.1, 0.99, 0.05, 0.2)))
 
-    summary = _run(spec, redis_url)
+    # With the workers' secret: signed reports feed the pruner, signed results are told.
+    summary = _run(spec, redis_url, cluster.result_secret)
 
     study = optuna.load_study(study_name="prune", storage=f"sqlite:///{spec.parent / 'prune.db'}")
     pruned = [t for t in study.trials if t.state.name == "PRUNED"]

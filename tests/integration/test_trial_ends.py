@@ -142,6 +142,8 @@ def test_trials_failing_the_same_way_stop_the_run_and_keep_the_budget(
 
     assert "no module named 'the_users_helper'" in str(stopped.value)
     assert stopped.value.exit_code == 5
+    assert stopped.value.summary is not None
+    assert stopped.value.summary["stopped_by"] == "max_failures_in_a_row"
     study = optuna.load_study(
         study_name="same-failure", storage=f"sqlite:///{spec.parent / 'same-failure.db'}"
     )

@@ -71,3 +71,26 @@ def test_usage_lists_every_budget_set_with_what_is_used() -> None:
         "max_wall_s": {"limit": 7200, "used": 3601.3},
         "goal": {"limit": 0.9, "used": 0.8},
     }
+
+
+def test_gpu_hours_count_the_trials_that_ran_on_a_gpu_across_runs() -> None:
+    """A re-run's ledger reads each finished trial's record: those with a GPU reading count
+    their duration x GPUs; a CPU-only trial counts none (issue 39, item 8)."""
+    import optuna
+
+    from trialq.driver.ledger import Ledger
+
+    study = optuna.create_study()
+    records = [
+        {"duration_s": 1800.0, "gpus": 2, "gpu_model": "NVIDIA H100"},  # 1 GPU-hour
+        {"duration_s": 3600.0, "gpus": 1, "gpu_peaks_bytes": [2**30]},  # 1 GPU-hour
+        {"duration_s": 7200.0, "gpus": 1},  # a CPU-only worker's trial: none
+    ]
+    for attrs in records:
+        study.add_trial(optuna.trial.create_trial(value=1.0, user_attrs=attrs))
+
+    ledger = Ledger(study, 1, lambda: 0.0, None)
+    ledger.open(Budget(10, max_gpu_hours=3))
+
+    assert ledger.gpu_hours == 2.0
+    assert reached(ledger.budget or Budget(10), ledger.spent()) is None

@@ -7,6 +7,8 @@ import ssl
 import types
 from typing import Any
 
+import pytest
+import redis
 from trial_requests import trial_request
 
 from trialq._celery.app import create_app
@@ -78,12 +80,32 @@ class _SendingApp:
         self.sent = {"name": name, **options}
 
 
-def test_the_dispatcher_sends_the_requests_own_soft_and_hard_limits() -> None:
+def test_the_dispatcher_sends_the_requests_hard_limit_and_leaves_the_soft_one_to_the_trial() -> None:
+    """Celery's soft limit counts the trial process's waits on Redis before the trial too
+    (issue 38, row 4): the trial process arms its own (`trialq.trial.soft_limit`)."""
     app = _SendingApp()
     dispatcher = CeleryDispatcher(Settings(broker_url="redis://127.0.0.1:1/0"), app=app)  # type: ignore[arg-type]
     request = trial_request(study="limits", timeout_s=60, hard_limit_s=90)
 
     assert dispatcher.submit(request, "gpu", task_id="t-1") == "t-1"
 
-    assert (app.sent["soft_time_limit"], app.sent["time_limit"]) == (60, 90)
+    assert app.sent["time_limit"] == 90 and "soft_time_limit" not in app.sent
     assert app.sent["args"] == [request.model_dump(mode="json")]
+
+
+@pytest.mark.parametrize(
+    "refusal",
+    [
+        redis.exceptions.OutOfMemoryError("command not allowed when used memory > 'maxmemory'."),
+        redis.exceptions.ReadOnlyError("You can't write against a read only replica."),
+        redis.ConnectionError("Connection refused"),
+    ],
+)
+def test_the_result_backend_retries_a_redis_that_refuses_writes_for_a_while(
+    refusal: redis.RedisError,
+) -> None:
+    """A full Redis's refusal of STARTED made the worker's parent exit ("Unrecoverable
+    error: OutOfMemoryError"), its trial waited for forever (issue 38, row 2)."""
+    app = create_app(Settings(broker_url="redis://127.0.0.1:1/0"))
+    assert app.backend.exception_safe_to_retry(refusal)
+    assert not app.backend.exception_safe_to_retry(redis.ResponseError("WRONGTYPE"))

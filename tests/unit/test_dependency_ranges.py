@@ -25,6 +25,7 @@ DISTRIBUTIONS_OF_MODULE = {
     "pydantic_settings": {"pydantic-settings"},
     "tensorflow": {"tensorflow", "tensorflow-cpu"},
     "psycopg2": {"psycopg2-binary", "psycopg2"},
+    "mlflow": {"mlflow", "mlflow-skinny"},
 }
 """Top-level modules whose distribution has another name (the rest are named alike)."""
 

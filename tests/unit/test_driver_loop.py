@@ -39,6 +39,7 @@ def _driver(
     n_trials: int = 1,
     study_keys: str = "",
     max_in_flight: int = 1,
+    progress: NoProgress | None = None,
 ) -> tuple[StudyDriver, StandInDispatcher]:
     """A driver of a one-trial study (or `n_trials`, with more `study_keys`), in SQLite in
     `tmp_path` unless `storage` says where; with `dispatcher`, on the same broker."""
@@ -64,7 +65,7 @@ def _driver(
     study = open_study(spec, storage or "sqlite:///" + str(tmp_path / "loop.db"))
     dispatcher = dispatcher or StandInDispatcher(script)
     options = DriverOptions(max_in_flight=max_in_flight, poll_interval_s=0)
-    return StudyDriver(spec, study, dispatcher, NoProgress(), options), dispatcher
+    return StudyDriver(spec, study, dispatcher, progress or NoProgress(), options), dispatcher
 
 
 def test_a_trial_refused_for_a_dirty_device_is_sent_again_with_the_same_params(
@@ -354,3 +355,16 @@ def test_gp_is_told_an_oom_trial_as_a_penalty_beyond_the_worst_real_value(
         "FAIL",
     ]
     assert driver.study.best_trial.number == 1
+
+
+def test_a_trial_sent_again_is_said_in_the_progress_without_verbose_logs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    refused = {"outcome": Outcome.ERROR, "error": "device GPU-0 still holds", "device_refused": True}
+    script = [refused, {"outcome": Outcome.OK, "metrics": {"value": 0.5}}]
+    driver, _ = _driver(tmp_path, script, progress=NoProgress(show_failures=True))
+
+    driver.run(1)
+
+    err = capsys.readouterr().err
+    assert err.count("#0 sent again: ") == 1 and "device GPU-0 still holds" in err, err

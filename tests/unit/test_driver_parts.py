@@ -65,14 +65,15 @@ def _entry(study: optuna.Study, task_id: str = "t1") -> InFlight:
 
 def test_the_ledger_counts_what_earlier_runs_finished_and_reports_a_budget_once() -> None:
     study = optuna.create_study()
-    study.add_trial(optuna.create_trial(value=1.0, user_attrs={"duration_s": 3600, "gpus": 2}))
+    on_gpu = {"duration_s": 3600, "gpus": 2, "gpu_model": "NVIDIA H100"}
+    study.add_trial(optuna.create_trial(value=1.0, user_attrs=on_gpu))
     study.add_trial(optuna.create_trial(state=TrialState.FAIL))
     ledger = Ledger(study, Clock(), None)
 
     assert ledger.open(Budget(10, max_failed_trials=2)) == 10
     assert (ledger.counts.complete, ledger.counts.failed, ledger.gpu_hours) == (1, 1, 2.0)
     assert ledger.reached() is None
-    ledger.record(TrialState.FAIL, TrialRecord(duration_s=1800))
+    ledger.record(TrialState.FAIL, TrialRecord(duration_s=1800, gpu_model="NVIDIA H100"))
 
     stop = ledger.reached()
     assert stop is not None and stop.budget == "max_failed_trials" and stop.failing
@@ -139,6 +140,18 @@ def test_a_beacon_read_with_the_status_is_not_asked_again() -> None:
     assert dispatcher.asked == 1, "only the status without a beacon asks"
     assert read.worker_alive, "its beacon gone, its worker still beats"
     assert asked.worker_alive
+
+
+def test_a_running_attempt_whose_beacon_was_seen_and_is_gone_is_lost_though_its_worker_beats() -> None:
+    """Issue 38, row 6: a twin of the same name keeps the worker's heartbeat fresh; the
+    attempt's own process is gone (the stand-in's workers all beat)."""
+    study, dispatcher = optuna.create_study(), BeaconsAsked(beating=True)
+    watch, entry = _watch(dispatcher, Clock()), _entry(study)
+    running = TaskStatus(TaskPhase.RUNNING, worker="w")
+
+    assert watch.known(entry, running, None).worker_alive and entry.beacon_seen
+    dispatcher.beating = False
+    assert not watch.known(entry, running, None).worker_alive
 
 
 def test_a_claim_is_lost_once_its_beacon_was_seen_and_is_gone() -> None:

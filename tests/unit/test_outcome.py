@@ -120,7 +120,8 @@ def test_a_record_writes_only_what_is_set() -> None:
 
 def test_a_told_record_is_the_results_attrs_and_the_drivers() -> None:
     result = TrialResult.here(
-        REQUEST, Outcome.OK, metrics={"v": 1.0, "bad": math.nan}, duration_s=7200
+        REQUEST, Outcome.OK, metrics={"v": 1.0, "bad": math.nan}, duration_s=7200,
+        gpu_model="NVIDIA H100",
     )
     attrs = TrialRecord.told(
         result, task_id="t", attempts=2, retries=1, preemptions=0, gpus=2
@@ -133,7 +134,9 @@ def test_a_told_record_is_the_results_attrs_and_the_drivers() -> None:
 
 
 def test_reading_a_record_leaves_out_what_does_not_read() -> None:
-    record = TrialRecord.read({"outcome": "oom", "attempts": "many", "duration_s": 3, "x": 1})
+    record = TrialRecord.read(
+        {"outcome": "oom", "attempts": "many", "duration_s": 3, "x": 1, "gpu_model": "T4"}
+    )
     assert record.known_outcome is Outcome.OOM and record.attempts is None
     assert record.duration_s == 3.0 and record.gpu_hours == 3 / 3600
     assert TrialRecord.read({"outcome": "later"}).known_outcome is None

@@ -31,7 +31,7 @@ def test_preload_choice_names_modules_or_auto_or_nothing() -> None:
     assert preload_modules("none") == ()
     assert preload_modules("") == ()
     assert preload_modules(" tensorflow , mylib.models ") == ("tensorflow", "mylib.models")
-    assert preload_modules("auto") in {("tensorflow",), ()}
+    assert set(preload_modules("auto")) <= {"tensorflow", "torch", "torch._dynamo", "jax"}
     with pytest.raises(PreloadError, match="stand alone"):
         preload_modules("auto,numpy")
 
@@ -179,7 +179,7 @@ def test_the_worker_preloads_nothing_where_it_cannot_check_tensorflow(tmp_path: 
     assert "Context._context_handle" in warning[0] and "Context._physical_devices" in warning[0]
 
 
-def test_auto_preloads_the_one_framework_installed_and_nothing_among_several(
+def test_auto_preloads_the_one_framework_installed_and_torch_and_jax_among_several(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Never TensorFlow for a PyTorch study because TensorFlow happens to be installed."""
@@ -190,8 +190,15 @@ def test_auto_preloads_the_one_framework_installed_and_nothing_among_several(
     installed = {"torch"}
     monkeypatch.setattr(util, "find_spec", lambda name: object() if name in installed else None)
     assert preload_modules("auto") == ("torch", "torch._dynamo")
+    assert prewarm.auto_left_out() == ()
     installed = {"torch", "tensorflow"}
-    assert preload_modules("auto") == ()
+    assert preload_modules("auto") == ("torch", "torch._dynamo")
+    installed = {"torch", "jax", "tensorflow"}
+    assert preload_modules("auto") == ("torch", "torch._dynamo", "jax")
+    (left_out,) = prewarm.auto_left_out()
+    assert left_out.startswith("tensorflow (not beside another framework")
+    installed = {"tensorflow", "jax"}
+    assert preload_modules("auto") == ("jax",)
     installed = set()
     assert preload_modules("auto") == ()
     assert prewarm.PRELOAD["jax"] == ("jax",)
@@ -257,7 +264,10 @@ def test_local_workers_preload_the_specs_framework(
         '[study]\nname = "s"\nn_trials = 1\n[trial]\nentrypoint = "model.py:train"\n'
         f'framework = "{framework}"\n[space.x]\ntype = "float"\nlow = 0\nhigh = 1\n'
     )
-    expected = {} if preload is None else {"TRIALQ_PRELOAD": preload}
+    expected = {
+        "TRIALQ_PRELOAD": preload or "none",
+        "TRIALQ_PRELOAD_FROM": str(tmp_path.resolve() / "model.py"),
+    }
     assert local_preload(load_spec(tmp_path / "spec.toml")) == expected
     monkeypatch.setenv("TRIALQ_PRELOAD", "none")
     assert local_preload(load_spec(tmp_path / "spec.toml")) == {}
@@ -287,7 +297,7 @@ def test_local_workers_never_preload_a_framework_not_installed(
         '[study]\nname = "s"\nn_trials = 1\n[trial]\nentrypoint = "model.py:train"\n'
         '[space.x]\ntype = "float"\nlow = 0\nhigh = 1\n'
     )
-    assert local_preload(load_spec(tmp_path / "spec.toml")) == {}
+    assert local_preload(load_spec(tmp_path / "spec.toml"))["TRIALQ_PRELOAD"] == "none"
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and FAKEFLOW in lines[0] and "not installed" in lines[0]
 
@@ -303,3 +313,74 @@ def test_a_worker_preloads_no_framework_that_is_not_installed(
     assert [r.getMessage() for r in caplog.records] == [
         f"--preload: {FAKEFLOW}, {FAKEFLOW}.sub not installed here, so not preloaded"
     ]
+
+
+ENTRYPOINT_MODULE = """
+from __future__ import annotations
+import os
+import json as jsonlib
+from typing import TYPE_CHECKING
+import sklearn.ensemble
+from sklearn.model_selection import cross_val_score
+import helpers
+import not_installed_anywhere_xyz
+try:
+    import torch.nn as nn
+except ImportError:
+    nn = None
+if TYPE_CHECKING:
+    import pandas
+import trialq
+
+def train(params, trial):
+    import jax  # inside the function: imported by the trial, not preloaded
+    return 1.0
+"""
+
+
+def test_an_entrypoints_top_level_imports_are_preloaded_and_what_is_left_out_says_why(
+    tmp_path: Path,
+) -> None:
+    from trialq.trial.preload_from import preload_from
+    from trialq.wire.entrypoint_uses import top_level_imports
+
+    (tmp_path / "model.py").write_text(ENTRYPOINT_MODULE)
+    (tmp_path / "helpers.py").write_text("import torch\n")
+
+    assert top_level_imports(ENTRYPOINT_MODULE) == [
+        "__future__", "os", "json", "typing", "sklearn.ensemble", "sklearn.model_selection",
+        "helpers", "not_installed_anywhere_xyz", "torch.nn", "trialq",
+    ]  # fmt: skip
+    found = preload_from(str(tmp_path / "model.py"))
+    expected = ["sklearn.ensemble", "sklearn.model_selection", "torch", "torch._dynamo", "torch.nn"]
+    installed = [m for m in expected if importlib.util.find_spec(m.split(".")[0]) is not None]
+    assert list(found.modules) == installed
+    assert found.left_out[:2] == (
+        "helpers (your own module: not run in the worker's parent)",
+        "not_installed_anywhere_xyz (not installed here)",
+    )
+    assert preload_from("no_such_module_here_xyz").left_out == (
+        "no_such_module_here_xyz (its source was not found here)",
+    )
+
+
+OPTIONAL_PROBE = """
+import sys
+from trialq.trial.prewarm import preload
+done = preload(("json",), ("csv", "no_such_module_xyz"), ("helpers (your own module)",))
+print(done.line())
+print("csv" in sys.modules)
+"""
+
+
+def test_an_optional_module_that_fails_to_import_is_left_out_not_fatal() -> None:
+    probe = subprocess.run(
+        [sys.executable, "-c", OPTIONAL_PROBE], capture_output=True, text=True, timeout=60
+    )
+    assert probe.returncode == 0, probe.stderr
+    line, imported = probe.stdout.strip().splitlines()[-2:]
+    assert line == (
+        "json, csv; left out: helpers (your own module), no_such_module_xyz (import failed: "
+        "ModuleNotFoundError: No module named 'no_such_module_xyz')"
+    )
+    assert imported == "True"

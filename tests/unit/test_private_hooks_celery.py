@@ -578,3 +578,35 @@ def test_celery_s_command_takes_an_app_object_as_its_app_option_s_default() -> N
     )
     assert run_celery(app, ["inspect", "--help"]) == 0, APP_OPTION.gone("the command failed")
     assert options[0].default is None, "the default is put back"
+
+
+# --- the worker's remote control, limited to what trialq needs -------------------------------
+
+REMOTE_CONTROL = Hook(
+    "celery.worker.consumer.control.Control (a consumer step named "
+    "'celery.worker.consumer.control.Control') whose box.node.handlers kombu's Node reads by "
+    "name; celery.worker.control.Panel.data and control.revoke(state, task_id, terminate, signal)",
+    "src/trialq/_celery/remote_control.py (LimitedRemoteControl)",
+    "a broker writer can shut every worker down, restart its pool, stop it consuming the queue "
+    "or change the trials' time limits (`celery control shutdown`)",
+)
+
+
+def test_the_remote_control_step_reads_its_handlers_from_its_node() -> None:
+    from celery.worker import control
+    from celery.worker.consumer.control import Control
+    from kombu import pidbox
+
+    from trialq._celery.remote_control import CONTROL_STEP, READ_ONLY
+
+    assert f"{Control.__module__}.{Control.__name__}" == CONTROL_STEP, REMOTE_CONTROL.gone(
+        "the step was renamed"
+    )
+    assert refers_to(Control.__init__, "box"), REMOTE_CONTROL.gone("the step keeps no box")
+    assert refers_to(pidbox.Node.handle, "handlers"), REMOTE_CONTROL.gone(
+        "kombu's Node no longer dispatches through handlers"
+    )
+    assert set(READ_ONLY) <= set(control.Panel.data), REMOTE_CONTROL.gone("a question is gone")
+    assert parameters(control.revoke)[:4] == ["state", "task_id", "terminate", "signal"], (
+        REMOTE_CONTROL.gone("revoke's signature changed")
+    )

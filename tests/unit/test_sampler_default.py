@@ -4,7 +4,9 @@ what the default, `sampler = "auto"`, picks."""
 from __future__ import annotations
 
 import importlib.util
+import logging
 import textwrap
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -279,3 +281,28 @@ def test_cmaes_without_its_package_is_refused_before_the_study_exists(
     assert code == 2 and len(err) == 1
     assert "study.sampler" in err[0] and "trialq[cmaes]" in err[0]
     assert not database.exists()
+
+
+def test_optunas_experimental_and_greenlet_notices_stay_out_of_the_progress(
+    tmp_path: Path,
+) -> None:
+    raw = spec(tmp_path, 1, 200).model_dump() | {"space": {}}
+    raw["study"] = raw["study"] | {"search_space": "mod:space"}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        tpe(make_sampler(StudySpec.model_validate(raw)))  # group=True: experimental in Optuna
+    assert [w for w in caught if issubclass(w.category, optuna.exceptions.ExperimentalWarning)] == []
+
+    import trialq.driver.gp_sampler  # noqa: F401  (installs the filter, as the driver does)
+
+    seen: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())  # type: ignore[method-assign]
+    notices = logging.getLogger("optuna._gp.batched_lbfgsb")
+    notices.addHandler(handler)
+    try:
+        notices.warning("The 'greenlet' package is unavailable, falling back to sequential")
+        notices.warning("any other warning")
+    finally:
+        notices.removeHandler(handler)
+    assert seen == ["any other warning"]

@@ -163,3 +163,19 @@ def test_a_spec_file_finds_its_study_where_submit_study_put_it(
     ):
         assert trialq_main(command) == 0, capsys.readouterr().err
     assert '"study": "by-spec"' in capsys.readouterr().out
+
+
+def test_a_failed_trials_own_log_is_named_under_its_failure(
+    storage: str, redis_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    study = optuna.create_study(study_name="logged", storage=storage)
+    log_file = "/var/log/trialq/logged/trial-0-attempt-2.log"
+    attrs = {"outcome": "error", "error": "ValueError: bad", "log_file": log_file}
+    study.add_trial(
+        optuna.trial.create_trial(state=optuna.trial.TrialState.FAIL, user_attrs=attrs)
+    )
+
+    out = _status(capsys, "logged", "--storage", storage, "--broker", redis_url)
+
+    assert f"#0 error: ValueError: bad\n    log: {log_file}" in out
+    assert "trials' logs: /var/log/trialq/logged" in out

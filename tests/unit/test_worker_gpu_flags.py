@@ -58,7 +58,7 @@ def test_gpus_without_a_driver_says_so_and_exits_2(
     where the binding is installed and no driver is loaded."""
     # Preloading is not what is tested: its fork guard would refuse first where another test
     # of this pytest process ran a framework's op.
-    monkeypatch.setattr(launch, "preload", lambda _modules: None)
+    monkeypatch.setattr(launch, "preload_for", lambda *_args: None)
     monkeypatch.setenv("TRIALQ_NVML_MODULE", "fake_nvml")
     monkeypatch.setenv("FAKE_NVML_DIR", str(tmp_path))
     assert cli.trialq_main(["worker", "--gpus", "all", "--preload", "none"]) == 2

@@ -124,8 +124,9 @@ def test_the_bootstep_prepares_the_state_before_the_pool_forks(
     steps: list[str] = []
     for name in ("preload", "plan_gpus", "probe_gpus", "measure_device_baseline"):
         monkeypatch.setattr(state, name, lambda *_a, _n=name, **_k: steps.append(_n))
-    WorkerStateStep(types.SimpleNamespace()).create(types.SimpleNamespace())
+    WorkerStateStep(types.SimpleNamespace()).create(types.SimpleNamespace(concurrency=3))
     assert steps == ["preload", "plan_gpus", "probe_gpus", "measure_device_baseline"]
+    assert state.concurrency == 3, "what the cores are shared among (trial/threads.py)"
 
 
 def test_worker_ready_freezes_then_starts_the_heartbeat(

@@ -11,6 +11,7 @@ from typing import Any
 
 from celery import Celery
 
+from trialq._celery.backend import backend_for
 from trialq.settings import Settings
 from trialq.wire.keys import DEFAULT_QUEUE
 
@@ -46,6 +47,8 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "worker_send_task_events": True,
         "task_send_sent_event": True,
         "worker_hijack_root_logger": False,
+        # A trial's print() is its own output, not a warning: INFO, with the trial's ids.
+        "worker_redirect_stdouts_level": "INFO",
         # Prefork with a warm spare process and prompt replacement of each trial's process.
         "worker_pool": "trialq._celery.pool:TrialPool",
     }
@@ -83,7 +86,8 @@ def _needs_tls_default(url: str) -> bool:
 
 def create_app(settings: Settings) -> Celery:
     """A Celery app bound to the settings' broker and result backend."""
-    celery_app = Celery("trialq", broker=settings.broker_url, backend=settings.backend_url)
+    backend = backend_for(settings.backend_url)
+    celery_app = Celery("trialq", broker=settings.broker_url, backend=backend)
     celery_app.conf.update(celery_config(settings))
     celery_app.conf.update(_transport(settings))
     celery_app.conf.update(_tls_defaults(settings))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import time
 import uuid
 from collections.abc import Iterable, Iterator
@@ -18,6 +19,7 @@ from typing import Any
 import redis
 from celery import Celery
 from kombu.exceptions import OperationalError
+from pydantic import ValidationError
 
 from trialq._celery.app import TASK_NAME, create_app
 from trialq.errors import BrokerError, BrokerUnreachable
@@ -37,6 +39,9 @@ from trialq.wire.keys import (
     withdrawn_key,
 )
 from trialq.wire.messages import Outcome, TrialRequest, TrialResult
+from trialq.wire.signing import Seal, stored_result_refusal
+
+_log = logging.getLogger("trialq.driver")  # the loop's name: log lines read as before
 
 _FAILURE_OUTCOMES = {
     # Recorded by the worker's parent, alive, on seeing its trial process end with no result
@@ -98,8 +103,10 @@ class CeleryDispatcher:
         """Celery's task metas live in the broker's Redis: one round trip reads them with
         trialq's own results."""
         self._key_ttl_s = settings.key_ttl_s
-        self._metas_read: dict[str, tuple[Any, TaskStatus]] = {}
-        """Each task's meta as last read, and its status: the next read decodes only a new one."""
+        self._metas_read: dict[str, tuple[Any, Any]] = {}
+        """Each task's meta as last read, and decoded: the next read decodes only a new one."""
+        self._seal = settings.seal
+        self._results = TrustedResults(settings.seal)
         self._announcements = ResultAnnouncements(self._broker)
         self._pending_ids_script = self._broker.register_script(_PENDING_IDS_LUA)
 
@@ -111,7 +118,9 @@ class CeleryDispatcher:
             raise BrokerUnreachable(f"broker unreachable: {_without_password(exc)}") from None
 
     def submit(self, request: TrialRequest, queue: str, task_id: str | None = None) -> str:
-        """Publish the request on the queue with its soft and hard time limits."""
+        """Publish the request on the queue with its hard time limit. Its soft limit is the
+        trial process's own, counted from when the trial's code starts
+        (`trialq.trial.soft_limit`): Celery's counts the waits on Redis before it too."""
         task_id = task_id or str(uuid.uuid4())
         self._announcements.listen(request.study)  # before the send: none is missed
         try:
@@ -120,7 +129,6 @@ class CeleryDispatcher:
                 args=[request.model_dump(mode="json")],
                 task_id=task_id,
                 queue=queue,
-                soft_time_limit=request.timeout_s,
                 time_limit=request.hard_limit_s,
             )
         except (OperationalError, redis.RedisError) as exc:
@@ -152,22 +160,42 @@ class CeleryDispatcher:
         read = zip(ids, results, metas, beacons, strict=True)
         known, self._metas_read = self._metas_read, {}
         return {
-            task_id: replace(
-                _finished(result) if result else self._meta_status(task_id, meta, known),
-                beating=beacon is not None,
-            )
+            task_id: self._status(task_id, result, meta, known, beating=beacon is not None)
             for task_id, result, meta, beacon in read
         }
 
-    def _meta_status(
-        self, task_id: str, raw: Any, known: dict[str, tuple[Any, TaskStatus]]
+    def _status(
+        self,
+        task_id: str,
+        result: Any,
+        raw_meta: Any,
+        known: dict[str, tuple[Any, Any]],
+        beating: bool,
     ) -> TaskStatus:
-        """Celery's meta as a status; decoded only where it changed since the last read (a
-        pass reads every trial in flight, and most of them still run: issue 42)."""
+        """One task's state: its own result where one verifies, else Celery's meta, whose
+        `SUCCESS` must verify too. A result set aside counts as none: the attempt runs on
+        (its real result still counts), or, its process gone, is an attempt lost."""
+        trusted = self._results.trusted(task_id, result) if result is not None else None
+        if trusted is not None:
+            return TaskStatus(TaskPhase.FINISHED, result=trusted, beating=beating)
+        meta = self._meta(task_id, raw_meta, known)
+        if meta is None or meta.get("status") != "SUCCESS":
+            return replace(_status(meta), beating=beating)
+        trusted = self._results.trusted(task_id, meta.get("result"))
+        if trusted is not None:
+            return TaskStatus(TaskPhase.FINISHED, result=trusted, beating=beating)
+        if beating:
+            return TaskStatus(TaskPhase.RUNNING, beating=True)
+        detail = f"its result was set aside ({self._results.refusals.get(task_id)})"
+        return TaskStatus(TaskPhase.FAILED, failure=Outcome.WORKER_LOST, detail=detail)
+
+    def _meta(self, task_id: str, raw: Any, known: dict[str, tuple[Any, Any]]) -> Any:
+        """Celery's meta, decoded only where it changed since the last read (a pass reads
+        every trial in flight, and most of them still run: issue 42)."""
         last = known.get(task_id)
-        status = last[1] if last is not None and last[0] == raw else _status(self._decode(raw))
-        self._metas_read[task_id] = (raw, status)
-        return status
+        meta = last[1] if last is not None and last[0] == raw else self._decode(raw)
+        self._metas_read[task_id] = (raw, meta)
+        return meta
 
     def _decode(self, raw: Any) -> dict[str, Any] | None:
         return None if raw is None else self._backend.decode_result(raw)
@@ -260,7 +288,7 @@ class CeleryDispatcher:
 
     def reports(self) -> DriverReports:
         """Trials report on the broker's Redis (`trialq.wire.channel`)."""
-        return DriverReports(ReportChannel(self._broker, self._key_ttl_s))
+        return DriverReports(ReportChannel(self._broker, self._key_ttl_s, self._seal))
 
     def live_worker_count(self, queue: str) -> int:
         """Workers whose heartbeat is fresh and who consume the queue."""
@@ -272,6 +300,35 @@ class CeleryDispatcher:
         """Wait for a trial of a study sent through here to announce its stored result, or
         `timeout_s` (`ResultAnnouncements.wait`)."""
         return self._announcements.wait(timeout_s)
+
+
+class TrustedResults:
+    """The results the driver takes: with a seal, only those signed for their task with the
+    deployment's secret (`trialq.wire.signing`); always, only those that are a result. One
+    set aside is said once, in one line naming the task and why."""
+
+    def __init__(self, seal: Seal | None) -> None:
+        self._seal = seal
+        self.refusals: dict[str, str] = {}
+        """Why each task's result was set aside (the first said: one line a task)."""
+
+    def trusted(self, task_id: str, stored: Any) -> TrialResult | None:
+        """The result stored for `task_id` (JSON text, or what Celery decoded), or None
+        where it is set aside."""
+        refusal = stored_result_refusal(self._seal, task_id, stored)
+        if refusal is None:
+            try:
+                body = json.loads(stored) if isinstance(stored, bytes | str) else stored
+                return TrialResult.model_validate(body)
+            except ValidationError as exc:
+                refusal = f"not a trial result: {exc.errors()[0]['msg']}"
+        self._set_aside(task_id, refusal)
+        return None
+
+    def _set_aside(self, task_id: str, refusal: str) -> None:
+        if task_id not in self.refusals:
+            self.refusals[task_id] = refusal
+            _log.warning("the result of task %s is set aside, not told: %s", task_id, refusal)
 
 
 class ResultAnnouncements:
@@ -394,10 +451,6 @@ def _reads_results_itself(producer: Any, task_id: str) -> None:
     """In place of the result backend's `on_task_call`: no subscription to the task's meta."""
 
 
-def _finished(raw: bytes | str) -> TaskStatus:
-    return TaskStatus(TaskPhase.FINISHED, result=TrialResult.model_validate_json(raw))
-
-
 def _status(meta: dict[str, Any] | None) -> TaskStatus:
     """Map Celery's result meta onto a `TaskStatus`."""
     state = (meta or {}).get("status", "PENDING")
@@ -406,8 +459,6 @@ def _status(meta: dict[str, Any] | None) -> TaskStatus:
     if state == "STARTED":
         worker = (meta.get("result") or {}).get("hostname")
         return TaskStatus(TaskPhase.RUNNING, worker=worker)
-    if state == "SUCCESS":
-        return TaskStatus(TaskPhase.FINISHED, result=TrialResult.model_validate(meta["result"]))
     exc = meta.get("result")
     name = type(exc).__name__
     failure = _FAILURE_OUTCOMES.get(name, Outcome.ERROR)

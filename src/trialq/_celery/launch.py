@@ -13,13 +13,16 @@ from __future__ import annotations
 
 import os
 import secrets
+import socket
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from trialq.errors import WorkerNameTaken
 from trialq.settings import Settings
 from trialq.trial.gpu_share import GpuShare
-from trialq.trial.prewarm import preload, preload_modules
+from trialq.trial.prewarm import preload_for
+from trialq.wire.heartbeat import twin_beating
 from trialq.wire.routing import slot_queues
 
 WITHOUT = ("--without-mingle", "--without-gossip")
@@ -81,13 +84,40 @@ def worker_argv(settings: Settings, options: WorkerOptions) -> list[str]:
 def run_worker(settings: Settings, options: WorkerOptions) -> int:
     """Preload, then run Celery's worker in this process, on the app built from `settings`,
     until it stops; its exit status."""
-    preload(preload_modules(settings.preload))  # refused here: one line, exit code 2
+    preload_for(settings.preload, settings.preload_from, settings.import_paths)  # refused: exit 2
+    if options.hostname is not None:  # the default name is new at every start
+        refuse_a_twin(settings, options.hostname)
     from trialq._celery.worker import build_worker_app
     from trialq.worker.state import WorkerState
 
     state = WorkerState(settings)
     app = build_worker_app(state)
     return run_celery(app, worker_argv(settings, options.for_slots(state.plan_gpus())))
+
+
+def refuse_a_twin(settings: Settings, hostname: str) -> None:
+    """Refuse to start under a name another live worker beats as (`WorkerNameTaken`: one
+    line, exit code 2): two workers of one name share one heartbeat, and the driver would not
+    see either lost while the other lives (issue 38, row 6). A dead predecessor's heartbeat,
+    left to its TTL, is waited out for two intervals at most. A broker that does not answer
+    is left to the worker's own start to report."""
+    import redis
+    from celery.utils.nodenames import default_nodename, host_format
+
+    name = host_format(default_nodename(hostname))
+    within_s = min(settings.heartbeat_ttl_s, 2 * settings.heartbeat_interval_s) + 1.0
+    client = redis.Redis.from_url(settings.broker_url, socket_timeout=5, socket_connect_timeout=5)
+    try:
+        twin = twin_beating(client, name, within_s, me=(socket.gethostname(), os.getpid()))
+    except redis.RedisError:
+        return
+    finally:
+        client.close()
+    if twin is not None:
+        raise WorkerNameTaken(
+            f"trialq worker: another worker beats as {name!r} (host {twin.host}, pid "
+            f"{twin.pid}): give each worker its own --hostname, or leave it out"
+        )
 
 
 def run_celery(app: Any, argv: list[str]) -> int:

@@ -20,14 +20,16 @@ from __future__ import annotations
 import contextlib
 import gc
 import logging
+import warnings
 from typing import Any
 
 from celery import Celery, bootsteps, signals, states
-from celery.exceptions import Ignore, SoftTimeLimitExceeded, WorkerShutdown
+from celery.exceptions import Ignore, SecurityWarning, SoftTimeLimitExceeded, WorkerShutdown
 from celery.worker import state as worker_state
 
 from trialq import logs
 from trialq._celery.app import TASK_NAME, create_app
+from trialq._celery.remote_control import LimitedRemoteControl
 from trialq.settings import Settings, redacted_url
 from trialq.trial.prewarm import device_in_use
 from trialq.trial.worker_child import EX_SOFTWARE, WorkerChild
@@ -73,9 +75,25 @@ def build_worker_app(state: WorkerState) -> Celery:
     app = create_app(state.settings)
     app.task(name=TASK_NAME, bind=True, acks_late=True, shared=False)(_run_trial_task)
     app.steps["worker"].add(WorkerStateStep)
+    app.steps["consumer"].add(LimitedRemoteControl)
     _broker_named_plainly(state.settings.broker_url)
+    _quiet_about_root(app.conf.accept_content)
     _room, _child, _app = state, None, app
     return app
+
+
+def _quiet_about_root(accept_content: Any) -> None:
+    """Celery warns at every start of a worker run as root (`platforms.check_privileges`),
+    which is how a container runs by default: its danger is a pickled message running code
+    as root, and it refuses to start as root with pickle unless `C_FORCE_ROOT` says so. A
+    trialq worker accepts JSON only (`celery_config`), so the warning says nothing it could
+    act on; with pickle accepted it stays."""
+    if any("pickle" in str(kind) for kind in accept_content or ()):
+        return
+    warnings.filterwarnings(
+        "ignore", message="You're running the worker with superuser privileges",
+        category=SecurityWarning,
+    )  # fmt: skip
 
 
 def app_from_environment() -> Celery:
@@ -108,6 +126,7 @@ class WorkerStateStep(bootsteps.Step):  # type: ignore[misc]
     requires = ("celery.worker.components:Pool",)
 
     def create(self, worker: Any) -> None:
+        room().concurrency = int(worker.concurrency or 1)
         room().prepare()
 
 

@@ -127,7 +127,7 @@ def _shown(distribution: optuna.distributions.BaseDistribution) -> str:
 
 def _refused(spec: StudySpec, key: str, stored: object, wanted: object) -> SpecError:
     return SpecError(
-        f"{spec.path}: {key}: the study {spec.study.name!r} was made with {stored}, the spec "
+        f"{spec.where}: {key}: the study {spec.study.name!r} was made with {stored}, the spec "
         f"says {wanted}; its trials would mislead the search. Give the study a new name, or "
         "delete the old one (optuna delete-study)"
     )

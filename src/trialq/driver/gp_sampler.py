@@ -10,6 +10,7 @@ first model fit, never before: a study that stays in its space-filling start nev
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import optuna
@@ -17,6 +18,18 @@ from optuna.distributions import BaseDistribution
 from optuna.trial import FrozenTrial, TrialState
 
 from trialq.driver.taking_turns import TakingTurns
+
+
+class _NoGreenletNotice(logging.Filter):
+    """Drops Optuna's notice that `greenlet` is missing (it optimises sequentially then):
+    it is no fault of the user's, and it printed into the progress once GP was chosen."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """False for that one notice."""
+        return "'greenlet' package is unavailable" not in record.getMessage()
+
+
+logging.getLogger("optuna._gp.batched_lbfgsb").addFilter(_NoGreenletNotice())
 
 GP_STARTUP_TRIALS = 10
 """Optuna's own default: complete trials before the first model (random draws until then)."""

@@ -32,6 +32,9 @@ class InFlight:
     """The worker running it, as its status last said (for a trial stopped from outside)."""
     claimed: bool = False
     """A trial process's beacon for it was seen while Celery still had it waiting."""
+    beacon_seen: bool = False
+    """A trial process's beacon for it was seen, in any phase: from then on the beacon alone
+    says whether the attempt lives (`watch.Watch`)."""
     sent_at: float = field(default_factory=time.time)
 
     @property

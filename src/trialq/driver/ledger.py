@@ -92,9 +92,10 @@ class Ledger:
         assert self.budget is not None, "set by open()"
         return budgets.usage(self.budget, self.spent())
 
-    def last_run(self) -> dict[str, Any]:
-        """What ended the run and how much of each budget is used (`trialq status`)."""
-        stopped_by = self.stop.budget if self.stop is not None else "n_trials"
+    def last_run(self, ended_by: str | None = None) -> dict[str, Any]:
+        """What ended the run (`ended_by` where it was no budget: an interrupt, failures in
+        a row) and how much of each budget is used (`trialq status`)."""
+        stopped_by = ended_by or (self.stop.budget if self.stop is not None else "n_trials")
         return {"stopped_by": stopped_by, "budgets": self.usage()}
 
     def best_value(self) -> float | None:

@@ -20,7 +20,7 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import optuna
@@ -45,6 +45,7 @@ from trialq.driver.telling import Teller
 from trialq.driver.watch import OutsideCheck, Watch
 from trialq.errors import BrokerUnreachable, FailingTrials, Interrupted, SpecError, StudyDeleted
 from trialq.oom_stand_ins import counted_state
+from trialq.tracking import Tracking
 from trialq.wire.dispatch import Dispatcher
 from trialq.wire.messages import LAST_RUN_ATTR, Outcome
 from trialq.wire.record import TrialRecord
@@ -89,6 +90,8 @@ class StudyDriver:
     store: TrialStore | None = None
     """Every write to the study's trials goes through it (`trialq.driver._storage.store`);
     by default the one for the study's storage."""
+    tracking: Tracking = field(default_factory=lambda: Tracking(trackers=()))
+    """Where each told trial is also recorded (`[tracking]`), started by the caller."""
 
     def __post_init__(self) -> None:
         spec, clock = self.spec, self.options.clock
@@ -102,7 +105,8 @@ class StudyDriver:
         self.sender = Sender(
             spec, self.study, self.dispatcher, self._store, clock, self.define_space
         )
-        self.teller = Teller(spec, self.study, self._store, self.relay, self.ledger, self.progress)
+        self.teller = Teller(spec, self.study, self._store, self.relay, self.ledger,
+                             self.progress, self.tracking)  # fmt: skip
         self.watch = Watch(self.dispatcher, channel, spec.trial.queue, clock,
                            self.options.lost_check_interval_s, spec.trial.prune_grace_s,
                            self.teller.oom_telling)  # fmt: skip
@@ -115,6 +119,12 @@ class StudyDriver:
                                   spec.study.objective_metrics)  # fmt: skip
         self._written: Future[None] | None = None
         """The last step's commit: its failure is how a storage outage shows."""
+        self.ended_by: str | None = None
+        """What ended the run short of a budget (`interrupted`, `max_failures_in_a_row`,
+        `spec_error`, or the failing budget), as the last run's `stopped_by` says it."""
+        self.left_in_flight = 0
+        """Trials a failing stop found in flight: stopped, RUNNING in the study for the
+        next run to send again (using no retry), as a hard wall leaves them."""
 
     @property
     def stop(self) -> Stop | None:
@@ -146,8 +156,15 @@ class StudyDriver:
             self._forget_all()
             self._store.set_study_attr(LAST_RUN_ATTR, self.ledger.last_run())
         except KeyboardInterrupt:
+            self.ended_by = "interrupted"
             raise Interrupted(_interrupted(self.sender.withdraw_waiting())) from None
-        except (SpecError, FailingTrials):
+        except FailingTrials:
+            self.ended_by = self.stop.budget if self.stop else "max_failures_in_a_row"
+            self.left_in_flight = len(self.sender.in_flight)
+            self.sender.leave_in_flight()  # failing: what runs now stops too, for a later run
+            raise
+        except SpecError:
+            self.ended_by = "spec_error"
             self.sender.withdraw_waiting()
             raise
         except Exception as exc:
@@ -156,6 +173,7 @@ class StudyDriver:
             self.sender.withdraw_waiting()
             raise StudyDeleted.named(self.study.study_name) from None
         finally:
+            self._record_early_end()
             self._write_told()
 
     def _step(self, n_trials: int, outages: Outages) -> bool:
@@ -292,6 +310,8 @@ class StudyDriver:
             self._store.link_artifacts(entry.trial, resend.keep_artifacts.artifacts)
         self.relay.forget(entry)
         _log.info("%s", resend.reason, extra=logs.fields(entry.request))
+        if resend.new_attempt or resend.refusal is not None:
+            self.progress.note(f"#{entry.request.number} sent again: {resend.reason}")
         if resend.refusal is not None:
             self.teller.saw(Outcome.REFUSED, resend.refusal)
         self.sender.resend(entry, resend.new_attempt, resend.resends)
@@ -316,11 +336,21 @@ class StudyDriver:
         stop = self.ledger.reached()
         if stop is None:
             return
-        _log.warning("%s", stop.line)
+        _log.info("%s", stop.line)  # said once, by the command (a warning printed it twice)
         if stop.failing:
             raise FailingTrials(stop.line)
         if stop.budget == "max_wall_s" and self.ledger.budget and self.ledger.budget.hard_wall:
             self.sender.leave_in_flight()
+
+    def _record_early_end(self) -> None:
+        """A run ended short of a budget (an interrupt, failures) is the last run too, for
+        `trialq status`; a storage that does not answer leaves the earlier record."""
+        if self.ended_by is None:
+            return
+        try:
+            self._store.set_study_attr(LAST_RUN_ATTR, self.ledger.last_run(self.ended_by))
+        except Exception as exc:  # the error that stops the run is already on its way
+            _log.warning("the last run's end not recorded: %s", exc)
 
     def _write_told(self) -> None:
         """On the way out, whatever stopped the run: write the trials told since the last step.

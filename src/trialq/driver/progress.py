@@ -43,6 +43,10 @@ class ProgressSink(Protocol):
     def trial_failed(self, line: str) -> None:
         """Called once for each trial that ended failed, with one line saying why."""
 
+    def note(self, line: str) -> None:
+        """Called for what befell a trial in flight that a user should see without `-v`:
+        a lost worker, a retry, a refusal, a preemption (the trial is sent again)."""
+
 
 class NoProgress:
     """For --no-progress and for scripts: no bar; failures on stderr only if asked."""
@@ -57,6 +61,10 @@ class NoProgress:
         """One line on stderr, where asked for."""
         if self._show_failures:
             print(line, file=sys.stderr)
+
+    def note(self, line: str) -> None:
+        """One line on stderr, where failures are shown."""
+        self.trial_failed(line)
 
 
 class RichProgress:
@@ -92,6 +100,10 @@ class RichProgress:
     def trial_failed(self, line: str) -> None:
         """One line above the bar."""
         self._progress.console.print(line, markup=False, highlight=False)
+
+    def note(self, line: str) -> None:
+        """One line above the bar."""
+        self.trial_failed(line)
 
     def update(self, counts: Counts, best: float | None, running: int) -> None:
         """Redraw with the latest counts."""

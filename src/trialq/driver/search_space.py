@@ -26,7 +26,7 @@ def load_search_space(spec: StudySpec) -> DefineSpace | None:
     ref = spec.study.search_space
     if ref is None:
         return None
-    where = f"{spec.path}: study.search_space"
+    where = f"{spec.where}: study.search_space"
     try:
         with importable_from(spec.directory):
             return ref.resolved(spec.directory).load()

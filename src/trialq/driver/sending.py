@@ -94,6 +94,7 @@ class Sender:
             keep_checkpoints=trial_spec.keep_checkpoints,
             preemptions=preemptions,
             framework=trial_spec.framework,
+            cpus=trial_spec.cpus,
         )
 
     def send(

@@ -11,7 +11,7 @@ import math
 import re
 import sys
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -20,6 +20,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     ValidationError,
     field_validator,
     model_validator,
@@ -27,6 +28,7 @@ from pydantic import (
 
 from trialq.errors import SpecError
 from trialq.limits import EXACT_INT_MAX, GRID_POINTS_MAX, INT32_MAX, SECONDS_MAX
+from trialq.tracking.config import TrackingSection
 from trialq.wire.entrypoint import EntrypointRef
 from trialq.wire.frameworks import FrameworkChoice
 from trialq.wire.keys import DEFAULT_QUEUE
@@ -242,6 +244,9 @@ class TrialSection(_Frozen):
     framework: FrameworkChoice = "auto"
     """`auto` | `torch` | `tensorflow` | `jax`: whose memory settings, cap and peaks the trial
     process uses (docs/frameworks.md); `auto` finds it from the entrypoint's imports."""
+    cpus: Count | None = Field(default=None, ge=1)
+    """CPU threads each trial's libraries use (PyTorch, OpenMP, MKL, TensorFlow, XLA); unset:
+    its worker's cores divided among its slots (`trialq.trial.threads`)."""
 
     @property
     def hard_limit_s(self) -> float:
@@ -259,6 +264,9 @@ class StudySpec(_Frozen):
     enqueue: tuple[dict[str, str | int | float | bool], ...] = ()
     """`[[enqueue]]` tables: known params to run first (Optuna's `enqueue_trial`), each
     sent once however many times the study is run."""
+    tracking: TrackingSection = Field(default_factory=TrackingSection)
+    """`[tracking]`: where each told trial is also recorded (MLflow, W&B, TensorBoard)."""
+    _origin: str | None = PrivateAttr(default=None)
 
     @model_validator(mode="after")
     def _check_space(self) -> StudySpec:
@@ -280,6 +288,12 @@ class StudySpec(_Frozen):
         """The folder the spec lives in: relative paths in it are taken from here."""
         return self.path.parent
 
+    @property
+    def where(self) -> str:
+        """What an error about the spec names first: its file, or the call that built it
+        (`trialq.optimize()`, whose `path` is a file's name that need not exist)."""
+        return self._origin or str(self.path)
+
 
 def _inexact(value: str | int | float | bool) -> bool:
     """An int the double Optuna stores a parameter as cannot hold exactly."""
@@ -288,16 +302,34 @@ def _inexact(value: str | int | float | bool) -> bool:
 
 def load_spec(path: Path) -> StudySpec:
     """Read and check a spec file; raise `SpecError` naming the file and the key."""
-    raw = _read_mapping(path)
+    return spec_from_mapping(_read_mapping(path), path)
+
+
+KeyNamer = Callable[[tuple[int | str, ...]], str]
+"""How an error names a key: a dotted TOML key (`study.n_trials`) by default."""
+
+
+def spec_from_mapping(
+    raw: Mapping[str, Any],
+    path: Path,
+    origin: str | None = None,
+    key_name: KeyNamer | None = None,
+) -> StudySpec:
+    """Check a spec's tables as a file's (`path` anchors its relative paths); a mistake is one
+    `SpecError` line naming `origin` (default: the file) and the key, as `key_name` names it."""
+    where = origin or str(path)
     if "path" in raw:
-        raise SpecError(f"{path}: path: unknown key")
+        raise SpecError(f"{where}: path: unknown key")
     try:
         spec = StudySpec.model_validate({**raw, "path": path.resolve()})
     except ValidationError as exc:
-        raise SpecError(f"{path}: {_first_problem(exc)}") from None
-    spec.trial.entrypoint.check_importable(spec.directory, f"{path}: trial.entrypoint")
+        raise SpecError(f"{where}: {_first_problem(exc, key_name)}") from None
+    spec._origin = origin
+    entrypoint_key = key_name(("trial", "entrypoint")) if key_name else "trial.entrypoint"
+    spec.trial.entrypoint.check_importable(spec.directory, f"{where}: {entrypoint_key}")
     if spec.study.search_space:
-        spec.study.search_space.check_importable(spec.directory, f"{path}: study.search_space")
+        space_key = key_name(("study", "search_space")) if key_name else "study.search_space"
+        spec.study.search_space.check_importable(spec.directory, f"{where}: {space_key}")
     return spec
 
 
@@ -320,14 +352,15 @@ def _format_name(path: Path) -> str:
     return "YAML" if path.suffix in {".yaml", ".yml"} else "TOML"
 
 
-def _first_problem(exc: ValidationError) -> str:
+def _first_problem(exc: ValidationError, key_name: KeyNamer | None = None) -> str:
     """One line for the first validation error: the dotted key, then what was expected. A
     misspelt key comes first, with the key it is close to (`n_trails`: did you mean
     n_trials?), rather than the "missing" error that the misspelling also causes."""
     errors = exc.errors()
     typos = [(e, _close_key(e["loc"])) for e in errors if e["type"] == "extra_forbidden"]
     error, suggestion = next(((e, s) for e, s in typos if s), (_first_error(errors), None))
-    key = ".".join(str(part) for part in _without_union_tags(error["loc"]))
+    loc = tuple(_without_union_tags(error["loc"]))
+    key = key_name(loc) if key_name else ".".join(str(part) for part in loc)
     message = error["msg"].removeprefix("Value error, ")
     if error["type"] == "extra_forbidden":
         message = f"unknown key (did you mean {suggestion}?)" if suggestion else "unknown key"
@@ -335,6 +368,12 @@ def _first_problem(exc: ValidationError) -> str:
         message = "missing required key"
     elif error["type"] == "union_tag_invalid":
         message = "type must be one of float, int, categorical"
+    elif error["type"] == "union_tag_not_found":  # no `type`: a typo of it, most likely
+        typo = _typo_of_type(error.get("input"))
+        if typo is not None:
+            key, message = f"{key}.{typo}", "unknown key (did you mean type?)"
+        else:
+            message = "missing required key type (float, int or categorical)"
     elif "input" in error and error["type"] not in {"value_error", "assertion_error"}:
         message = f"{message} (got {error['input']!r})"
     return f"{key}: {message}" if key else message
@@ -351,18 +390,37 @@ def _first_error(errors: list[Any]) -> Any:
     return errors[0]
 
 
-_SECTIONS: dict[str, type[BaseModel]] = {"study": StudySection, "trial": TrialSection}
+_SECTIONS: dict[str, type[BaseModel]] = {
+    "study": StudySection,
+    "trial": TrialSection,
+    "tracking": TrackingSection,
+}
+
+
+_PARAMS: dict[str, type[BaseModel]] = {
+    "float": FloatParam, "int": IntParam, "categorical": CategoricalParam,
+}  # fmt: skip
+
+
+def _typo_of_type(given: Any) -> str | None:
+    """The key of a `[space.*]` table without `type` that looks like a typo of it."""
+    keys = [str(key) for key in given] if isinstance(given, Mapping) else []
+    return next((k for k in keys if difflib.get_close_matches(k, ["type"], cutoff=0.6)), None)
 
 
 def _close_key(loc: tuple[int | str, ...]) -> str | None:
-    """The known key of the same table that an unknown one looks like a typo of."""
+    """The known key of the same table that an unknown one looks like a typo of (a param's
+    keys are short: `lwo` is 0.67 like `low`, so a lower bar there)."""
+    cutoff = 0.75
     if len(loc) == 1:
-        known: list[str] = ["study", "trial", "space", "enqueue"]
+        known: list[str] = ["study", "trial", "space", "enqueue", "tracking"]
     elif len(loc) == 2 and loc[0] in _SECTIONS:
         known = list(_SECTIONS[str(loc[0])].model_fields)
+    elif len(loc) == 4 and loc[0] == "space" and loc[2] in _PARAMS:
+        known, cutoff = list(_PARAMS[str(loc[2])].model_fields), 0.6
     else:
         return None
-    close = difflib.get_close_matches(str(loc[-1]), known, n=1, cutoff=0.75)
+    close = difflib.get_close_matches(str(loc[-1]), known, n=1, cutoff=cutoff)
     return close[0] if close else None
 
 

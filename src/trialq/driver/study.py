@@ -10,11 +10,13 @@ import contextlib
 import importlib.util
 import sqlite3
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import optuna
+import sqlalchemy
 
 from trialq.driver._storage.engine import rdb_storage
 from trialq.driver._storage.mirror import mirrored
@@ -22,6 +24,7 @@ from trialq.driver.distinct import DistinctFromRunning
 from trialq.driver.gp_sampler import OneThreadGP, gp_and_tpe
 from trialq.driver.history import BoundedTPE
 from trialq.driver.outage import FIRST_RETRY_S, LONGEST_RETRY_S
+from trialq.driver.sampler_args import check_sampler_args
 from trialq.driver.sampler_rule import (
     GP_NEEDS,
     LISTED_POINTS_MAX,
@@ -41,6 +44,31 @@ def storage_url(spec: StudySpec, override: str | None, from_env: str | None) -> 
     if url is None:
         return f"sqlite:///{spec.directory / (spec.study.name + '.db')}"
     return _anchor_sqlite(url, spec.directory)
+
+
+def remember_storage(spec: StudySpec, override: str) -> None:
+    """Note beside the spec the storage a `--storage` run used (its password left out: it
+    comes from `.pgpass` or the like), so that `trialq status SPEC` finds the study there."""
+    # a read-only folder: `trialq status SPEC --storage URL` still works
+    with contextlib.suppress(OSError):
+        _remembered_file(spec).write_text(_without_password(override) + "\n", encoding="utf-8")
+
+
+def remembered_storage(spec: StudySpec) -> str | None:
+    """The storage the spec's last `--storage` run used, where noted (`remember_storage`)."""
+    try:
+        return _remembered_file(spec).read_text(encoding="utf-8").strip() or None
+    except OSError:
+        return None
+
+
+def _remembered_file(spec: StudySpec) -> Path:
+    return spec.directory / f"{spec.study.name}.storage"
+
+
+def _without_password(url: str) -> str:
+    parsed = sqlalchemy.engine.make_url(url)
+    return parsed.set(password=None).render_as_string(hide_password=False)
 
 
 def _anchor_sqlite(url: str, base: Path) -> str:
@@ -88,6 +116,7 @@ def find_study(
     path = Path(target)
     if path.suffix in (".toml", ".yaml", ".yml") or path.is_file():
         spec = load_spec(path)
+        storage = storage or remembered_storage(spec)
         return load_study(spec.study.name, storage_url(spec, storage, from_env), command)
     if (storage or from_env) is None:
         raise UsageError(
@@ -184,7 +213,7 @@ def make_sampler(spec: StudySpec, gp_available: bool | None = None) -> optuna.sa
     modules, fix = _NEEDS.get(name, ((), ""))
     if any(importlib.util.find_spec(module) is None for module in modules):
         # Optuna imports them at the first ask or fit, after the study exists: refuse before.
-        raise SpecError(f"{spec.path}: study.sampler: {name!r} needs {fix}")
+        raise SpecError(f"{spec.where}: study.sampler: {name!r} needs {fix}")
     _check_listable(spec, name)
     if name == "tpe":
         args = tpe_defaults(spec)
@@ -199,8 +228,17 @@ def make_sampler(spec: StudySpec, gp_available: bool | None = None) -> optuna.sa
         "nsga2": optuna.samplers.NSGAIISampler,
         "grid": DriverGridSampler,
     }
+    try:
+        check_sampler_args(classes[name], args, "study.sampler_args")
+    except SpecError as exc:
+        raise SpecError(f"{spec.path}: {exc}") from None
+    _check_listable(spec, name)
+    if name == "tpe":
+        args = tpe_defaults(spec)
+    if name == "grid":
+        args.setdefault("search_space", _grid_space(spec))
     sampler: optuna.samplers.BaseSampler = _construct(
-        classes[name], args, "study.sampler_args", spec.path
+        classes[name], args, "study.sampler_args", spec.where
     )
     modelled = name in ("tpe", "gp", "gp+tpe") and spec.study.search_space is None
     if modelled and spec.study.max_in_flight != 1:
@@ -221,7 +259,7 @@ def _check_listable(spec: StudySpec, name: str) -> None:
     too_many = too_many_to_list(spec) if listing else None
     if too_many is not None:
         raise SpecError(
-            f"{spec.path}: space.{too_many}: sampler {name!r} lists every value, and its range "
+            f"{spec.where}: space.{too_many}: sampler {name!r} lists every value, and its range "
             f'has over {LISTED_POINTS_MAX:.0e} at its step: use a larger step or sampler = "tpe"'
         )
 
@@ -277,7 +315,7 @@ def make_pruner(spec: StudySpec) -> optuna.pruners.BasePruner:
         "successive_halving": optuna.pruners.SuccessiveHalvingPruner,
     }
     pruner_class = classes[spec.study.pruner]
-    return _construct(pruner_class, dict(spec.study.pruner_args), "study.pruner_args", spec.path)  # type: ignore[no-any-return]
+    return _construct(pruner_class, dict(spec.study.pruner_args), "study.pruner_args", spec.where)  # type: ignore[no-any-return]
 
 
 def distributions(spec: StudySpec) -> dict[str, optuna.distributions.BaseDistribution]:
@@ -306,17 +344,21 @@ def _grid_space(spec: StudySpec) -> dict[str, list[Any]]:
             grid[name] = list(range(param.low, param.high + 1, param.step))
         else:
             raise SpecError(
-                f"{spec.path}: space.{name}: the grid sampler needs int or categorical "
+                f"{spec.where}: space.{name}: the grid sampler needs int or categorical "
                 "params, or study.sampler_args.search_space"
             )
     return grid
 
 
-def _construct(factory: Any, args: dict[str, Any], key: str, path: Path) -> Any:
+def _construct(factory: Any, args: dict[str, Any], key: str, where: str) -> Any:
+    """`factory(**args)`, quiet about arguments Optuna calls experimental (`group`,
+    `deterministic_objective`): trialq chose them, the user has nothing to act on."""
     try:
-        return factory(**args)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return factory(**args)
     except (TypeError, ValueError) as exc:
-        raise SpecError(f"{path}: {key}: {exc}") from None
+        raise SpecError(f"{where}: {key}: {exc}") from None
 
 
 def _missing_driver(url: str, exc: ImportError) -> str:

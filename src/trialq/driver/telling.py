@@ -9,7 +9,7 @@ import logging
 import time
 
 import optuna
-from optuna.trial import TrialState
+from optuna.trial import FrozenTrial, TrialState
 
 from trialq import logs
 from trialq.driver import fate
@@ -23,6 +23,7 @@ from trialq.driver.progress import ProgressSink
 from trialq.driver.relay import ReportRelay
 from trialq.driver.spec import StudySpec
 from trialq.oom_stand_ins import has_stand_in_values
+from trialq.tracking import ToldTrial, Tracking
 from trialq.wire.failures import failure_line
 from trialq.wire.messages import Outcome
 from trialq.wire.record import TrialRecord
@@ -41,9 +42,11 @@ class Teller:
         relay: ReportRelay,
         ledger: Ledger,
         progress: ProgressSink,
+        tracking: Tracking | None = None,
     ) -> None:
         self._spec, self._study, self._store = spec, study, store
         self._relay, self._ledger, self._progress = relay, ledger, progress
+        self._tracking = tracking or Tracking(trackers=())
         self._streak = FailureStreak(spec.study.max_failures_in_a_row)
         self._gpus = int(getattr(spec.trial, "gpus", 1))
         self.stop_reason: str | None = None
@@ -69,6 +72,8 @@ class Teller:
             entry.trial.set_constraint(OOM_CONSTRAINT, 1.0)
         self._store.tell(entry.trial, state, verdict.values)
         self._ledger.told(entry.request.number, state, verdict.values, not verdict.constrained)
+        if self._tracking.active:
+            self._tracking.told(told_trial(self._store.told(entry.trial)))
         self._relay.forget(entry)
         _log.info("told state=%s outcome=%s", state.name, result.outcome, extra=logs.fields(result))
         if not result.outcome.succeeded:  # failed, or out of memory however it was told
@@ -123,3 +128,17 @@ class Teller:
         key = entry.request.checkpoint_key
         if key is not None and not self._spec.trial.keep_checkpoints:
             self._relay.orphan_checkpoint(key)
+
+
+def told_trial(trial: FrozenTrial) -> ToldTrial:
+    """What the trackers are given of a told trial."""
+    return ToldTrial(
+        number=trial.number,
+        state=trial.state.name,
+        params=dict(trial.params),
+        values=tuple(trial.values) if trial.values is not None else None,
+        intermediate=dict(trial.intermediate_values),
+        attrs=dict(trial.user_attrs),
+        started=trial.datetime_start,
+        ended=trial.datetime_complete,
+    )

@@ -78,20 +78,30 @@ class Watch:
         return lost
 
     def _alive(self, entry: InFlight, status: TaskStatus) -> bool:
-        """For a running attempt: whether its trial process still beats, or else its worker
-        (its heartbeat asked only then)."""
+        """For a running attempt: whether its trial process still beats. Once its beacon was
+        seen, the beacon alone says so: a worker's heartbeat is kept fresh by any process of
+        its name, a twin started with the same `--hostname` too, and a lost attempt would be
+        waited for forever (issue 38, row 6). Until then (a beacon not yet written, a worker
+        too old to write one) its worker's heartbeat does, asked only then."""
         if status.phase is not TaskPhase.RUNNING:
             return True
         if self._beating(entry, status):
             return True
+        if entry.beacon_seen:
+            return False
         return not status.worker or self._dispatcher.worker_alive(status.worker)
 
     def _beating(self, entry: InFlight, status: TaskStatus) -> bool:
         """Whether the attempt's trial process renews its beacon: as read with its status
-        where the dispatcher read it there, else asked now."""
-        if status.beating is not None:
-            return status.beating
-        return self._dispatcher.attempt_alive(entry.task_id)
+        where the dispatcher read it there, else asked now. A beacon outlives its process by
+        the heartbeat's TTL, so a pass every few seconds sees it at least once."""
+        beating = (
+            status.beating
+            if status.beating is not None
+            else self._dispatcher.attempt_alive(entry.task_id)
+        )
+        entry.beacon_seen = entry.beacon_seen or beating
+        return beating
 
     def _prune_overdue(self, entry: InFlight) -> bool:
         asked = entry.prune_requested_at

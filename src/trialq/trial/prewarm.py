@@ -9,10 +9,13 @@ initialising anything itself, whether this process holds such state, asking each
 adapter (`trialq.trial.frameworks`); the worker asks it after preloading, in the parent
 before every fork, and in every new child.
 
-`auto` preloads the framework the worker's image has: the one of PyTorch, TensorFlow and JAX
-that is installed; where several are, nothing (one line says so: name the modules in
-`TRIALQ_PRELOAD`, as `submit-study --local` does from the spec). Never TensorFlow for a
-PyTorch study because TensorFlow happens to be installed.
+`auto` preloads the frameworks the worker's image has: the one of PyTorch, TensorFlow and JAX
+that is installed; where several are, those safe to import together without a device
+(`TOGETHER`: PyTorch and JAX), never TensorFlow beside another (one line says so: name the
+modules in `TRIALQ_PRELOAD`, as `submit-study --local` does from the spec). Besides, what an
+entrypoint module imports at its top (`trialq.trial.preload_from`: scikit-learn, pandas...)
+is preloaded as `optional` modules: one that fails to import is left out, not fatal.
+`preload` returns what it imported and what it left out, for the worker's ready line.
 
 TensorFlow's and JAX's states are read from private names (docs/design.md, "Private hooks we
 lean on"). Where that cannot be done (a release that renamed what is read, or a read that
@@ -22,18 +25,19 @@ imports nothing in the parent (each trial imports its framework itself, a slower
 
 from __future__ import annotations
 
-import functools
 import gc
 import importlib
 import importlib.util
 import logging
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from trialq.errors import DeviceInParent, PreloadError
 from trialq.trial.frameworks import adapters
 from trialq.trial.frameworks.tensorflow import TF_CONTEXT_MODULE
+from trialq.trial.preload_from import PreloadFrom, preload_from
 from trialq.wire.frameworks import NAMES, PRELOAD
 
 AUTO = "auto"
@@ -45,9 +49,38 @@ NOTHING = "none"
 _CUDA_DRIVER_FILE = "/dev/nvidia-uvm"
 """Opened by the CUDA driver when it initialises (cuInit), and not by NVML's queries."""
 
-__all__ = ["TF_CONTEXT_MODULE", "device_in_use", "preload", "preload_modules"]
+TOGETHER = ("torch", "jax")
+"""Frameworks `auto` preloads side by side where several are installed: each imports without
+starting a device (the guard reads both). TensorFlow is left out beside another: 4-7 s and
+~600 MB a worker for studies that may never use it, and its libraries clash with others'."""
+
+__all__ = ["TF_CONTEXT_MODULE", "Preloaded", "device_in_use", "preload", "preload_modules"]
+
+
+@dataclass(frozen=True)
+class Preloaded:
+    """What a worker's parent imported for its trials, and what it left out, each with why."""
+
+    modules: tuple[str, ...] = ()
+    left_out: tuple[str, ...] = ()
+
+    def line(self) -> str:
+        """`preloaded: torch, sklearn.ensemble; left out: helpers (your own module: ...)`."""
+        shown = ", ".join(self.modules) or "nothing"
+        return shown if not self.left_out else f"{shown}; left out: {', '.join(self.left_out)}"
+
 
 logger = logging.getLogger("trialq.prewarm")
+
+
+def preload_for(
+    choice: str, entrypoint: str | None = None, import_paths: tuple[str, ...] = ()
+) -> Preloaded:
+    """A worker's preload: `choice` (`--preload`), and what `entrypoint`'s module imports
+    at its top (`--preload-from`)."""
+    left_out = auto_left_out() if choice.strip() == AUTO else ()
+    found = preload_from(entrypoint, import_paths) if entrypoint else PreloadFrom()
+    return preload(preload_modules(choice), found.modules, (*left_out, *found.left_out))
 
 
 def preload_modules(choice: str) -> tuple[str, ...]:
@@ -62,8 +95,12 @@ def preload_modules(choice: str) -> tuple[str, ...]:
     return words
 
 
-def preload(modules: tuple[str, ...]) -> None:
-    """Import `modules` here, check they left no device state, then freeze the heap for forks.
+def preload(
+    modules: tuple[str, ...], optional: tuple[str, ...] = (), left_out: tuple[str, ...] = ()
+) -> Preloaded:
+    """Import `modules` here, and of `optional` those that import (the others left out,
+    with why, after `left_out`), check they left no device state, then freeze the heap for
+    forks; what was imported and left out.
 
     `gc.freeze()` moves everything imported so far out of the collector's sight: the parent's
     collection before each fork stops walking the framework's objects (0.2 s a fork with
@@ -75,23 +112,47 @@ def preload(modules: tuple[str, ...]) -> None:
     """
     _quiet_tensorflow_logs()
     modules = _installed_only(modules)
-    gap = guard_gap() if modules else None
+    optional = tuple(name for name in optional if name not in modules)
+    gap = guard_gap() if modules or optional else None
     if gap is not None:
-        _warn_preloading_nothing(modules, gap)
-        modules = ()
+        _warn_preloading_nothing((*modules, *optional), gap)
+        skipped = tuple(f"{name} (the fork guard cannot read {gap})" for name in optional)
+        modules, optional, left_out = (), (), (*left_out, *skipped)
     for name in modules:
         try:
             importlib.import_module(name)
         except Exception as exc:
             raise PreloadError(f"--preload {name}: {type(exc).__name__}: {exc}") from None
+        _check_no_device(name)
+    imported, failed = _import_optional(optional)
+    gc.collect()
+    gc.freeze()
+    return Preloaded((*modules, *imported), (*left_out, *failed))
+
+
+def _import_optional(names: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Those of `names` that import here, and the others, each with its error."""
+    imported: list[str] = []
+    failed: list[str] = []
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except Exception as exc:
+            failed.append(f"{name} (import failed: {type(exc).__name__}: {exc})")
+            continue
+        _check_no_device(name)
+        imported.append(name)
+    return tuple(imported), tuple(failed)
+
+
+def _check_no_device(name: str) -> None:
+    """Refuse, naming the module, a preload that started a device in the parent."""
     reason = device_in_use()
     if reason is not None:
         raise DeviceInParent(
-            f"--preload {','.join(modules)}: {reason} in the worker's parent; forked trials "
-            "would hang. Preload modules that only import their framework."
+            f"--preload {name}: {reason} in the worker's parent; forked trials would hang. "
+            "Preload modules that only import their framework."
         )
-    gc.collect()
-    gc.freeze()
 
 
 def _installed_only(modules: tuple[str, ...]) -> tuple[str, ...]:
@@ -121,16 +182,21 @@ def device_in_use(fd_dir: Path = Path("/proc/self/fd")) -> str | None:
 
 
 def installed_framework_modules() -> tuple[str, ...]:
-    """What `auto` preloads: the modules of the one framework installed here, else nothing."""
+    """What `auto` preloads: the modules of the one framework installed here; of several,
+    those of `TOGETHER` (`auto_left_out` says what is not)."""
     installed = [name for name in NAMES if importlib.util.find_spec(name) is not None]
     if len(installed) == 1:
         return PRELOAD[installed[0]]
-    if installed:
-        _say_once(
-            f"--preload auto: {', '.join(installed)} are installed, so none is preloaded; "
-            "name the study's in TRIALQ_PRELOAD (e.g. torch,torch._dynamo)"
-        )
-    return ()
+    return tuple(module for name in installed if name in TOGETHER for module in PRELOAD[name])
+
+
+def auto_left_out() -> tuple[str, ...]:
+    """The frameworks installed here that `auto` does not preload, each with why."""
+    installed = [name for name in NAMES if importlib.util.find_spec(name) is not None]
+    if len(installed) < 2:
+        return ()
+    why = "not beside another framework: name it in TRIALQ_PRELOAD for its studies"
+    return tuple(f"{name} ({why})" for name in installed if name not in TOGETHER)
 
 
 def guard_gap() -> str | None:
@@ -160,12 +226,6 @@ def _warn_preloading_nothing(modules: tuple[str, ...], gap: str) -> None:
             ",".join(modules),
             gap,
         )
-
-
-@functools.cache
-def _say_once(line: str) -> None:
-    """One line a process (`trialq worker` preloads before Celery does it again)."""
-    logger.warning("%s", line)
 
 
 def _holds_file(fd_dir: Path, target: str) -> bool:

@@ -18,6 +18,7 @@ import redis
 from trialq.wire.broker_away import broker_away
 from trialq.wire.keys import result_key, results_channel
 from trialq.wire.messages import TrialRequest, TrialResult
+from trialq.wire.signing import Seal
 
 RESULT_RETRY_DELAYS_S = (0, 0.5, 1, 2, 4, 8, 15, 30, 30, 30)
 """Waits before each try to store a trial's result: a Redis restart is ridden out for 2 min."""
@@ -29,17 +30,23 @@ class ResultStore:
     """A trial's result in Redis for `key_ttl_s`, at most `max_result_bytes` of JSON.
 
     `client` gives the trial process's Redis client (connected after the fork, never
-    inherited), asked at each write.
+    inherited), asked at each write. With a `seal` (the deployment's result secret) every
+    result is signed for its task id, so that the driver can tell it from a forged one.
     """
 
     retry_delays_s: tuple[float, ...] = RESULT_RETRY_DELAYS_S
 
     def __init__(
-        self, client: Callable[[], redis.Redis], key_ttl_s: int, max_result_bytes: int
+        self,
+        client: Callable[[], redis.Redis],
+        key_ttl_s: int,
+        max_result_bytes: int,
+        seal: Seal | None = None,
     ) -> None:
         self.client = client
         self.key_ttl_s = key_ttl_s
         self.max_result_bytes = max_result_bytes
+        self.seal = seal
 
     def keep(
         self, request: TrialRequest, task_id: str, message: str, away_until: float = 0.0
@@ -80,8 +87,9 @@ class ResultStore:
 
     def keep_now(self, task_id: str, result: TrialResult) -> None:
         """Store the result once, without waiting (the process is about to be killed)."""
+        message = self._signed(task_id, result.model_dump_json())
         with contextlib.suppress(redis.RedisError):
-            self.client().set(result_key(task_id), result.model_dump_json(), ex=self.key_ttl_s)
+            self.client().set(result_key(task_id), message, ex=self.key_ttl_s)
 
     def _announce(self, request: TrialRequest, task_id: str) -> None:
         """Publish the stored result's task id (best effort: a driver that misses it finds
@@ -89,12 +97,16 @@ class ResultStore:
         with contextlib.suppress(redis.RedisError):
             self.client().publish(results_channel(request.study), task_id)
 
-    def bounded_json(self, result: TrialResult) -> str:
-        """The result as JSON; one too large to store keeps the outcome's facts, not the
-        metrics."""
+    def bounded_json(self, task_id: str, result: TrialResult) -> str:
+        """The result as JSON, signed for `task_id` where there is a secret; one too large to
+        store keeps the outcome's facts, not the metrics (the limit is the unsigned JSON's:
+        a signature adds under 100 bytes)."""
         message = result.model_dump_json()
         limit = self.max_result_bytes
-        if len(message) <= limit:
-            return message
-        refused = f"result of {len(message)} bytes refused (limit {limit})"
-        return result.unstorable(refused).model_dump_json()
+        if len(message) > limit:
+            refused = f"result of {len(message)} bytes refused (limit {limit})"
+            message = result.unstorable(refused).model_dump_json()
+        return self._signed(task_id, message)
+
+    def _signed(self, task_id: str, message: str) -> str:
+        return message if self.seal is None else self.seal.signed(task_id, message)

@@ -29,6 +29,7 @@ from trialq.trial.gpu_share import GpuShare
 from trialq.trial.memory_guard import MemoryGuard
 from trialq.trial.metric_value import NotOneNumber, describe, one_number
 from trialq.trial.report_sender import ReportSender
+from trialq.trial.soft_limit import SoftLimitPassed, soft_limit
 from trialq.trial.telemetry import DeviceBaseline, Sampler
 from trialq.wire import failures
 from trialq.wire.channel import ReportChannel, TrialAddress
@@ -62,6 +63,7 @@ def run_trial(
     own_process_group: bool = False,
     gpu: GpuShare | None = None,
     output_max_bytes: int = 0,
+    soft_limit_s: float | None = None,
 ) -> TrialResult:
     """Run the request's entrypoint once and describe how it ended, in the trial's logs too.
 
@@ -78,6 +80,8 @@ def run_trial(
     environment's is read (`GpuShare.from_environment`). Either goes to the framework's adapter
     (`trialq.trial.frameworks`): its settings before the import, its cap before the first op.
     With `output_max_bytes`, the trial prints that much at most (`trialq.trial.output_cap`).
+    With `soft_limit_s` (a worker's trial process), the trial's code gets that long before
+    `SoftLimitPassed` ends it as `timeout` (`trialq.trial.soft_limit`).
     """
     share = _gpu_share(gpu)
     importable = Importable(allowed_modules, import_paths)
@@ -94,7 +98,7 @@ def run_trial(
                 save = _save_quietly(used) if used is not None else None
                 result = _attempt(
                     request, channel, device, importable, timeout_errors, ckpt, saver, save,
-                    share,
+                    share, soft_limit_s,
                 )  # fmt: skip
                 if used is not None:
                     result = _settle_checkpoint(request, result, used)
@@ -114,6 +118,7 @@ def _attempt(
     artifact_saver: Saver | None = None,
     checkpoint_sync: Callable[[], None] | None = None,
     share: GpuShare | None = None,
+    soft_limit_s: float | None = None,
 ) -> TrialResult:
     address = TrialAddress(request.study, request.number, request.attempt)
     reports = _reports(channel)
@@ -125,7 +130,7 @@ def _attempt(
     try:
         with Sampler(device) as sampler, _memory_cap(request, address, channel):
             outcome, metrics, error = _outcome(
-                request, context, device, importable, timeout_errors, framework
+                request, context, device, importable, timeout_errors, framework, soft_limit_s
             )
     finally:
         _flush(reports, timeout_errors)
@@ -164,10 +169,12 @@ def _outcome(
     importable: Importable,
     timeout_errors: tuple[type[BaseException], ...],
     framework: FrameworkSession,
+    soft_limit_s: float | None = None,
 ) -> tuple[Outcome, dict[str, float], str | None]:
     """Every way the entrypoint can end, as (outcome, metrics, error)."""
+    timeout_errors = (*timeout_errors, SoftLimitPassed)
     try:
-        with process_group.forks_exit_here():
+        with process_group.forks_exit_here(), soft_limit(soft_limit_s):
             metrics = _call_entrypoint(request, context, device, importable, framework)
     except TrialPruned:
         return Outcome.PRUNED, {}, None
@@ -282,7 +289,7 @@ def _call_entrypoint(
         before = set(sys.modules)
         train = _load(entrypoint)
     framework.after_import(before)
-    returned = _call(train, request.params, context)
+    returned = call_train(train, request.params, context)
     return numeric_metrics(returned)
 
 
@@ -312,7 +319,7 @@ def _memory_cap(
     return MemoryGuard(request.memory_limit_mb * 1024 * 1024, leave_word)
 
 
-def _call(train: Callable[..., Any], params: dict[str, Any], context: TrialContext) -> Any:
+def call_train(train: Callable[..., Any], params: dict[str, Any], context: TrialContext) -> Any:
     """`train(params, trial)`, or `train(params)` for a function that takes one argument."""
     try:
         takes_context = len(inspect.signature(train).parameters) >= 2

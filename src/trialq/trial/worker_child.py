@@ -27,6 +27,7 @@ from trialq import logs
 from trialq.lifeline import die_with_parent
 from trialq.settings import Settings
 from trialq.trial import checkpoints, process_group
+from trialq.trial.attempt_log import AttemptLog
 from trialq.trial.device import TensorFlowDevice
 from trialq.trial.gpu_attempt import GpuLimits, run_on_share
 from trialq.trial.gpu_attribution import ProcessView
@@ -36,11 +37,13 @@ from trialq.trial.result_store import ResultStore
 from trialq.trial.runner import run_trial
 from trialq.trial.slots import TrialSlots, claim_for_trial
 from trialq.trial.telemetry import DeviceBaseline
+from trialq.trial.threads import hold_threads
 from trialq.wire.channel import ReportChannel
 from trialq.wire.heartbeat import RunningTrial, TrialBeacon
 from trialq.wire.keys import result_key, withdrawn_key
 from trialq.wire.messages import TrialRequest, TrialResult
 from trialq.wire.queue_running import QueueClaim
+from trialq.wire.signing import stored_result_refusal
 
 EX_SOFTWARE = 70
 """Exit status of a pool child that refuses to go on (os.EX_SOFTWARE)."""
@@ -62,8 +65,11 @@ class WorkerChild:
         slots: TrialSlots | None = None,
         baseline: DeviceBaseline | None = None,
         view: ProcessView = ProcessView.UNKNOWN,
+        cpus: int = 1,
     ) -> None:
         self.settings = settings
+        self.cpus = cpus
+        """The trial's library threads unless its request says (`trial/threads.py`)."""
         self.slots = slots
         self.baseline = baseline
         self.view = view
@@ -74,7 +80,10 @@ class WorkerChild:
         self._log_token: Token[Mapping[str, str]] | None = None
         self.stored_result_of: str | None = None
         """The task whose result this process stored under trialq's own key (the last run)."""
-        self.results = ResultStore(self.redis, settings.key_ttl_s, settings.max_result_bytes)
+        self._attempt_log: AttemptLog | None = None
+        self.results = ResultStore(
+            self.redis, settings.key_ttl_s, settings.max_result_bytes, settings.seal
+        )
 
     def redis(self) -> redis.Redis:
         """This process's Redis (connected after the fork, never inherited)."""
@@ -111,6 +120,8 @@ class WorkerChild:
         reads: `trialq.wire.queue_running`)."""
         running = _running_trial(hostname, task_id, payload)
         self._log_token = logs.enter_trial(running)
+        if self.settings.trial_log_dir is not None:
+            self._attempt_log = AttemptLog(self.settings.trial_log_dir, running).open()
         interval, ttl = self.settings.heartbeat_interval_s, self.settings.heartbeat_ttl_s
         on_queue = QueueClaim.for_delivery(routing_key, task_id) if routing_key else None
         self._beacon = TrialBeacon(
@@ -125,6 +136,9 @@ class WorkerChild:
         if self._log_token is not None:
             logs.leave_trial(self._log_token)
             self._log_token = None
+        if self._attempt_log is not None:
+            self._attempt_log.close()
+            self._attempt_log = None
 
     def run(
         self,
@@ -135,10 +149,11 @@ class WorkerChild:
         """Run one trial attempt and return its `TrialResult` as JSON (stored first); None
         for one not run: withdrawn by the driver, or a redelivery of one that ended."""
         request = TrialRequest.model_validate(payload)
-        if self.redis().exists(withdrawn_key(task_id), result_key(task_id)):
+        if self._withdrawn_or_ended(task_id):
             return None
         share = self._take_slot()
-        channel = ReportChannel(self.redis(), self.settings.key_ttl_s)
+        hold_threads(request.cpus or self.cpus)  # before anything the trial imports starts
+        channel = ReportChannel(self.redis(), self.settings.key_ttl_s, self.settings.seal)
         root = self.settings.checkpoint_root or checkpoints.default_root()
         limits = GpuLimits(
             self.settings.nvml_module, self.settings.gpu_baseline_tolerance_mb,
@@ -150,7 +165,9 @@ class WorkerChild:
             lambda: self._run(request, channel, root, share, timeout_errors),
             lambda oom: self.results.keep_now(task_id, oom),
         )  # fmt: skip
-        message = self.results.bounded_json(result)
+        if self._attempt_log is not None and self._attempt_log.written:
+            result = result.model_copy(update={"log_file": str(self._attempt_log.path)})
+        message = self.results.bounded_json(task_id, result)
         away_until = time.monotonic() + (request.hard_limit_s or request.timeout_s or 0.0)
         _despite(timeout_errors, lambda: self._keep(request, task_id, message, away_until))
         with contextlib.suppress(OSError, redis.RedisError, *timeout_errors):
@@ -163,6 +180,24 @@ class WorkerChild:
         """Store the result under trialq's key, and remember whether it is there."""
         kept = self.results.keep(request, task_id, message, away_until)
         self.stored_result_of = task_id if kept else None
+
+    def _withdrawn_or_ended(self, task_id: str) -> bool:
+        """Whether the driver withdrew the task, or it has a result already (a redelivery of
+        a trial that ended), asked in one round trip: a result this worker cannot verify with
+        its secret is someone else's, and the trial runs."""
+        pipe = self.redis().pipeline(transaction=False)
+        pipe.exists(withdrawn_key(task_id))
+        pipe.get(result_key(task_id))
+        withdrawn, stored = pipe.execute()
+        if withdrawn or stored is None:
+            return bool(withdrawn)
+        refusal = stored_result_refusal(self.settings.seal, task_id, stored)
+        if refusal is None:
+            return True
+        logger.warning(
+            "a result stored for task %s set aside, the trial runs: %s", task_id, refusal
+        )
+        return False
 
     def _take_slot(self) -> GpuShare | None:
         """Wait for a trial slot; put its GPUs and budget into this process's environment
@@ -195,11 +230,13 @@ class WorkerChild:
             own_process_group=True,
             gpu=share,
             output_max_bytes=self.settings.trial_output_max_bytes,
+            soft_limit_s=request.timeout_s,
         )
 
 
 def _despite(timeout_errors: tuple[type[BaseException], ...], step: Callable[[], None]) -> None:
-    """Run a step after the trial returned, again if the soft time limit interrupts it: the
+    """Run a step after the trial returned, again if Celery's soft time limit interrupts it
+    (a request from a driver that still sets it; the trial's own is disarmed by now): the
     trial's outcome is decided, and a limit that passed while Redis was waited for changes
     nothing (issue 38, row 4). Celery raises it once; the hard limit still ends the process.
     """

@@ -132,7 +132,9 @@ def _pyplot() -> Any:
     try:
         import matplotlib
     except ImportError:
-        raise UsageError("trialq report needs matplotlib: pip install 'trialq[report]'") from None
+        raise UsageError(
+            "trialq report needs matplotlib: pip install -e '.[report]' in trialq's checkout"
+        ) from None
     if "matplotlib.pyplot" not in sys.modules:
         matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -37,6 +37,7 @@ class TrialRow:
     gpu_peak_bytes: int | None
     gpu_utilization_mean: float | None
     error: str | None
+    log_file: str | None = None
 
     @property
     def label(self) -> str:
@@ -72,6 +73,7 @@ def _row(trial: optuna.trial.FrozenTrial) -> TrialRow:
         gpu_peak_bytes=record.gpu_peak,
         gpu_utilization_mean=record.gpu_utilization_mean,
         error=headline(record.error),
+        log_file=record.log_file,
     )
 
 

@@ -12,6 +12,7 @@ import json
 import sys
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import optuna
@@ -130,6 +131,11 @@ def _print_tables(
         console.print(last_run)
     for row in [r for r in rows if r.error][-MAX_FAILURES_SHOWN:]:
         console.print(f"  [red]#{row.number} {row.outcome}[/red]: {row.error}", markup=True)
+        if row.log_file:
+            console.print(f"    log: {row.log_file}", markup=False, highlight=False)
+    logged = [r.log_file for r in rows if r.log_file]
+    if logged:
+        console.print(f"trials' logs: {Path(logged[-1]).parent}", markup=False, highlight=False)
     if workers is None:
         console.print(f"live workers: unknown (the broker did not answer: {asked})")
     elif not workers:

@@ -28,6 +28,7 @@ from trialq.wire.keys import (
     STOP,
     trial_key,
 )
+from trialq.wire.signing import REPORT_SIGNATURE_FIELD, Seal
 
 _log = logging.getLogger("trialq.reports")
 
@@ -46,6 +47,11 @@ class TrialAddress:
     def key(self, part: str) -> str:
         """A Redis key that belongs to this attempt (`trialq.wire.keys.trial_key`)."""
         return trial_key(self.study, self.number, self.attempt, part)
+
+    @property
+    def parts(self) -> tuple[str, int, int]:
+        """(study, number, attempt): what a report's signature binds it to."""
+        return (self.study, self.number, self.attempt)
 
 
 @dataclass(frozen=True)
@@ -94,11 +100,16 @@ class Report:
 class ReportChannel:
     """Both ends of the channel; the trial writes reports, the driver reads them."""
 
-    def __init__(self, client: redis.Redis, key_ttl_s: int = DEFAULT_KEY_TTL_S) -> None:
+    def __init__(
+        self, client: redis.Redis, key_ttl_s: int = DEFAULT_KEY_TTL_S, seal: Seal | None = None
+    ) -> None:
         self._client = client
         self._key_ttl_s = key_ttl_s
         """Channel keys vanish this long after their last write, even if nobody cleans them:
         `TRIALQ_KEY_TTL_S`, handed in by whoever holds the settings."""
+        self._seal = seal
+        """With the deployment's result secret: the trial signs each report, and the driver
+        refuses one that does not verify (`trialq.wire.signing`)."""
 
     def report(self, address: TrialAddress, step: int, value: float) -> None:
         """Append one intermediate value (called by the trial, maybe every epoch).
@@ -107,7 +118,7 @@ class ReportChannel:
         """
         key = address.key(REPORTS)
         pipe = self._client.pipeline(transaction=False)
-        pipe.xadd(key, {"step": step, "value": repr(value)}, maxlen=MAX_REPORTS_KEPT)
+        pipe.xadd(key, self._fields(address, step, value), maxlen=MAX_REPORTS_KEPT)  # type: ignore[arg-type]
         pipe.expire(key, self._key_ttl_s)
         with contextlib.suppress(redis.RedisError):
             pipe.execute()
@@ -115,7 +126,8 @@ class ReportChannel:
     def with_timeout(self, seconds: float) -> ReportChannel:
         """The same channel over a client of its own whose every connect and reply is
         awaited `seconds` at most, and never retried: for a caller that retries itself."""
-        return ReportChannel(_client_with_timeout(self._client, seconds), self._key_ttl_s)
+        client = _client_with_timeout(self._client, seconds)
+        return ReportChannel(client, self._key_ttl_s, self._seal)
 
     def send_reports(self, address: TrialAddress, reports: Sequence[NumberedReport]) -> None:
         """Append numbered values in one round trip; raises `redis.RedisError` if Redis did
@@ -125,12 +137,20 @@ class ReportChannel:
         key = address.key(REPORTS)
         pipe = self._client.pipeline(transaction=False)
         for report in reports:
-            fields = {"step": report.step, "value": repr(report.value)}
+            fields = self._fields(address, report.step, report.value)
             pipe.xadd(key, fields, id=f"0-{report.seq}", maxlen=MAX_REPORTS_KEPT)  # type: ignore[arg-type]
         pipe.expire(key, self._key_ttl_s)
         for answer in pipe.execute(raise_on_error=False):
             if isinstance(answer, redis.ResponseError) and not _already_there(answer):
                 raise answer
+
+    def _fields(self, address: TrialAddress, step: int, value: float) -> dict[str, str | int]:
+        """A report's stream entry: its step, its value as text, and its signature."""
+        fields: dict[str, str | int] = {"step": step, "value": repr(value)}
+        if self._seal is not None:
+            signature = self._seal.report_signature(address.parts, step, repr(value))
+            fields[REPORT_SIGNATURE_FIELD] = signature
+        return fields
 
     def flags(self, address: TrialAddress) -> Flags:
         """Both flags an attempt reads, in one round trip; raises `redis.RedisError`."""
@@ -194,7 +214,7 @@ class ReportChannel:
         answer: Any = self._client.xread(streams)  # type: ignore[arg-type]
         for key, entries in answer or []:
             address = by_key[_text(key)]
-            found[address] = _kept(address, entries)
+            found[address] = _kept(address, entries, self._seal)
         return found
 
     def forget(self, *addresses: TrialAddress) -> None:
@@ -225,12 +245,16 @@ def _client_with_timeout(client: redis.Redis, seconds: float) -> redis.Redis:
     return redis.Redis(connection_pool=redis.ConnectionPool(pool.connection_class, **kwargs))
 
 
-def _kept(address: TrialAddress, entries: list[Any]) -> list[Report]:
+def _kept(address: TrialAddress, entries: list[Any], seal: Seal | None) -> list[Report]:
     """The stream's entries as reports, less those the storage cannot hold (an old worker's,
-    anyone's who writes to Redis): each refused in the driver's log, never written."""
+    anyone's who writes to Redis) and, with a seal, those that do not verify: each refused in
+    the driver's log, never written."""
     reports: list[Report] = []
     for entry_id, fields in entries:
         report, refusal = _to_report(entry_id, fields)
+        if report is not None and seal is not None:
+            refusal = _unverified(seal, address, fields)
+            report = None if refusal is not None else report
         if report is not None:
             reports.append(report)
         else:
@@ -239,6 +263,15 @@ def _kept(address: TrialAddress, entries: list[Any]) -> list[Report]:
                 address.study, address.number, address.attempt, refusal,
             )  # fmt: skip
     return reports
+
+
+def _unverified(
+    seal: Seal, address: TrialAddress, fields: dict[bytes | str, bytes | str]
+) -> str | None:
+    """Why a well-formed report's signature does not verify, or None."""
+    decoded = {_text(k): _text(v) for k, v in fields.items()}
+    step, value = int(decoded["step"]), decoded["value"]
+    return seal.report_refusal(address.parts, step, value, decoded.get(REPORT_SIGNATURE_FIELD))
 
 
 def _to_report(

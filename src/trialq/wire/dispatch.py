@@ -77,7 +77,9 @@ class Dispatcher(Protocol):
         return the task id. Its time limits are the request's (`timeout_s`, `hard_limit_s`)."""
 
     def statuses(self, task_ids: Iterable[str]) -> dict[str, TaskStatus]:
-        """The current status of each task id, in one round trip where possible."""
+        """The current status of each task id, in one round trip where possible. A result is
+        FINISHED only where it is trusted (signed for its task with the deployment's secret,
+        where there is one: `trialq.wire.signing`); one set aside counts as none."""
 
     def pending_ids(self, queue: str) -> set[str]:
         """Task ids the broker still holds for the queue (queued or reserved by a worker)."""

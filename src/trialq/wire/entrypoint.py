@@ -103,6 +103,22 @@ class Entrypoint:
         except (EntrypointError, OSError, UnicodeDecodeError):
             return None
 
+    def module_folder(self, base: Path) -> Path | None:
+        """The `sys.path` folder this process imports a module target's top package from;
+        None for a file target, or one not found."""
+        if self.is_file:
+            return None
+        top = self.target.split(".")[0]
+        with importable_from(base):
+            try:
+                found = importlib.util.find_spec(top)
+            except (ImportError, ValueError):
+                return None
+        if found is None or not found.origin or not found.has_location:
+            return None
+        origin = Path(found.origin)
+        return origin.parent.parent if origin.name == "__init__.py" else origin.parent
+
     def _source_path(self, base: Path, where: str) -> Path | None:
         if self.is_file:
             path = (base / self.target).resolve()

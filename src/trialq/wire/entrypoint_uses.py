@@ -91,3 +91,31 @@ def _outside_scopes(tree: ast.Module) -> Iterator[ast.AST]:
         yield node
         if not isinstance(node, _SCOPES):
             pending.extend(ast.iter_child_nodes(node))
+
+
+def top_level_imports(source: str) -> list[str]:
+    """The absolute imports a module runs as it is imported, in source order: its top-level
+    statements, and those in its top-level `try`, `with` and `if` blocks, less an
+    `if TYPE_CHECKING:` block (never run). `import a.b` gives `a.b`; `from a.b import c`
+    gives `a.b` (`c` may be a name, not a module). Raises SyntaxError for source that is not
+    Python."""
+    found: list[str] = []
+    pending: list[ast.stmt] = list(ast.parse(source).body)
+    while pending:
+        node = pending.pop(0)
+        if isinstance(node, ast.Import):
+            found += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.append(node.module)
+        elif isinstance(node, ast.If) and not _type_checking(node.test):
+            pending[:0] = [*node.body, *node.orelse]
+        elif isinstance(node, ast.Try):
+            pending[:0] = [*node.body, *node.orelse, *node.finalbody]
+        elif isinstance(node, ast.With):
+            pending[:0] = node.body
+    return list(dict.fromkeys(found))
+
+
+def _type_checking(test: ast.expr) -> bool:
+    name = test.attr if isinstance(test, ast.Attribute) else getattr(test, "id", None)
+    return name == "TYPE_CHECKING"

@@ -315,6 +315,30 @@ def _live_values(client: redis.Redis, prefix: str) -> list[dict[str, Any]]:
     return [json.loads(raw) for raw in client.mget(keys) if raw is not None]
 
 
+def twin_beating(
+    client: redis.Redis,
+    name: str,
+    within_s: float,
+    me: tuple[str, int] = (socket.gethostname(), 0),
+    poll_s: float = 0.25,
+) -> WorkerBeat | None:
+    """Another live worker's heartbeat under `name`: one renewed within `within_s` (a live
+    worker rewrites it every interval) by a process other than `me` (host, pid). None where
+    no key is there, or it stays as it was (a dead predecessor's, left to its TTL): a worker
+    restarted under its fixed name waits that long at most, and only then."""
+    first = client.get(worker_key(name))
+    deadline = time.monotonic() + within_s
+    while first is not None and time.monotonic() < deadline:
+        time.sleep(poll_s)
+        now = client.get(worker_key(name))
+        if now is None:
+            return None
+        if now != first:
+            beat = WorkerBeat.from_json(json.loads(now))
+            return None if (beat.host, beat.pid) == me else beat
+    return None
+
+
 def is_alive(client: redis.Redis, worker_name: str) -> bool:
     """Whether the named worker (Celery's nodename) still beats."""
     return bool(client.exists(worker_key(worker_name)))

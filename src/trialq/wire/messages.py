@@ -107,6 +107,8 @@ class TrialRequest(_Message):
     framework: FrameworkChoice = "auto"
     """The spec's `[trial] framework`: whose environment, memory cap and peaks the trial
     process sets and reads (`trialq.trial.frameworks`); `auto` finds it from the entrypoint."""
+    cpus: int | None = Field(default=None, ge=1)
+    """The spec's `[trial] cpus`: the trial's library threads; None: the worker's share."""
 
     @model_validator(mode="after")
     def _killed_after_the_soft_limit(self) -> TrialRequest:
@@ -145,6 +147,7 @@ class Measured(TypedDict, total=False):
     device_refused: bool
     checkpoint_removed: bool
     artifacts: tuple[ArtifactMeta, ...]
+    log_file: str | None
 
 
 class TrialResult(_Message):
@@ -210,6 +213,9 @@ class TrialResult(_Message):
     artifacts: tuple[ArtifactMeta, ...] = ()
     """Files the trial stored with `trial.save_artifact`: the meta the driver links to the
     trial as `optuna.artifacts.upload_artifact` does (workers never touch the storage)."""
+    log_file: str | None = None
+    """The attempt's own log on its worker's host (`trial/attempt_log.py`), where the
+    worker writes one (`TRIALQ_TRIAL_LOG_DIR`; `--local` does)."""
 
     @classmethod
     def of(cls, request: TrialRequest, outcome: Outcome, error: str | None = None) -> TrialResult:

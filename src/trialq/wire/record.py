@@ -53,6 +53,7 @@ class TrialRecord(BaseModel):
     gpu_accounting_note: str | None = None
     reports_dropped: int | None = None
     fitted_batch_size: int | None = None
+    log_file: str | None = None
 
     @classmethod
     def told(
@@ -95,8 +96,19 @@ class TrialRecord(BaseModel):
         return Outcome.read(self.outcome)
 
     @property
+    def ran_on_a_gpu(self) -> bool:
+        """Whether the trial's record holds any GPU reading: its slot's model or budget, its
+        framework's peaks on a GPU, NVML's peak. A trial of a CPU-only worker has none."""
+        readings = (self.gpu_model, self.gpu_budget_bytes, self.gpu_peaks_bytes,
+                    self.gpu_memory_used_peak_bytes)  # fmt: skip
+        return any(reading is not None for reading in readings)
+
+    @property
     def gpu_hours(self) -> float:
-        """GPU-hours the trial used: its duration times its GPUs (one unless recorded)."""
+        """GPU-hours the trial used: its duration times its GPUs (one unless recorded); 0
+        for a trial that ran on no GPU (`max_gpu_hours` counts GPUs, not trials)."""
+        if not self.ran_on_a_gpu:
+            return 0.0
         gpus = 1 if self.gpus is None else self.gpus
         return (self.duration_s or 0.0) * gpus / 3600
 

@@ -29,9 +29,10 @@ from trialq.trial.gpu_inventory import Nvml
 from trialq.trial.gpu_plan import GpuPlan
 from trialq.trial.gpu_share import VISIBLE, GpuShare
 from trialq.trial.nvml_probe import ProbeResult, probe
-from trialq.trial.prewarm import device_in_use, preload, preload_modules
+from trialq.trial.prewarm import Preloaded, device_in_use, preload_for
 from trialq.trial.slots import TrialSlots
 from trialq.trial.telemetry import MIB, DeviceBaseline
+from trialq.trial.threads import threads_per_trial, usable_cores
 from trialq.trial.worker_child import WorkerChild
 from trialq.wire.eviction import eviction_warning
 from trialq.wire.heartbeat import GpuBeat, Heartbeat, WorkerBeat
@@ -60,6 +61,11 @@ class WorkerState:
         """Created by `open_slots` in the parent before the pool forks: every child
         inherits them."""
         self.heartbeat: Heartbeat | None = None
+        self.concurrency = 1
+        """Trials at once (the pool's processes, the slots with `--gpus`): set by the Celery
+        edge as it builds the pool; what the host's cores are shared among."""
+        self.preloaded = Preloaded()
+        """What `preload` imported and left out, for the worker's ready line."""
 
     # Starting, before the pool forks.
 
@@ -83,8 +89,11 @@ class WorkerState:
     def preload(self) -> None:
         """Import the framework in the parent, before the pool forks (`trialq worker` did
         already)."""
+        settings = self.settings
         try:
-            preload(preload_modules(self.settings.preload))
+            self.preloaded = preload_for(
+                settings.preload, settings.preload_from, settings.import_paths
+            )
         except TrialqError as exc:
             print(f"error: {exc}", file=sys.stderr)
             raise SystemExit(exc.exit_code) from None
@@ -170,7 +179,8 @@ class WorkerState:
 
     def child(self, backend: Callable[[], redis.Redis]) -> WorkerChild:
         """The steps of a trial process forked from this parent, with what it inherits."""
-        return WorkerChild(self.settings, backend, self.slots, self.baseline, self.view)
+        cpus = self.settings.trial_cpus or threads_per_trial(usable_cores(), self.concurrency)
+        return WorkerChild(self.settings, backend, self.slots, self.baseline, self.view, cpus)
 
     # Running.
 
@@ -209,9 +219,9 @@ class WorkerState:
         found = "" if self.probe is None else f"; GPU processes: {self.probe.view.said()}"
         measured = f"; {self.gpu_measures.line()}" if self.gpu_measures is not None else ""
         logger.info(
-            "worker %s ready: broker %s, queues %s, %d trial(s) at a time%s%s",
-            name, redacted_url(self.settings.broker_url), ",".join(queues), concurrency, found,
-            measured,
+            "worker %s ready: broker %s, queues %s, %d trial(s) at a time%s%s; preloaded for "
+            "trials: %s", name, redacted_url(self.settings.broker_url), ",".join(queues),
+            concurrency, found, measured, self.preloaded.line(),
         )  # fmt: skip
 
     # Stopping.

@@ -48,6 +48,10 @@ class TrialStore(ABC):
     def set_attrs(self, trial: optuna.Trial, attrs: Mapping[str, Any]) -> None:
         """User attrs on a trial not yet told, written together."""
 
+    def told(self, trial: optuna.Trial) -> FrozenTrial:
+        """The trial as the driver wrote it (from the driver's copy, not the database)."""
+        return self.study._storage.get_trial(trial._trial_id)
+
     @abstractmethod
     def annotate(self, trial: optuna.Trial, attrs: Mapping[str, Any]) -> None:
         """User attrs on a trial however it ended (one finished from outside, too)."""

@@ -1,0 +1,199 @@
+"""The seam between the driver and the trackers: what a tracker is given, and `Tracking`,
+which runs the trackers on a thread of its own so a slow or absent tracking server never
+holds the loop up, and says once, in one line, when one fails.
+
+A tracker records a trial under a key of the study's name and the trial's number, and looks
+it up before it creates anything: a trial told again (a re-sent attempt, a driver restarted
+on the same study) updates its record, never makes a second one.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_for
+from dataclasses import dataclass, field
+from datetime import datetime
+from functools import partial
+from pathlib import Path
+from typing import Any, Protocol
+
+CLOSE_WAIT_S = 60.0
+"""How long the end of a run waits for the trackers' last records; what is left is said
+missing."""
+
+
+@dataclass(frozen=True)
+class StudyInfo:
+    """The study the trackers record: its name, objectives and where files go."""
+
+    name: str
+    directions: tuple[str, ...]
+    metric_names: tuple[str, ...]
+    """One name per objective: the spec's metrics, else `value` (`values_N` for several)."""
+    spec_folder: Path
+    """Relative paths in `[tracking]` are taken from here."""
+    artifact_root: Path | None = None
+    """The study's artifact folder where it is a local one (TensorBoard's default home)."""
+
+
+@dataclass(frozen=True)
+class ToldTrial:
+    """One trial as the driver told it."""
+
+    number: int
+    state: str
+    """Optuna's state: COMPLETE, PRUNED or FAIL."""
+    params: Mapping[str, Any]
+    values: tuple[float, ...] | None
+    intermediate: Mapping[int, float]
+    """The trial's reports, by step."""
+    attrs: Mapping[str, Any]
+    """Its user attrs (`trialq.wire.record.TrialRecord`): outcome, attempts, worker host,
+    metrics, GPU peaks."""
+    started: datetime | None = None
+    ended: datetime | None = None
+
+    @property
+    def final_metrics(self) -> dict[str, float]:
+        """The numeric metrics the trial returned, beside its objective values."""
+        metrics = self.attrs.get("metrics") or {}
+        return {
+            str(name): float(value)
+            for name, value in metrics.items()
+            if isinstance(value, int | float) and not isinstance(value, bool)
+        }
+
+    @property
+    def summary_attrs(self) -> dict[str, str | int | float]:
+        """What every tracker records of how it ran: outcome, attempts, where, GPU peaks."""
+        keys = ("outcome", "attempts", "retries", "preemptions", "worker_host",
+                "duration_s", "peak_rss_bytes", "gpu_peak_bytes", "gpu_memory_used_peak_bytes",
+                "framework", "gpu_model", "error")  # fmt: skip
+        found = {key: self.attrs.get(key) for key in keys}
+        return {"state": self.state} | {
+            k: v for k, v in found.items() if isinstance(v, str | int | float)
+        }
+
+    def objective_values(self, study: StudyInfo) -> dict[str, float]:
+        """Its objective values by metric name; none for a trial that has none."""
+        return dict(zip(study.metric_names, self.values or (), strict=False))
+
+
+class Tracker(Protocol):
+    """One tracking library's records of a study."""
+
+    name: str
+
+    def start(self, study: StudyInfo) -> None:
+        """Open (or find again) the study's record, once a run."""
+
+    def record(self, trial: ToldTrial) -> None:
+        """Record a told trial, found by the study and its number: never twice."""
+
+    def close(self) -> None:
+        """Finish the study's record for this run."""
+
+
+@dataclass
+class Tracking:
+    """The trackers of a run, on one thread: `told` returns at once; a tracker that fails
+    is warned of once and its trial kept, tried again with the next (catching up), and said
+    missing at `close` if it never went in."""
+
+    trackers: Sequence[Tracker]
+    study: StudyInfo | None = None
+    close_wait_s: float = CLOSE_WAIT_S
+    warn: Callable[[str], None] = field(default=lambda line: print(line, file=sys.stderr))
+    missing: dict[str, list[int]] = field(default_factory=dict)
+    _pending: dict[str, list[ToldTrial]] = field(default_factory=dict)
+    _started: set[str] = field(default_factory=set)
+    _warned: set[str] = field(default_factory=set)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _futures: list[Future[None]] = field(default_factory=list)
+    _thread: ThreadPoolExecutor | None = None
+
+    def start(self, study: StudyInfo) -> None:
+        """Open each tracker's study record (on the tracking thread)."""
+        self.study = study
+        if self.trackers:
+            self._thread = ThreadPoolExecutor(1, thread_name_prefix="trialq-tracking")
+            self._submit(self._start_all)
+
+    @property
+    def active(self) -> bool:
+        """Whether any tracker records (else the driver builds no `ToldTrial`)."""
+        return self._thread is not None
+
+    def told(self, trial: ToldTrial) -> None:
+        """Record `trial` in every tracker, behind the loop's back."""
+        if self._thread is not None:
+            self._submit(lambda: self._record_all(trial))
+
+    def close(self) -> dict[str, list[int]]:
+        """Wait (bounded) for the records on their way; the trial numbers each tracker
+        missed, said in one line each."""
+        if self._thread is None:
+            return {}
+        self._submit(self._close_all)
+        _, waiting = wait_for(self._futures, timeout=self.close_wait_s)
+        self._thread.shutdown(wait=False, cancel_futures=True)
+        with self._lock:
+            for tracker in self.trackers:
+                left = [t.number for t in self._pending.get(tracker.name, [])]
+                if waiting or left:
+                    self.missing[tracker.name] = sorted(left)
+        for name, numbers in self.missing.items():
+            shown = ", ".join(f"#{n}" for n in numbers[:10]) or "the last trials"
+            self.warn(f"warning: tracking: {name}: not recorded: {shown} (the study is whole)")
+        return self.missing
+
+    def _submit(self, work: Callable[[], None]) -> None:
+        assert self._thread is not None
+        self._futures = [f for f in self._futures if not f.done()]
+        self._futures.append(self._thread.submit(work))
+
+    def _start_all(self) -> None:
+        for tracker in self.trackers:
+            self._open(tracker)
+
+    def _open(self, tracker: Tracker) -> bool:
+        """Whether the tracker's study record is open (opened now if it was not)."""
+        if tracker.name not in self._started:
+            assert self.study is not None
+            study = self.study
+            if not self._guarded(tracker, lambda: tracker.start(study)):
+                return False
+            self._started.add(tracker.name)
+        return True
+
+    def _record_all(self, trial: ToldTrial) -> None:
+        for tracker in self.trackers:
+            with self._lock:
+                pending = self._pending.setdefault(tracker.name, [])
+                pending.append(trial)
+            if not self._open(tracker):
+                continue
+            while pending and self._guarded(tracker, partial(tracker.record, pending[0])):
+                with self._lock:
+                    pending.pop(0)
+
+    def _close_all(self) -> None:
+        for tracker in self.trackers:
+            if tracker.name in self._started:
+                self._guarded(tracker, tracker.close)
+
+    def _guarded(self, tracker: Tracker, work: Callable[[], None]) -> bool:
+        """Run one tracker's work; a failure is warned of once a tracker, never raised."""
+        try:
+            work()
+        except Exception as exc:
+            if tracker.name not in self._warned:
+                self._warned.add(tracker.name)
+                reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+                self.warn(f"warning: tracking: {tracker.name} failed, the study goes on "
+                          f"(its records catch up when it answers): {reason}")  # fmt: skip
+            return False
+        return True

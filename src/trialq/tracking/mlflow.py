@@ -1,0 +1,130 @@
+"""MLflow: one parent run per study, a nested run per trial with its params, final metrics,
+reports by step (`reports/<objective>`), outcome, attempts, worker host and GPU peaks.
+
+Runs are found by their tags before one is made (`trialq.study`, `trialq.trial_number`):
+a trial recorded again (a re-sent attempt told once, a driver restarted on the study) finds
+its run, and one recorded whole is left as it is. Written through an `MlflowClient` of its
+own, never MLflow's global active run, which the user's own code may be using.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from mlflow.entities import Metric, Param, RunTag
+from mlflow.tracking import MlflowClient
+
+from trialq.tracking.base import StudyInfo, ToldTrial
+from trialq.tracking.config import MlflowTracking
+
+STUDY_TAG = "trialq.study"
+TRIAL_TAG = "trialq.trial_number"
+ROLE_TAG = "trialq.role"
+RECORDED_TAG = "trialq.recorded"
+"""Set once a trial's run holds everything: a run without it is written again."""
+PARENT_TAG = "mlflow.parentRunId"
+RUN_NAME_TAG = "mlflow.runName"
+
+_STATUS = {"COMPLETE": "FINISHED", "PRUNED": "KILLED", "FAIL": "FAILED"}
+
+
+class MlflowTracker:
+    """Runs in an MLflow experiment (docs/tracking.md)."""
+
+    name = "mlflow"
+
+    def __init__(self, config: MlflowTracking) -> None:
+        self._config = config
+        self._study: StudyInfo | None = None
+        self._client: MlflowClient | None = None
+        self.experiment_id = ""
+        self.parent_run_id = ""
+
+    def start(self, study: StudyInfo) -> None:
+        self._study = study
+        self._client = MlflowClient(tracking_uri=tracking_uri(self._config, study.spec_folder))
+        experiment = self._config.experiment or study.name
+        found = self._client.get_experiment_by_name(experiment)
+        self.experiment_id = (
+            found.experiment_id if found else self._client.create_experiment(experiment)
+        )
+        parent = self._find({ROLE_TAG: "study"})
+        if parent is None:
+            tags = {STUDY_TAG: study.name, ROLE_TAG: "study", RUN_NAME_TAG: study.name}
+            self.parent_run_id = self._client.create_run(self.experiment_id, tags=tags).info.run_id
+        else:
+            self.parent_run_id = parent
+            self._client.update_run(parent, status="RUNNING")
+
+    def record(self, trial: ToldTrial) -> None:
+        assert self._client is not None and self._study is not None
+        found = self._find({ROLE_TAG: "trial", TRIAL_TAG: str(trial.number)})
+        if found is not None and self._client.get_run(found).data.tags.get(RECORDED_TAG):
+            return  # recorded whole before: never twice
+        run_id = found or self._create(trial)
+        params, metrics, tags = _contents(trial, self._study)
+        self._client.log_batch(run_id, metrics=metrics, params=params, tags=tags)
+        self._client.set_tag(run_id, RECORDED_TAG, "true")
+        end = int(trial.ended.timestamp() * 1000) if trial.ended else None
+        self._client.set_terminated(run_id, status=_STATUS.get(trial.state, "FINISHED"),
+                                    end_time=end)  # fmt: skip
+
+    def close(self) -> None:
+        if self._client is not None and self.parent_run_id:
+            self._client.set_terminated(self.parent_run_id, status="FINISHED")
+
+    def _create(self, trial: ToldTrial) -> str:
+        assert self._client is not None and self._study is not None
+        tags = {PARENT_TAG: self.parent_run_id, STUDY_TAG: self._study.name, ROLE_TAG: "trial",
+                TRIAL_TAG: str(trial.number), RUN_NAME_TAG: f"trial-{trial.number}"}  # fmt: skip
+        start = int(trial.started.timestamp() * 1000) if trial.started else None
+        run = self._client.create_run(self.experiment_id, start_time=start, tags=tags)
+        return str(run.info.run_id)
+
+    def _find(self, tags: dict[str, str]) -> str | None:
+        """The run of this study with these tags, if one was made."""
+        assert self._client is not None and self._study is not None
+        wanted = {STUDY_TAG: self._study.name, **tags}
+        query = " and ".join(f"tags.`{key}` = '{value}'" for key, value in wanted.items())
+        runs = self._client.search_runs([self.experiment_id], filter_string=query, max_results=1)
+        return str(runs[0].info.run_id) if runs else None
+
+
+def tracking_uri(config: MlflowTracking, spec_folder: Path) -> str | None:
+    """The configured tracking URI with a relative file or SQLite path made the spec
+    folder's; None: MLflow's own default."""
+    uri = config.tracking_uri
+    if uri is None:
+        return None
+    for prefix in ("sqlite:///", "file:"):
+        rest = uri.removeprefix(prefix)
+        if uri.startswith(prefix) and not rest.startswith("/"):
+            return f"{prefix}{(spec_folder / rest).resolve()}"
+    return uri
+
+
+def _contents(trial: ToldTrial, study: StudyInfo) -> tuple[list[Param], list[Metric], list[RunTag]]:
+    """A trial's params, metrics (reports by step, then its final values) and tags."""
+    now = int(time.time() * 1000)
+    params = [Param(name, str(value)) for name, value in trial.params.items()]
+    objective = study.metric_names[0]
+    metrics = [Metric(f"reports/{objective}", value, now, step)
+               for step, value in sorted(trial.intermediate.items())]  # fmt: skip
+    last = max(trial.intermediate, default=0)
+    finals: dict[str, Any] = {**trial.final_metrics, **trial.objective_values(study)}
+    attrs = trial.summary_attrs
+    finals |= {f"trialq/{k}": v for k, v in attrs.items() if _is_number(v)}
+    metrics += [Metric(key, float(value), now, last) for key, value in finals.items()]
+    tags = [RunTag(f"trialq.{k}", str(v)[:5000]) for k, v in attrs.items() if not _is_number(v)]
+    return params, metrics, tags
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def tracker(config: MlflowTracking) -> MlflowTracker:
+    """The registry's entry (`trialq.tracking.registry`)."""
+    return MlflowTracker(config)

@@ -1,0 +1,107 @@
+"""`trialq run-trial`: one trial in the caller's own process, its reports printed, told to
+no study unless `--tell` asks; a bad `--params` is one line and exit 2."""
+
+from __future__ import annotations
+
+import json
+import os
+import textwrap
+from pathlib import Path
+
+import optuna
+import pytest
+
+from trialq.cli import trialq_main
+
+TRAIN = """
+import os
+from trialq import TrialPruned
+
+def train(params, trial):
+    for step in range(3):
+        trial.report(params["x"] * step, step)
+        if trial.should_prune():
+            raise TrialPruned()
+    (trial.checkpoint_dir / "saved").write_text("step 3")
+    if params["kind"] == "bad":
+        raise ValueError("the user's own bug")
+    return {"score": params["x"] * 2, "pid": float(os.getpid())}
+"""
+
+SPEC = """
+[study]
+name = "here"
+metric = "score"
+direction = "maximize"
+n_trials = 4
+[trial]
+entrypoint = "train.py:train"
+[space.x]
+type = "float"
+low = 0
+high = 1
+[space.kind]
+type = "categorical"
+choices = ["good", "bad"]
+"""
+
+
+@pytest.fixture
+def spec(tmp_path: Path) -> Path:
+    (tmp_path / "train.py").write_text(TRAIN)
+    path = tmp_path / "here.toml"
+    path.write_text(textwrap.dedent(SPEC))
+    return path
+
+
+def test_a_trial_runs_in_this_process_with_its_reports_printed_and_no_study_told(
+    spec: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = trialq_main(["run-trial", str(spec), "--params", '{"x": 0.5, "kind": "good"}'])
+
+    out, err = capsys.readouterr()
+    assert code == 0
+    assert json.loads(out) == {"score": 1.0, "pid": float(os.getpid())}
+    assert "report step 1: 0.5" in err and "report step 2: 1" in err
+    assert not (spec.parent / "here.db").exists(), "a study was told without --tell"
+
+
+def test_a_trial_that_raises_shows_its_traceback_and_exits_1(
+    spec: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = trialq_main(["run-trial", str(spec), "--params", '{"x": 0.5, "kind": "bad"}'])
+
+    assert code == 1
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "ValueError: the user's own bug" in err
+
+
+def test_tell_adds_the_trial_to_the_study_finished_with_its_reports(spec: Path) -> None:
+    args = ["run-trial", str(spec), "--params", '{"x": 0.25, "kind": "good"}', "--tell"]
+
+    assert trialq_main(args) == 0
+
+    study = optuna.load_study(study_name="here", storage=f"sqlite:///{spec.parent / 'here.db'}")
+    (trial,) = study.trials
+    assert trial.state.name == "COMPLETE" and trial.value == 0.5
+    assert trial.params == {"x": 0.25, "kind": "good"}
+    assert trial.intermediate_values == {0: 0.0, 1: 0.25, 2: 0.5}
+
+
+@pytest.mark.parametrize(
+    ("params", "said"),
+    [
+        ('{"x": 0.5', "--params is not JSON"),
+        ("[0.5]", "--params must be a JSON object"),
+        ('{"x": 2, "kind": "good"}', "x = 2 is outside space.x"),
+        ('{"x": 0.5, "kind": "ugly"}', "kind = 'ugly' is outside space.kind"),
+        ('{"x": 0.5}', "missing kind"),
+        ('{"x": 0.5, "kind": "good", "y": 1}', "unknown y"),
+    ],
+)
+def test_bad_params_are_one_line_and_exit_2(
+    spec: Path, params: str, said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert trialq_main(["run-trial", str(spec), "--params", params]) == 2
+    err = capsys.readouterr().err
+    assert said in err and len(err.strip().splitlines()) == 1, err
