@@ -89,7 +89,7 @@ def test_gpu_hours_count_the_trials_that_ran_on_a_gpu_across_runs() -> None:
     for attrs in records:
         study.add_trial(optuna.trial.create_trial(value=1.0, user_attrs=attrs))
 
-    ledger = Ledger(study, 1, lambda: 0.0, None)
+    ledger = Ledger(study, lambda: 0.0, None)
     ledger.open(Budget(10, max_gpu_hours=3))
 
     assert ledger.gpu_hours == 2.0
