@@ -174,7 +174,10 @@ def timed_dispatcher(dispatcher: CeleryDispatcher, timings: Timings) -> None:
         setattr(dispatcher, name, timed)
 
 
-def write_spec(folder: Path, name: str, n_trials: int, workers: int, sampler: str) -> Path:
+def write_spec(
+    folder: Path, name: str, n_trials: int, workers: int, sampler: str, timeout_s: int = 60
+) -> Path:
+    """A study of no-op trials over three parameters: what the driver benchmarks run."""
     path = folder / "driver-bench.toml"
     path.write_text(
         textwrap.dedent(
@@ -189,7 +192,7 @@ def write_spec(folder: Path, name: str, n_trials: int, workers: int, sampler: st
             pruner = "none"
             [trial]
             entrypoint = "benchmarks.trials:noop"
-            timeout_s = 60
+            timeout_s = {timeout_s}
             [space.x]
             type = "float"
             low = -1.0

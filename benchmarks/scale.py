@@ -31,7 +31,6 @@ import multiprocessing
 import os
 import sys
 import tempfile
-import textwrap
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -41,6 +40,7 @@ from typing import Any
 import optuna
 import redis
 
+from benchmarks import driver as driver_bench
 from benchmarks.overhead import RESULTS, ROOT, environment
 from benchmarks.search_objectives import OBJECTIVES
 from benchmarks.virtual_cluster import VirtualClock, VirtualCluster
@@ -101,38 +101,8 @@ def _ratio(a: float, b: float) -> float | None:
 
 
 def write_spec(folder: Path, name: str, n: int, in_flight: int, sampler: str) -> Path:
-    path = folder / "scale.toml"
-    path.write_text(
-        textwrap.dedent(
-            f"""
-            [study]
-            name = "{name}"
-            direction = "maximize"
-            n_trials = {n}
-            max_in_flight = {in_flight}
-            sampler = "{sampler}"
-            sampler_args = {{ seed = 0 }}
-            pruner = "none"
-            [trial]
-            entrypoint = "benchmarks.trials:noop"
-            timeout_s = 600
-            [space.x]
-            type = "float"
-            low = -1.0
-            high = 1.0
-            [space.units]
-            type = "int"
-            low = 4
-            high = 32
-            [space.learning_rate]
-            type = "float"
-            low = 1e-4
-            high = 1e-1
-            log = true
-            """
-        )
-    )
-    return path
+    """The driver benchmark's study of no-op trials, with room for a slow, loaded machine."""
+    return driver_bench.write_spec(folder, name, n, in_flight, sampler, timeout_s=600)
 
 
 def storage_url(kind: str, folder: Path) -> str:
