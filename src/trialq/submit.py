@@ -4,10 +4,12 @@ the driver, and summarise. Everything that can be refused is refused before a tr
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import shutil
 import sys
+import threading
 from collections.abc import Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass, replace
@@ -154,13 +156,24 @@ def _run_summary(study: optuna.Study, driver: StudyDriver) -> dict[str, Any]:
     return {**study_summary(study), **ended, "left_in_flight": driver.left_in_flight}
 
 
+SUMMARY_AT_AN_END_S = 2.0
+"""How long a run an error ended waits for its summary: the error may be the storage's own
+(a database that hangs), and Ctrl-C must end the driver at once, not after its timeouts."""
+
+
 def _summary_at_an_end(study: optuna.Study, driver: StudyDriver) -> dict[str, Any] | None:
     """The summary of a run an error ended (exit 5, 130, 2...), read from the driver's
-    mirror of the study; None where even that cannot be read."""
-    try:
-        return _run_summary(study, driver)
-    except Exception:  # the error that ended the run is what the user must see
-        return None
+    mirror of the study; None where even that cannot be read within `SUMMARY_AT_AN_END_S`."""
+    found: list[dict[str, Any]] = []
+
+    def read() -> None:
+        with contextlib.suppress(Exception):  # the error that ended the run is what counts
+            found.append(_run_summary(study, driver))
+
+    reader = threading.Thread(target=read, name="trialq-summary", daemon=True)
+    reader.start()
+    reader.join(SUMMARY_AT_AN_END_S)
+    return found[0] if found else None
 
 
 def _start_tracking(

@@ -125,8 +125,11 @@ def run_battery(files: Sequence[str], rows: str | None, extra: Sequence[str]) ->
     with tempfile.TemporaryDirectory(prefix="trialq-battery-") as folder:
         out = Path(folder) / "runs.jsonl"
         out.touch()
+        # run from a pytest-xdist worker (the suite under -n N), the child must not take
+        # itself for one: its plugin writes only where no worker's controller does
+        inherited = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
         env = {
-            **os.environ,
+            **inherited,
             OUT_ENV: str(out),
             "PYTHONPATH": os.pathsep.join(
                 filter(None, [str(TESTS_DIR), os.environ.get("PYTHONPATH")])

@@ -17,6 +17,7 @@ flight, and sending it), `ReportRelay` (intermediate values to the pruner), `Wat
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -347,10 +348,22 @@ class StudyDriver:
         `trialq status`; a storage that does not answer leaves the earlier record."""
         if self.ended_by is None:
             return
-        try:
-            self._store.set_study_attr(LAST_RUN_ATTR, self.ledger.last_run(self.ended_by))
-        except Exception as exc:  # the error that stops the run is already on its way
-            _log.warning("the last run's end not recorded: %s", exc)
+        record = self.ledger.last_run(self.ended_by)
+        failed: list[Exception] = []
+
+        def write() -> None:
+            try:
+                self._store.set_study_attr(LAST_RUN_ATTR, record)
+            except Exception as exc:  # the error that stops the run is already on its way
+                failed.append(exc)
+
+        # bounded as the last tells are: Ctrl-C while the database hangs ends the run at once
+        writer = threading.Thread(target=write, name="trialq-last-run", daemon=True)
+        writer.start()
+        writer.join(LAST_WRITE_WAIT_S)
+        if writer.is_alive() or failed:
+            reason = failed[0] if failed else f"no answer within {LAST_WRITE_WAIT_S:g} s"
+            _log.warning("the last run's end not recorded: %s", reason)
 
     def _write_told(self) -> None:
         """On the way out, whatever stopped the run: write the trials told since the last step.
