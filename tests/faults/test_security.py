@@ -321,6 +321,9 @@ def test_remote_control_answers_only_what_trialq_needs(
     now they are refused and the worker runs on, answering ping and the driver's revoke."""
     cluster = start_workers(1)
     app = Celery(broker=redis_url)
+    # a worker beats before its consumer listens for broadcasts (fanout: one sent earlier is
+    # lost): wait for its first answer, as a loaded machine can take seconds
+    wait_until(lambda: app.control.ping(timeout=1), 90, "the worker to answer a ping")
     for command, arguments in [
         ("shutdown", {}), ("pool_restart", {}), ("cancel_consumer", {"queue": "gpu"}),
         ("time_limit", {"task_name": "trialq.run_trial", "hard": 1}), ("disable_events", {}),
