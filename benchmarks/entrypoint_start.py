@@ -14,13 +14,13 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import os
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+from benchmarks.framework_start import forked_cycles
 
 MODULES = {
     "noop": "def train(params):\n    return 1.0\n",
@@ -38,20 +38,15 @@ def loop(module: Path, preload: bool, trials: int) -> list[float]:
         from trialq.trial.prewarm import preload_for
 
         print(preload_for("none", str(module)).line(), file=sys.stderr)
-    times = []
-    for _ in range(trials):
-        started = time.perf_counter()
-        pid = os.fork()
-        if pid == 0:
-            spec = importlib.util.spec_from_file_location(module.stem, module)
-            assert spec is not None and spec.loader is not None
-            loaded = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(loaded)
-            loaded.train({})
-            os._exit(0)
-        os.waitpid(pid, 0)
-        times.append(time.perf_counter() - started)
-    return times
+
+    def trial() -> None:
+        spec = importlib.util.spec_from_file_location(module.stem, module)
+        assert spec is not None and spec.loader is not None
+        loaded = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(loaded)
+        loaded.train({})
+
+    return forked_cycles(trial, trials)
 
 
 def main() -> None:

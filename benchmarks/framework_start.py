@@ -17,6 +17,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 
 PRELOADS = ("", "torch", "torch,torch._dynamo")
 
@@ -35,12 +36,17 @@ def loop(preload: str, trials: int) -> list[float]:
     """Seconds from fork to the child's exit, per trial, after the parent preloaded."""
     for name in filter(None, preload.split(",")):
         importlib.import_module(name)
+    return forked_cycles(trial, trials)
+
+
+def forked_cycles(child: Callable[[], None], trials: int) -> list[float]:
+    """Seconds from fork to exit of `trials` children, each running `child` and exiting."""
     times = []
     for _ in range(trials):
         started = time.perf_counter()
         pid = os.fork()
         if pid == 0:
-            trial()
+            child()
             os._exit(0)
         os.waitpid(pid, 0)
         times.append(time.perf_counter() - started)
