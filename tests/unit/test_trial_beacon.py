@@ -82,3 +82,16 @@ def test_an_attempt_lives_while_its_trial_process_beats(redis_url: str) -> None:
     assert attempt_alive(client, "task-1")
     beacon.stop()
     assert not attempt_alive(client, "task-1")
+
+
+def test_a_process_unwinding_without_a_word_leaves_its_attempt_to_the_ttl(redis_url: str) -> None:
+    """A trial's `sys.exit` unwinds through Celery's postrun: deleting the attempt key then
+    made the driver take the exit for a lost worker, and retry it, before the pool's word on
+    the exit (`crashed: exitcode 0`) arrived (CI, test_trial_ends)."""
+    client = redis.Redis.from_url(redis_url)
+    beacon = TrialBeacon(client, _claim(), interval_s=60, ttl_s=1.0).start()
+    beacon.stop(returned=False)
+    assert running_trials(client) == [], "status no longer shows it running"
+    assert attempt_alive(client, "task-1"), "the driver still takes it for alive"
+    time.sleep(1.2)
+    assert not attempt_alive(client, "task-1")

@@ -232,7 +232,9 @@ def _on_task_postrun(
     sender: Any = None, task_id: str = "", state: str | None = None, **_: Any
 ) -> None:
     if _child is not None:
-        _child.release()
+        # Celery sends postrun from a `finally`: a trial's `sys.exit` passes here too, with
+        # no state, its process ending without a word of its own.
+        _child.release(returned=state is not None)
     stored = _child is not None and _child.stored_result_of == task_id
     if getattr(sender, "name", None) == TASK_NAME and state == states.SUCCESS and stored:
         _forget_success_meta(sender, task_id)

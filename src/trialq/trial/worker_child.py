@@ -128,10 +128,11 @@ class WorkerChild:
             self.redis(), running, interval, ttl, on_kill=_end_given_up_attempt, claim=on_queue
         ).start()
 
-    def release(self) -> None:
-        """The trial is over, whatever its outcome: this worker no longer runs it."""
+    def release(self, returned: bool = True) -> None:
+        """The trial is over, whatever its outcome: this worker no longer runs it.
+        `returned`: whether its task returned (else it unwinds, the process ending)."""
         if self._beacon is not None:
-            self._beacon.stop()
+            self._beacon.stop(returned)
             self._beacon = None
         if self._log_token is not None:
             logs.leave_trial(self._log_token)

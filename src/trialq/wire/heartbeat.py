@@ -277,10 +277,15 @@ class TrialBeacon(_RenewedKey):
         if killed and self._on_kill is not None:
             self._on_kill()
 
-    def stop(self) -> None:
+    def stop(self, returned: bool = True) -> None:
+        """Stop claiming the trial. `returned`: the attempt's task returned, its word stored,
+        so the attempt key goes at once; a process unwinding without one (the trial called
+        `sys.exit`) leaves it to its TTL, so the driver hears the pool's word on the exit
+        (`crashed: exitcode 0`) before it could take the attempt for a lost worker's."""
         super().stop()
         with contextlib.suppress(redis.RedisError):
-            self._client.delete(attempt_key(self._trial.task_id))
+            if returned:
+                self._client.delete(attempt_key(self._trial.task_id))
             if self._claim is not None:
                 self._claim.release(self._client)
 
