@@ -12,7 +12,7 @@ import textwrap
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import optuna
@@ -22,11 +22,13 @@ from stand_in import StandInDispatcher
 from waiting import wait_until
 
 from trialq.driver.loop import DriverOptions, StudyDriver
+from trialq.driver.pacing import MOST_PAUSE_S
 from trialq.driver.progress import NoProgress
 from trialq.driver.spec import load_spec
 from trialq.driver.study import open_study
 from trialq.oom_stand_ins import counted_state
 from trialq.wire.channel import Report, TrialAddress
+from trialq.wire.dispatch import TaskStatus
 from trialq.wire.messages import Outcome
 
 
@@ -368,3 +370,34 @@ def test_a_trial_sent_again_is_said_in_the_progress_without_verbose_logs(
 
     err = capsys.readouterr().err
     assert err.count("#0 sent again: ") == 1 and "device GPU-0 still holds" in err, err
+
+
+class _SlowReads(StandInDispatcher):
+    """Reads of the trials in flight that take `read_s`, as a thousand of them do."""
+
+    def __init__(self, script: list[dict[str, object]], read_s: float) -> None:
+        super().__init__(script)
+        self.read_s = read_s
+
+    def statuses(self, task_ids: Iterable[str]) -> dict[str, TaskStatus]:
+        time.sleep(self.read_s)
+        return super().statuses(task_ids)
+
+
+def test_the_pause_between_passes_stretches_to_ten_times_what_the_reads_cost(
+    tmp_path: Path,
+) -> None:
+    """A pass that reads for 30 ms is followed by a pause of 300 ms or so, not by the next
+    pass at once: reads take at most a tenth of the driver's time (driver/pacing.py)."""
+    running = {"outcome": Outcome.OK, "metrics": {"value": 0.5}, "reports": [0.9]}
+    slow = _SlowReads([running], read_s=0.03)
+    driver, _ = _driver(tmp_path, [], dispatcher=slow)
+    driver.run(1)
+    longest = max(timeout for timeout, _ in slow.waits)
+    assert 0.2 <= longest <= MOST_PAUSE_S, slow.waits
+
+    fast = StandInDispatcher([running])
+    (tmp_path / "fast").mkdir()
+    driver, _ = _driver(tmp_path / "fast", [], dispatcher=fast, name="fast")
+    driver.run(1)
+    assert max(timeout for timeout, _ in fast.waits) < 0.05, fast.waits

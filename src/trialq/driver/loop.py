@@ -36,6 +36,7 @@ from trialq.driver.forgetting import Forgetting
 from trialq.driver.in_flight import InFlight, recorded_resends
 from trialq.driver.ledger import Ledger, budget_for
 from trialq.driver.outage import Outages
+from trialq.driver.pacing import PassPacing
 from trialq.driver.progress import Counts, ProgressSink
 from trialq.driver.relay import ReportRelay
 from trialq.driver.search_space import DefineSpace, load_search_space
@@ -62,6 +63,8 @@ class DriverOptions:
 
     max_in_flight: int
     poll_interval_s: float = 0.05
+    """The shortest pause between passes: longer where reading the trials in flight costs
+    (`trialq.driver.pacing.PassPacing`); a result ends it at once."""
     lost_check_interval_s: float = 5.0
     outside_check_interval_s: float = 2.0
     """How often the storage is asked whether someone else finished a trial in flight."""
@@ -115,6 +118,7 @@ class StudyDriver:
             self._store, self.study_lock, clock, self.options.outside_check_interval_s
         )
         self.forgetting = Forgetting(self.dispatcher)
+        self.pacing = PassPacing()
         self.limits = fate.Limits(spec.trial.max_retries, spec.trial.max_preemptions,
                                   spec.trial.memory_limit_mb, spec.trial.retry_crashes,
                                   spec.study.objective_metrics)  # fmt: skip
@@ -152,7 +156,7 @@ class StudyDriver:
         outages = Outages(self.options.outage_limit_s, self.options.clock)
         try:
             while self._step(n_trials, outages):
-                self._pause(self.options.poll_interval_s, outages)
+                self._pause(self.pacing.pause_s(self.options.poll_interval_s), outages)
             self._write_all(outages)
             self._forget_all()
             self._store.set_study_attr(LAST_RUN_ATTR, self.ledger.last_run())
@@ -197,7 +201,9 @@ class StudyDriver:
             self._check_outside()
             self.sender.send_recorded()
             more = self._fill(n_trials)
+            started = self.options.clock()
             self.relay.relay(self.sender.in_flight.values())
+            self.pacing.reading(started, self.options.clock())
             self.relay.forget_told()
         self._written = self._store.flush_behind()
         self.forgetting.committing(self._written)
@@ -271,7 +277,9 @@ class StudyDriver:
     def _collect(self) -> None:
         """Learn what became of each trial in flight, and act on it."""
         in_flight = self.sender.in_flight
+        started = self.options.clock()
         statuses = self.dispatcher.statuses(in_flight)
+        self.pacing.reading(started, self.options.clock())
         queued = self.watch.queued_ids()
         self.relay.read_final(statuses, in_flight)
         for task_id, status in statuses.items():
