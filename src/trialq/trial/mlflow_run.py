@@ -1,0 +1,43 @@
+"""`trial.mlflow_run_id`: the trial's nested MLflow run, found or made from the trial process,
+so that the user's own `mlflow.log_artifact` lands in the run the driver fills when it tells
+the trial (docs/tracking.md).
+
+Looked up by the tags the driver's tracker uses (`tracking/mlflow_runs.py`): every attempt,
+and the driver after them, find the same run. MLflow is imported here only when asked, and
+its failure (not installed, a server that does not answer) is one warning line in the
+trial's log and None, never the trial's.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from trialq.tracking.mlflow_runs import ROLE_TAG, experiment_id, find_run, trial_run
+from trialq.wire.messages import MlflowTarget
+
+_log = logging.getLogger("trialq.mlflow")
+
+
+def mlflow_run_id(target: MlflowTarget, study: str, number: int) -> str | None:
+    """The id of trial `number`'s run in `study`'s experiment, made if absent (under the
+    study's run where the driver made it already; the driver adds the parent tag when not).
+    MLflow's fluent API is pointed at the study's store, for `mlflow.start_run(run_id=...)`."""
+    try:
+        import mlflow
+        from mlflow.tracking import MlflowClient
+    except ImportError:
+        _log.warning("trial.mlflow_run_id is None: mlflow is not installed in this worker "
+                     "(pip install 'trialq[mlflow]')")  # fmt: skip
+        return None
+    try:
+        if target.tracking_uri is not None:
+            mlflow.set_tracking_uri(target.tracking_uri)
+        client = MlflowClient()  # the fluent API's store, so the user's calls go where ours did
+        experiment = experiment_id(client, target.experiment)
+        parent = find_run(client, experiment, study, {ROLE_TAG: "study"})
+        return trial_run(client, experiment, study, number, parent)
+    except Exception as exc:
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        _log.warning("trial.mlflow_run_id is None: MLflow at %s failed: %s",
+                     target.tracking_uri or "its default store", reason)  # fmt: skip
+        return None
