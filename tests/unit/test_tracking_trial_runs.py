@@ -7,6 +7,7 @@ tests/integration/test_tracking_mlflow_trial_runs.py."""
 from __future__ import annotations
 
 import logging
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -134,6 +135,30 @@ def test_two_attempts_making_the_run_at_once_settle_on_one(target: MlflowTarget)
 
     assert kept == client.rival
     assert [run.info.run_id for run in _trial_runs(target)] == [kept]
+
+
+MAKER = """
+import sys
+from trialq.trial.mlflow_run import mlflow_run_id
+from trialq.wire.messages import MlflowTarget
+print(mlflow_run_id(MlflowTarget(tracking_uri=sys.argv[1], experiment="s"), "s", 7))
+"""
+
+
+def test_processes_coming_at_once_to_a_new_sqlite_store_make_it_once_and_one_run(
+    target: MlflowTarget,
+) -> None:
+    """MLflow makes a new SQLite store's tables in each process's first use; three at once
+    (the driver and a study's first trials) broke each other before `first_use`."""
+    assert target.tracking_uri is not None
+    makers = [subprocess.Popen([sys.executable, "-c", MAKER, target.tracking_uri],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+              for _ in range(3)]  # fmt: skip
+    outputs = [maker.communicate(timeout=120) for maker in makers]
+
+    assert [err for _, err in outputs if "trial.mlflow_run_id is None" in err] == []
+    ids = {out.strip() for out, _ in outputs}
+    assert ids == {run.info.run_id for run in _trial_runs(target)} and len(ids) == 1
 
 
 def test_an_mlflow_that_does_not_answer_is_one_warning_line_and_none(

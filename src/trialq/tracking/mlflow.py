@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import mlflow
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
@@ -26,6 +27,7 @@ from trialq.tracking.mlflow_runs import (
     STUDY_TAG,
     experiment_id,
     find_run,
+    first_use,
     tracking_uri,
     trial_run,
     trial_tags,
@@ -48,8 +50,10 @@ class MlflowTracker:
 
     def start(self, study: StudyInfo) -> None:
         self._study = study
-        self._client = MlflowClient(tracking_uri=tracking_uri(self._config, study.spec_folder))
-        self.experiment_id = experiment_id(self._client, self._config.experiment or study.name)
+        uri = tracking_uri(self._config, study.spec_folder) or mlflow.get_tracking_uri()
+        with first_use(uri):
+            self._client = MlflowClient(tracking_uri=uri)
+            self.experiment_id = experiment_id(self._client, self._config.experiment or study.name)
         parent = self._find({ROLE_TAG: "study"})
         if parent is None:
             tags = {STUDY_TAG: study.name, ROLE_TAG: "study", RUN_NAME_TAG: study.name}

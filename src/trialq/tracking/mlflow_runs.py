@@ -8,6 +8,10 @@ MLflow is never imported here: each caller hands in the `MlflowClient` it made.
 
 from __future__ import annotations
 
+import fcntl
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -38,6 +42,26 @@ def tracking_uri(config: MlflowTracking, spec_folder: Path) -> str | None:
         if uri.startswith(prefix) and not rest.startswith("/"):
             return f"{prefix}{(spec_folder / rest).resolve()}"
     return uri
+
+
+@contextmanager
+def first_use(uri: str) -> Iterator[None]:
+    """Held around a process's first use of the store at `uri`. MLflow makes a new SQLite
+    store's tables (or migrates an old one's) on its first use in each process, and two
+    processes doing it at once break each other (`table ... already exists`): the driver
+    and a study's first trials come at once. An exclusive `flock` on the database's folder
+    (no file of its own to leave behind) lets one do it while the others wait; nothing for a
+    server or a file store."""
+    folder = Path(uri.removeprefix("sqlite:///")).parent if uri.startswith("sqlite:///") else None
+    if folder is None or not folder.is_dir():
+        yield
+        return
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # the lock goes with it
 
 
 def experiment_id(client: MlflowClient, name: str) -> str:

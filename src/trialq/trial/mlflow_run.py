@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 
-from trialq.tracking.mlflow_runs import ROLE_TAG, experiment_id, find_run, trial_run
+from trialq.tracking.mlflow_runs import ROLE_TAG, experiment_id, find_run, first_use, trial_run
 from trialq.wire.messages import MlflowTarget
 
 _log = logging.getLogger("trialq.mlflow")
@@ -32,8 +32,10 @@ def mlflow_run_id(target: MlflowTarget, study: str, number: int) -> str | None:
     try:
         if target.tracking_uri is not None:
             mlflow.set_tracking_uri(target.tracking_uri)
-        client = MlflowClient()  # the fluent API's store, so the user's calls go where ours did
-        experiment = experiment_id(client, target.experiment)
+        uri = mlflow.get_tracking_uri()  # the fluent API's, so the user's calls go where ours do
+        with first_use(uri):
+            client = MlflowClient(uri)
+            experiment = experiment_id(client, target.experiment)
         parent = find_run(client, experiment, study, {ROLE_TAG: "study"})
         return trial_run(client, experiment, study, number, parent)
     except Exception as exc:
