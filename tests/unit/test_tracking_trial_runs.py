@@ -7,6 +7,7 @@ tests/integration/test_tracking_mlflow_trial_runs.py."""
 from __future__ import annotations
 
 import logging
+import socket
 import subprocess
 import sys
 import time
@@ -24,6 +25,7 @@ from trialq.tracking import StudyInfo, ToldTrial
 from trialq.tracking.config import MlflowTracking
 from trialq.trial.context import TrialContext
 from trialq.trial.mlflow_run import mlflow_run_id
+from trialq.trial.soft_limit import SoftLimitPassed, soft_limit
 from trialq.wire.channel import TrialAddress
 from trialq.wire.entrypoint import Entrypoint
 from trialq.wire.messages import MlflowTarget, TrialRequest
@@ -140,6 +142,7 @@ def test_two_attempts_making_the_run_at_once_settle_on_one(target: MlflowTarget)
 MAKER = """
 import sys
 from trialq.trial.mlflow_run import mlflow_run_id
+from trialq.trial.soft_limit import SoftLimitPassed, soft_limit
 from trialq.wire.messages import MlflowTarget
 print(mlflow_run_id(MlflowTarget(tracking_uri=sys.argv[1], experiment="s"), "s", 7))
 """
@@ -175,6 +178,22 @@ def test_an_mlflow_that_does_not_answer_is_one_warning_line_and_none(
     (line,) = caplog.messages
     assert line.startswith("trial.mlflow_run_id is None: MLflow at http://127.0.0.1:1 failed: ")
     assert "\n" not in line
+
+
+def test_the_trials_time_limit_passing_in_the_look_up_is_raised_not_swallowed(
+    target: MlflowTarget, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A server that takes connections and never answers: the soft limit fires inside
+    MLflow's request, which MLflow wraps in its own exception; the trial still ends `timeout`."""
+    with socket.create_server(("127.0.0.1", 0)) as silent:
+        hangs = MlflowTarget(tracking_uri=f"http://127.0.0.1:{silent.getsockname()[1]}",
+                             experiment="s")  # fmt: skip
+        started = time.monotonic()
+        with pytest.raises(SoftLimitPassed), soft_limit(0.5):
+            mlflow_run_id(hangs, "s", 0)
+
+    assert time.monotonic() - started < 30
+    assert not [line for line in caplog.messages if "mlflow_run_id" in line]
 
 
 def test_an_mlflow_not_installed_in_the_worker_is_one_warning_line_and_none(

@@ -125,7 +125,11 @@ def _attempt(
     address = TrialAddress(request.study, request.number, request.attempt)
     reports = _reports(channel)
     mlflow = request.mlflow
-    find_run = partial(mlflow_run_id, mlflow, request.study, request.number) if mlflow else None
+    find_run = (
+        partial(mlflow_run_id, mlflow, request.study, request.number, timeout_errors)
+        if mlflow
+        else None
+    )
     context = TrialContext(
         address, request.params, reports, checkpoint_dir, artifact_saver, checkpoint_sync,
         find_run,
