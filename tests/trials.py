@@ -588,3 +588,21 @@ def reports_threads(params: dict[str, Any], trial: TrialContext) -> dict[str, fl
         "torch_threads": float(torch.get_num_threads()),
         "omp": float(os.environ["OMP_NUM_THREADS"]),
     }
+
+
+def logs_into_its_mlflow_run(params: dict[str, Any], trial: TrialContext) -> dict[str, float]:
+    """Logs a metric and an artifact into its own MLflow run (`trial.mlflow_run_id`), then
+    reports and returns as `reports_three` does; trial 0's first attempt dies by SIGKILL
+    after logging, so its re-sent attempt logs into the run again."""
+    import tempfile
+
+    import mlflow
+
+    with mlflow.start_run(run_id=trial.mlflow_run_id), tempfile.TemporaryDirectory() as folder:
+        mlflow.log_metric("user_loss", params["x"] ** 2, step=trial.attempt)
+        note = Path(folder) / f"attempt-{trial.attempt}.txt"
+        note.write_text(f"trial {trial.number}\n")
+        mlflow.log_artifact(str(note))
+    if trial.number == 0 and trial.attempt == 1:
+        os.kill(os.getpid(), 9)
+    return reports_three(params, trial)

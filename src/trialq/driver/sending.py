@@ -23,8 +23,9 @@ from trialq.driver.search_space import DefineSpace
 from trialq.driver.spec import StudySpec
 from trialq.driver.study import distributions
 from trialq.errors import BrokerError
+from trialq.tracking.mlflow_runs import tracking_uri
 from trialq.wire.dispatch import Dispatcher, TaskPhase
-from trialq.wire.messages import TrialRequest
+from trialq.wire.messages import MlflowTarget, TrialRequest
 from trialq.wire.messages import checkpoint_key as new_checkpoint_key
 from trialq.wire.record import TrialRecord
 
@@ -45,6 +46,7 @@ class Sender:
     ) -> None:
         self._spec, self._study, self._dispatcher = spec, study, dispatcher
         self._store, self._clock, self._define_space = store, clock, define_space
+        self._mlflow = mlflow_target(spec)
         self.in_flight: dict[str, InFlight] = {}
         self.recording: list[Recording] = []
         """Trials whose record is on its way to the database, in the order they were asked."""
@@ -95,6 +97,7 @@ class Sender:
             preemptions=preemptions,
             framework=trial_spec.framework,
             cpus=trial_spec.cpus,
+            mlflow=self._mlflow,
         )
 
     def send(
@@ -181,3 +184,14 @@ class Sender:
         for task_id in list(self.in_flight):
             self._dispatcher.terminate(task_id)
         self.in_flight.clear()
+
+
+def mlflow_target(spec: StudySpec) -> MlflowTarget | None:
+    """What a trial process needs to find its MLflow run: the store the driver's tracker
+    writes to (a relative path the spec folder's) and its experiment; None without
+    `[tracking.mlflow]`."""
+    config = spec.tracking.mlflow
+    if config is None:
+        return None
+    uri = tracking_uri(config, spec.directory)
+    return MlflowTarget(tracking_uri=uri, experiment=config.experiment or spec.study.name)

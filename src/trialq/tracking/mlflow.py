@@ -1,31 +1,37 @@
 """MLflow: one parent run per study, a nested run per trial with its params, final metrics,
 reports by step (`reports/<objective>`), outcome, attempts, worker host and GPU peaks.
 
-Runs are found by their tags before one is made (`trialq.study`, `trialq.trial_number`):
-a trial recorded again (a re-sent attempt told once, a driver restarted on the study) finds
-its run, and one recorded whole is left as it is. Written through an `MlflowClient` of its
+Runs are found by their tags before one is made (`trialq.study`, `trialq.trial_number`;
+`tracking/mlflow_runs.py`): a trial recorded again (a re-sent attempt told once, a driver
+restarted on the study) finds its run, one the trial process made for `trial.mlflow_run_id`
+is filled, and one recorded whole is left as it is. Written through an `MlflowClient` of its
 own, never MLflow's global active run, which the user's own code may be using.
 """
 
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Any
 
+import mlflow
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
 from trialq.tracking.base import StudyInfo, ToldTrial
 from trialq.tracking.config import MlflowTracking
-
-STUDY_TAG = "trialq.study"
-TRIAL_TAG = "trialq.trial_number"
-ROLE_TAG = "trialq.role"
-RECORDED_TAG = "trialq.recorded"
-"""Set once a trial's run holds everything: a run without it is written again."""
-PARENT_TAG = "mlflow.parentRunId"
-RUN_NAME_TAG = "mlflow.runName"
+from trialq.tracking.mlflow_runs import (
+    PARENT_TAG,
+    RECORDED_TAG,
+    ROLE_TAG,
+    RUN_NAME_TAG,
+    STUDY_TAG,
+    experiment_id,
+    find_run,
+    first_use,
+    tracking_uri,
+    trial_run,
+    trial_tags,
+)
 
 _STATUS = {"COMPLETE": "FINISHED", "PRUNED": "KILLED", "FAIL": "FAILED"}
 
@@ -44,12 +50,10 @@ class MlflowTracker:
 
     def start(self, study: StudyInfo) -> None:
         self._study = study
-        self._client = MlflowClient(tracking_uri=tracking_uri(self._config, study.spec_folder))
-        experiment = self._config.experiment or study.name
-        found = self._client.get_experiment_by_name(experiment)
-        self.experiment_id = (
-            found.experiment_id if found else self._client.create_experiment(experiment)
-        )
+        uri = tracking_uri(self._config, study.spec_folder) or mlflow.get_tracking_uri()
+        with first_use(uri):
+            self._client = MlflowClient(tracking_uri=uri)
+            self.experiment_id = experiment_id(self._client, self._config.experiment or study.name)
         parent = self._find({ROLE_TAG: "study"})
         if parent is None:
             tags = {STUDY_TAG: study.name, ROLE_TAG: "study", RUN_NAME_TAG: study.name}
@@ -60,11 +64,14 @@ class MlflowTracker:
 
     def record(self, trial: ToldTrial) -> None:
         assert self._client is not None and self._study is not None
-        found = self._find({ROLE_TAG: "trial", TRIAL_TAG: str(trial.number)})
-        if found is not None and self._client.get_run(found).data.tags.get(RECORDED_TAG):
+        found = self._find(trial_tags(trial.number))
+        run_tags = self._client.get_run(found).data.tags if found is not None else {}
+        if run_tags.get(RECORDED_TAG):
             return  # recorded whole before: never twice
         run_id = found or self._create(trial)
         params, metrics, tags = _contents(trial, self._study)
+        if run_tags and not run_tags.get(PARENT_TAG):  # the trial made it before the study's
+            tags.append(RunTag(PARENT_TAG, self.parent_run_id))
         self._client.log_batch(run_id, metrics=metrics, params=params, tags=tags)
         self._client.set_tag(run_id, RECORDED_TAG, "true")
         end = int(trial.ended.timestamp() * 1000) if trial.ended else None
@@ -77,32 +84,14 @@ class MlflowTracker:
 
     def _create(self, trial: ToldTrial) -> str:
         assert self._client is not None and self._study is not None
-        tags = {PARENT_TAG: self.parent_run_id, STUDY_TAG: self._study.name, ROLE_TAG: "trial",
-                TRIAL_TAG: str(trial.number), RUN_NAME_TAG: f"trial-{trial.number}"}  # fmt: skip
         start = int(trial.started.timestamp() * 1000) if trial.started else None
-        run = self._client.create_run(self.experiment_id, start_time=start, tags=tags)
-        return str(run.info.run_id)
+        return trial_run(self._client, self.experiment_id, self._study.name, trial.number,
+                         self.parent_run_id, start_time=start)  # fmt: skip
 
     def _find(self, tags: dict[str, str]) -> str | None:
         """The run of this study with these tags, if one was made."""
         assert self._client is not None and self._study is not None
-        wanted = {STUDY_TAG: self._study.name, **tags}
-        query = " and ".join(f"tags.`{key}` = '{value}'" for key, value in wanted.items())
-        runs = self._client.search_runs([self.experiment_id], filter_string=query, max_results=1)
-        return str(runs[0].info.run_id) if runs else None
-
-
-def tracking_uri(config: MlflowTracking, spec_folder: Path) -> str | None:
-    """The configured tracking URI with a relative file or SQLite path made the spec
-    folder's; None: MLflow's own default."""
-    uri = config.tracking_uri
-    if uri is None:
-        return None
-    for prefix in ("sqlite:///", "file:"):
-        rest = uri.removeprefix(prefix)
-        if uri.startswith(prefix) and not rest.startswith("/"):
-            return f"{prefix}{(spec_folder / rest).resolve()}"
-    return uri
+        return find_run(self._client, self.experiment_id, self._study.name, tags)
 
 
 def _contents(trial: ToldTrial, study: StudyInfo) -> tuple[list[Param], list[Metric], list[RunTag]]:

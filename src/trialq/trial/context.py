@@ -47,6 +47,7 @@ class TrialContext:
         checkpoint_dir: Path | None = None,
         artifact_saver: Callable[[Path], ArtifactMeta] | None = None,
         checkpoint_sync: Callable[[], None] | None = None,
+        mlflow_run: Callable[[], str | None] | None = None,
     ) -> None:
         self._address = address
         self._params = dict(params)
@@ -54,6 +55,8 @@ class TrialContext:
         self._checkpoint_dir = checkpoint_dir
         self._artifact_saver = artifact_saver
         self._checkpoint_sync = checkpoint_sync
+        self._mlflow_run = mlflow_run
+        self._mlflow_run_id: str | None = None
         self.last_step: int | None = None
         self.reports_refused = 0
         """Reports the storage could not hold (a NaN, a step past 32 bits): dropped, the
@@ -85,6 +88,18 @@ class TrialContext:
             raise RuntimeError("this trial has no checkpoint_dir (not run by a trialq worker)")
         self._checkpoint_dir.mkdir(parents=True, exist_ok=True)
         return self._checkpoint_dir
+
+    @property
+    def mlflow_run_id(self) -> str | None:
+        """This trial's nested MLflow run, for `mlflow.start_run(run_id=...)`: the one the
+        driver fills with the trial's params and metrics when it tells it, the same on every
+        attempt. None where the study does not track with MLflow, or MLflow failed here (said
+        in the trial's log). Looked up on first use, which also points MLflow's fluent API at
+        the study's tracking URI (docs/tracking.md)."""
+        if self._mlflow_run is not None:
+            self._mlflow_run_id = self._mlflow_run()
+            self._mlflow_run = None  # once: a failure is said once, not on every use
+        return self._mlflow_run_id
 
     @property
     def params(self) -> dict[str, Any]:

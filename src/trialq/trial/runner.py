@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from trialq.trial.frameworks.session import FrameworkRecord, FrameworkSession
 from trialq.trial.gpu_share import GpuShare
 from trialq.trial.memory_guard import MemoryGuard
 from trialq.trial.metric_value import NotOneNumber, describe, one_number
+from trialq.trial.mlflow_run import mlflow_run_id
 from trialq.trial.report_sender import ReportSender
 from trialq.trial.soft_limit import SoftLimitPassed, soft_limit
 from trialq.trial.telemetry import DeviceBaseline, Sampler
@@ -122,9 +124,16 @@ def _attempt(
 ) -> TrialResult:
     address = TrialAddress(request.study, request.number, request.attempt)
     reports = _reports(channel)
-    context = TrialContext(
-        address, request.params, reports, checkpoint_dir, artifact_saver, checkpoint_sync
+    mlflow = request.mlflow
+    find_run = (
+        partial(mlflow_run_id, mlflow, request.study, request.number, timeout_errors)
+        if mlflow
+        else None
     )
+    context = TrialContext(
+        address, request.params, reports, checkpoint_dir, artifact_saver, checkpoint_sync,
+        find_run,
+    )  # fmt: skip
     started = time.monotonic()
     framework = FrameworkSession(request.framework, share)
     try:

@@ -81,6 +81,19 @@ class ArtifactMeta(BaseModel):
     encoding: str | None = None
 
 
+class MlflowTarget(BaseModel):
+    """Where a trial process finds its MLflow run (`trial.mlflow_run_id`): the study's
+    `[tracking.mlflow]` as the driver resolved it. The run itself is found by the request's
+    study and number (`tracking/mlflow_runs.py`)."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    tracking_uri: str | None = None
+    """A relative file or SQLite path already made the spec folder's, absolute; None:
+    the worker's own MLflow default (its `MLFLOW_TRACKING_URI`)."""
+    experiment: str = Field(min_length=1)
+
+
 class TrialRequest(_Message):
     """What the driver asks a worker to run: one attempt of one trial."""
 
@@ -109,6 +122,9 @@ class TrialRequest(_Message):
     process sets and reads (`trialq.trial.frameworks`); `auto` finds it from the entrypoint."""
     cpus: int | None = Field(default=None, ge=1)
     """The spec's `[trial] cpus`: the trial's library threads; None: the worker's share."""
+    mlflow: MlflowTarget | None = None
+    """The study's MLflow run store where it tracks with MLflow; None: it does not (or an
+    older driver sent it), and `trial.mlflow_run_id` is None."""
 
     @model_validator(mode="after")
     def _killed_after_the_soft_limit(self) -> TrialRequest:
