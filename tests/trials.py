@@ -59,6 +59,16 @@ def reports_curve(params: dict[str, Any], trial: TrialContext) -> float:
     return params["x"] * 10.0
 
 
+def prunes_as_optuna_code_does(params: dict[str, Any], trial: TrialContext) -> float:
+    """Reports two steps, then prunes with Optuna's own exception, as code written for
+    Optuna (or an Optuna integration's callback) does."""
+    import optuna
+
+    for step in range(2):
+        trial.report(params["x"] * step, step)
+    raise optuna.TrialPruned(f"pruned at step 1 with {params['x']}")
+
+
 def not_a_function() -> None:
     """Placeholder so the module has another callable."""
 

@@ -122,6 +122,8 @@ def _call_here(
         return numeric_metrics(call_train(train, params, context)), optuna.trial.TrialState.COMPLETE
     except TrialPruned:
         return None, optuna.trial.TrialState.PRUNED
+    except optuna.TrialPruned:  # code written for Optuna prunes so; a worker takes it too
+        return None, optuna.trial.TrialState.PRUNED
     except Exception:
         import traceback
 

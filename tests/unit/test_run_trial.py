@@ -15,6 +15,7 @@ from trialq.cli import trialq_main
 
 TRAIN = """
 import os
+import optuna
 from trialq import TrialPruned
 
 def train(params, trial):
@@ -25,6 +26,8 @@ def train(params, trial):
     (trial.checkpoint_dir / "saved").write_text("step 3")
     if params["kind"] == "bad":
         raise ValueError("the user's own bug")
+    if params["kind"] == "optuna-pruned":
+        raise optuna.TrialPruned()
     return {"score": params["x"] * 2, "pid": float(os.getpid())}
 """
 
@@ -42,7 +45,7 @@ low = 0
 high = 1
 [space.kind]
 type = "categorical"
-choices = ["good", "bad"]
+choices = ["good", "bad", "optuna-pruned"]
 """
 
 
@@ -74,6 +77,16 @@ def test_a_trial_that_raises_shows_its_traceback_and_exits_1(
     assert code == 1
     err = capsys.readouterr().err
     assert "Traceback" in err and "ValueError: the user's own bug" in err
+
+
+def test_optunas_own_trial_pruned_ends_the_trial_pruned_not_failed(
+    spec: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    params = '{"x": 0.5, "kind": "optuna-pruned"}'
+    code = trialq_main(["run-trial", str(spec), "--params", params])
+
+    err = capsys.readouterr().err
+    assert code == 0 and "trial pruned" in err and "Traceback" not in err
 
 
 def test_tell_adds_the_trial_to_the_study_finished_with_its_reports(spec: Path) -> None:

@@ -76,6 +76,16 @@ def test_a_trial_that_honours_should_prune_is_pruned_at_its_last_step() -> None:
     assert pruned.outcome is Outcome.PRUNED and pruned.last_step == 0
 
 
+def test_optunas_own_trial_pruned_is_a_pruning_not_an_error() -> None:
+    """Code written for Optuna prunes with `optuna.TrialPruned`: taken as trialq's own."""
+    pruned = run_trial(
+        _request("trials:prunes_as_optuna_code_does", x=1.0),
+        channel=None, device=FakeDevice(), allowed_modules=("trials",),
+    )  # fmt: skip
+    assert pruned.outcome is Outcome.PRUNED and pruned.error is None
+    assert pruned.last_step == 1
+
+
 class _AlwaysPrune:
     """A stand-in channel whose driver always says prune (the real one needs Redis)."""
 

@@ -192,6 +192,8 @@ def _outcome(
     except EntrypointRefused as exc:  # this worker cannot run it: not the trial's failure
         return Outcome.REFUSED, {}, str(exc)
     except Exception as exc:
+        if failures.optuna_pruned(exc):
+            return Outcome.PRUNED, {}, None
         return failures.classify(exc), {}, failures.describe(exc)
     if context.stop_seen:
         # It saw should_stop() say yes, then returned: cut short, not a final value.

@@ -38,6 +38,16 @@ def classify(exc: BaseException) -> Outcome:
     return Outcome.OOM if any(_is_oom(link) for link in chain(exc)) else Outcome.ERROR
 
 
+def optuna_pruned(exc: BaseException) -> bool:
+    """Whether `exc` is Optuna's `TrialPruned` (or a subclass): what code written for Optuna
+    raises when it prunes, and a pruning like trialq's own. Known by its class's module and
+    name, so Optuna is not imported in the trial's process."""
+    return any(
+        cls.__name__ == "TrialPruned" and cls.__module__.split(".")[0] == "optuna"
+        for cls in type(exc).__mro__
+    )
+
+
 def chain(exc: BaseException) -> Iterator[BaseException]:
     """`exc`, then what caused it or was being handled (`__cause__`, `__context__`) and the
     members of an exception group, each once, breadth first, at most `_CHAIN_LIMIT`."""
