@@ -125,6 +125,12 @@ def ignores_the_soft_limit(params: dict[str, Any], trial: TrialContext) -> float
     return 0.0
 
 
+def prints_then_ignores_the_soft_limit(params: dict[str, Any], trial: TrialContext) -> float:
+    """Says where it is in its own log, then lives on past its soft limit to its hard kill."""
+    print(f"trial {trial.number} reached its slow step", flush=True)
+    return ignores_the_soft_limit(params, trial)
+
+
 def many_metrics(params: dict[str, Any], trial: TrialContext) -> dict[str, float]:
     """A result far larger than any sane limit."""
     return {f"metric_{index}": float(index) for index in range(params["n"])}

@@ -148,3 +148,33 @@ def test_trials_failing_the_same_way_stop_the_run_and_keep_the_budget(
         study_name="same-failure", storage=f"sqlite:///{spec.parent / 'same-failure.db'}"
     )
     assert [t.state.name for t in study.trials] == ["FAIL"] * 3  # 37 of 40 kept
+
+
+def test_an_attempt_killed_at_its_hard_limit_is_told_with_its_own_log_file(
+    write_spec: Callable[..., Path], start_workers: Callable[..., object], redis_url: str
+) -> None:
+    """Its process wrote no result, so the driver names the log its beacon named: the file
+    a user opens when a trial times out (issue 39, item 7)."""
+    start_workers(1)
+    spec = write_spec(
+        """
+        [study]
+        name = "killed-logged"
+        n_trials = 1
+        [trial]
+        entrypoint = "trials:prints_then_ignores_the_soft_limit"
+        timeout_s = 1
+        kill_grace_s = 2
+        [space.x]
+        type = "float"
+        low = 0
+        high = 1
+        """
+    )
+    (trial,) = _run(spec, redis_url)["trials"]
+
+    attrs = trial["user_attrs"]
+    assert trial["state"] == "FAIL" and attrs["outcome"] == "timeout", attrs
+    log = Path(attrs["log_file"])
+    assert log.name == "trial-0-attempt-1.log", attrs
+    assert "trial 0 reached its slow step" in log.read_text()

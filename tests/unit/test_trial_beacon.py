@@ -10,6 +10,7 @@ import redis
 
 from trialq.local import free_port
 from trialq.wire.heartbeat import (
+    AttemptBeacon,
     Heartbeat,
     RunningTrial,
     TrialBeacon,
@@ -95,3 +96,21 @@ def test_a_process_unwinding_without_a_word_leaves_its_attempt_to_the_ttl(redis_
     assert attempt_alive(client, "task-1"), "the driver still takes it for alive"
     time.sleep(1.2)
     assert not attempt_alive(client, "task-1")
+
+
+def test_an_attempt_key_names_its_log_file_and_reads_back_as_older_values_did(
+    redis_url: str,
+) -> None:
+    client = redis.Redis.from_url(redis_url)
+    logged = TrialBeacon(client, _claim(), 60, 20, log_file="logs/s/trial-3-attempt-1.log")
+    logged.start()
+    assert AttemptBeacon.read(client.get("trialq:attempt:task-1")) == AttemptBeacon(
+        42, "logs/s/trial-3-attempt-1.log"
+    )
+    logged.stop()
+    bare = TrialBeacon(client, _claim(), 60, 20).start()
+    raw = client.get("trialq:attempt:task-1")
+    assert raw == b"42", "without a log, the bare pid older drivers wrote"
+    assert AttemptBeacon.read(raw) == AttemptBeacon(42)
+    bare.stop()
+    assert AttemptBeacon.read(b"not json") is None and AttemptBeacon.read(None) is None

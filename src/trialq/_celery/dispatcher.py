@@ -160,7 +160,9 @@ class CeleryDispatcher:
         read = zip(ids, results, metas, beacons, strict=True)
         known, self._metas_read = self._metas_read, {}
         return {
-            task_id: self._status(task_id, result, meta, known, beating=beacon is not None)
+            task_id: _with_log_file(
+                self._status(task_id, result, meta, known, beating=beacon is not None), beacon
+            )
             for task_id, result, meta, beacon in read
         }
 
@@ -300,6 +302,14 @@ class CeleryDispatcher:
         """Wait for a trial of a study sent through here to announce its stored result, or
         `timeout_s` (`ResultAnnouncements.wait`)."""
         return self._announcements.wait(timeout_s)
+
+
+def _with_log_file(status: TaskStatus, beacon: bytes | None) -> TaskStatus:
+    """The status with the log file its attempt's beacon names, if it names one."""
+    found = heartbeat.AttemptBeacon.read(beacon)
+    if found is None or found.log_file is None:
+        return status
+    return replace(status, log_file=found.log_file)
 
 
 class TrustedResults:

@@ -36,6 +36,9 @@ class InFlight:
     """A trial process's beacon for it was seen, in any phase: from then on the beacon alone
     says whether the attempt lives (`watch.Watch`)."""
     sent_at: float = field(default_factory=time.time)
+    log_file: str | None = None
+    """The attempt's own log, as its beacon last named it: named on a result its process
+    never wrote (killed at its hard limit, crashed, lost)."""
 
     @property
     def address(self) -> TrialAddress:

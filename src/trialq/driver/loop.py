@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import optuna
@@ -285,6 +285,7 @@ class StudyDriver:
         for task_id, status in statuses.items():
             entry = in_flight[task_id]
             entry.worker = status.worker or entry.worker
+            entry.log_file = status.log_file or entry.log_file
             known = self.watch.known(entry, status, queued)
             self._apply(entry, fate.decide(known, self.limits))
         self.relay.end_pass()
@@ -308,6 +309,9 @@ class StudyDriver:
         """Tell the trial; a spec that cannot pick its objective stops the run."""
         self.relay.drain(entry)
         del self.sender.in_flight[entry.task_id]
+        if verdict.result.log_file is None and entry.log_file is not None:
+            logged = verdict.result.model_copy(update={"log_file": entry.log_file})
+            verdict = replace(verdict, result=logged)
         self.teller.tell(entry, verdict)
         self.forgetting.told(entry.task_id)
         if verdict.ends_run is not None:

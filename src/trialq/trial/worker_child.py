@@ -124,9 +124,12 @@ class WorkerChild:
             self._attempt_log = AttemptLog(self.settings.trial_log_dir, running).open()
         interval, ttl = self.settings.heartbeat_interval_s, self.settings.heartbeat_ttl_s
         on_queue = QueueClaim.for_delivery(routing_key, task_id) if routing_key else None
+        written = self._attempt_log is not None and self._attempt_log.written
+        log_file = str(self._attempt_log.path) if written and self._attempt_log else None
         self._beacon = TrialBeacon(
-            self.redis(), running, interval, ttl, on_kill=_end_given_up_attempt, claim=on_queue
-        ).start()
+            self.redis(), running, interval, ttl, on_kill=_end_given_up_attempt, claim=on_queue,
+            log_file=log_file,
+        ).start()  # fmt: skip
 
     def release(self, returned: bool = True) -> None:
         """The trial is over, whatever its outcome: this worker no longer runs it.

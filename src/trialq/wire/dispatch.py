@@ -38,6 +38,8 @@ class TaskStatus:
     beating: bool | None = None
     """Whether the attempt's trial process renewed its beacon, read with this status; None
     where the dispatcher did not read it (then `Dispatcher.attempt_alive` is asked)."""
+    log_file: str | None = None
+    """The attempt's own log file, as its beacon names it (read with `beating`)."""
 
 
 class TrialReports(Protocol):

@@ -245,11 +245,15 @@ class TrialBeacon(_RenewedKey):
         ttl_s: float,
         on_kill: Callable[[], object] | None = None,
         claim: QueueClaim | None = None,
+        log_file: str | None = None,
     ) -> None:
+        """`log_file`: the attempt's own log, named in the attempt key's value so the driver
+        can name it for an attempt that ends with no result of its own (`AttemptBeacon`)."""
         super().__init__(client, interval_s, ttl_s, "trialq-beacon")
         self._trial = trial
         self._on_kill = on_kill
         self._claim = claim
+        self._attempt_value = AttemptBeacon(trial.pid, log_file).value()
 
     def start(self) -> TrialBeacon:
         """Claim the trial now, then keep claiming it."""
@@ -269,7 +273,7 @@ class TrialBeacon(_RenewedKey):
         process if the driver gave up on the attempt."""
         pipe = self._client.pipeline(transaction=False)
         pipe.set(self._key(), self._value(), px=self._ttl_ms)
-        pipe.set(attempt_key(self._trial.task_id), self._trial.pid, px=self._ttl_ms)
+        pipe.set(attempt_key(self._trial.task_id), self._attempt_value, px=self._ttl_ms)
         if self._claim is not None:
             self._claim.renew(pipe, self._ttl_ms)
         pipe.exists(kill_key(self._trial.task_id))
@@ -288,6 +292,38 @@ class TrialBeacon(_RenewedKey):
                 self._client.delete(attempt_key(self._trial.task_id))
             if self._claim is not None:
                 self._claim.release(self._client)
+
+
+@dataclass(frozen=True)
+class AttemptBeacon:
+    """What an attempt key holds: its process's pid, and with a log of its own, that file.
+    A bare pid where there is no file: what drivers before the file was named wrote and
+    read (they only ask whether the key exists)."""
+
+    pid: int
+    log_file: str | None = None
+
+    def value(self) -> str:
+        if self.log_file is None:
+            return str(self.pid)
+        return json.dumps({"pid": self.pid, "log_file": self.log_file})
+
+    @classmethod
+    def read(cls, raw: bytes | str | None) -> AttemptBeacon | None:
+        """The value as written (None for no key, or one this version cannot read)."""
+        if raw is None:
+            return None
+        text = raw.decode() if isinstance(raw, bytes) else raw
+        try:
+            data = json.loads(text)
+        except ValueError:
+            return None
+        if isinstance(data, int):
+            return cls(data)
+        if isinstance(data, dict) and isinstance(data.get("pid"), int):
+            log_file = data.get("log_file")
+            return cls(data["pid"], log_file if isinstance(log_file, str) else None)
+        return None
 
 
 def attempt_alive(client: redis.Redis, task_id: str) -> bool:
