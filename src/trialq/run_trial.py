@@ -10,9 +10,11 @@ reports are printed, nothing prunes or stops it, and the study is told nothing u
 from __future__ import annotations
 
 import json
+import re
 import sys
 import tempfile
 import time
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -20,6 +22,7 @@ from typing import Any
 import optuna
 
 from trialq.driver.objective import objective_values
+from trialq.driver.search_space import load_search_space
 from trialq.driver.spec import StudySpec, load_spec
 from trialq.driver.study import distributions, open_study, storage_url
 from trialq.errors import TrialPruned, UsageError
@@ -53,17 +56,37 @@ class PrintedReports:
 
 
 def parsed_params(spec: StudySpec, text: str) -> dict[str, Any]:
-    """`--params` as a JSON object, each name and value inside the spec's `[space.*]` (a
-    define-by-run space is its function's to check); one line saying what is wrong else."""
+    """`--params` as a JSON object, each name and value inside the spec's space; one line
+    saying what is wrong else."""
     try:
         params = json.loads(text)
     except json.JSONDecodeError as exc:
         raise UsageError(f"run-trial: --params is not JSON: {exc}") from None
     if not isinstance(params, dict):
         raise UsageError("run-trial: --params must be a JSON object of param names to values")
-    if spec.study.search_space is None:
-        _check_in_space(params, distributions(spec))
+    _check_in_space(params, space_of(spec, params))
     return params
+
+
+def space_of(
+    spec: StudySpec, params: Mapping[str, Any]
+) -> dict[str, optuna.distributions.BaseDistribution]:
+    """The distributions `params` are drawn from: the spec's `[space.*]`, or those its
+    define-by-run `search_space` suggests when it is run on these very params (Optuna's
+    `FixedTrial`), so a conditional space names the branch they take."""
+    define = load_search_space(spec)
+    if define is None:
+        return distributions(spec)
+    fixed = optuna.trial.FixedTrial(dict(params))
+    try:
+        with warnings.catch_warnings():  # a value out of range: said below, in one line
+            warnings.simplefilter("ignore")
+            define(fixed)
+    except ValueError as exc:  # FixedTrial's: a param the space asks for is not given
+        found = re.search(r"parameter '(.+?)' is not found", str(exc))
+        what = f"missing {found.group(1)}" if found else str(exc).split(". ")[0]
+        raise UsageError(f"run-trial: --params: {what} (study.search_space asks for it)") from None
+    return dict(fixed.distributions)
 
 
 def _check_in_space(
@@ -91,8 +114,6 @@ def run_here(spec_path: Path, params_text: str, tell: bool, storage: str | None)
     when it raised (its traceback shown). With `tell`, add it to the study as finished."""
     spec = load_spec(spec_path)
     params = parsed_params(spec, params_text)
-    if tell and spec.study.search_space is not None:
-        raise UsageError("run-trial: --tell needs a [space.*] spec (its params' ranges)")
     reports = PrintedReports()
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="trialq-run-trial-") as folder:
@@ -150,7 +171,7 @@ def _tell(
     trial = optuna.trial.create_trial(
         state=state,
         params=params,
-        distributions=distributions(spec),
+        distributions=space_of(spec, params),
         values=values,
         intermediate_values=reports,
         user_attrs={"outcome": "ok" if values else state.name.lower(), "run_here": True},

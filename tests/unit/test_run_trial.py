@@ -118,3 +118,61 @@ def test_bad_params_are_one_line_and_exit_2(
     assert trialq_main(["run-trial", str(spec), "--params", params]) == 2
     err = capsys.readouterr().err
     assert said in err and len(err.strip().splitlines()) == 1, err
+
+
+DEFINE_BY_RUN = """
+[study]
+name = "branches"
+metric = "score"
+direction = "maximize"
+n_trials = 4
+search_space = "space.py:space"
+[trial]
+entrypoint = "train.py:train"
+"""
+
+SPACE = """
+def space(trial):
+    if trial.suggest_categorical("kind", ["good", "bad"]) == "good":
+        trial.suggest_float("x", 0, 1)
+    else:
+        trial.suggest_int("depth", 1, 4)
+"""
+
+
+@pytest.fixture
+def branches(spec: Path) -> Path:
+    (spec.parent / "space.py").write_text(SPACE)
+    path = spec.parent / "branches.toml"
+    path.write_text(textwrap.dedent(DEFINE_BY_RUN))
+    return path
+
+
+def test_tell_adds_a_define_by_run_trial_with_the_branch_its_params_take(branches: Path) -> None:
+    args = ["run-trial", str(branches), "--params", '{"kind": "good", "x": 0.25}', "--tell"]
+
+    assert trialq_main(args) == 0
+
+    storage = f"sqlite:///{branches.parent / 'branches.db'}"
+    (trial,) = optuna.load_study(study_name="branches", storage=storage).trials
+    assert trial.state.name == "COMPLETE" and trial.value == 0.5
+    assert trial.params == {"kind": "good", "x": 0.25}
+    assert trial.distributions["x"] == optuna.distributions.FloatDistribution(0, 1)
+
+
+@pytest.mark.parametrize(
+    ("params", "said"),
+    [
+        ('{"kind": "good"}', "missing x (study.search_space asks for it)"),
+        ('{"kind": "good", "x": 3}', "x = 3 is outside space.x"),
+        ('{"kind": "good", "x": 0.5, "depth": 2}', "unknown depth"),
+    ],
+)
+def test_bad_params_of_a_define_by_run_space_are_one_line_and_exit_2(
+    branches: Path, params: str, said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = trialq_main(["run-trial", str(branches), "--params", params])
+
+    err = capsys.readouterr().err
+    assert code == 2 and said in err, err
+    assert len(err.strip().splitlines()) == 1, err
