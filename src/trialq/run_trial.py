@@ -81,7 +81,7 @@ def space_of(
     try:
         with warnings.catch_warnings():  # a value out of range: said below, in one line
             warnings.simplefilter("ignore")
-            define(fixed)
+            define(fixed)  # type: ignore[arg-type]  # FixedTrial: Trial's suggest_* API
     except ValueError as exc:  # FixedTrial's: a param the space asks for is not given
         found = re.search(r"parameter '(.+?)' is not found", str(exc))
         what = f"missing {found.group(1)}" if found else str(exc).split(". ")[0]
