@@ -119,11 +119,9 @@ def run(
         spec = load_spec(spec)
     local_workers = _local_workers(local, broker, workers)
     from trialq import submit
-    from trialq.settings import Settings
+    from trialq.settings import settings_with_broker
 
-    settings = Settings()
-    if broker is not None:
-        settings = settings.model_copy(update={"broker_url": broker})
+    settings = settings_with_broker(broker)
     if verbose or settings.log_level:  # as `-v` does: trialq's own lines on stderr
         from trialq import logs
 

@@ -21,7 +21,7 @@ from typing import Any, NoReturn, TypeVar
 
 from trialq.errors import Interrupted, ServiceUnreachable, TrialqError, UsageError
 from trialq.limits import INT32_MAX, SECONDS_MAX
-from trialq.settings import Settings, redacted_url
+from trialq.settings import Settings, redacted_url, settings_with_broker
 from trialq.wire.keys import DEFAULT_QUEUE
 
 INTERNAL_ERROR_EXIT_CODE = 4
@@ -245,9 +245,7 @@ def _submit_study(args: argparse.Namespace) -> int:
         raise UsageError("submit-study: --workers needs --local")
     if args.local and args.broker:
         raise UsageError("submit-study: --broker and --local exclude each other")
-    settings = Settings()
-    if args.broker:
-        settings = settings.model_copy(update={"broker_url": args.broker})
+    settings = settings_with_broker(args.broker)
     _log_to_stderr(args.verbose, settings)
     local_env = _local_gpu_env(args)
     try:
@@ -499,7 +497,7 @@ def _health(args: argparse.Namespace) -> int:
 
     from trialq.wire.heartbeat import local_worker_alive
 
-    broker = args.broker or Settings().broker_url
+    broker = settings_with_broker(args.broker).broker_url
     client = redis.Redis.from_url(broker, socket_timeout=5)
     asked = f"asked {redacted_url(broker)}"
     try:
@@ -517,10 +515,10 @@ def _status(args: argparse.Namespace) -> int:
     from trialq.views.status import LOCAL_BROKER, show_status
     from trialq.wire.messages import BROKER_ATTR
 
-    settings = Settings()
+    settings = settings_with_broker(args.broker)
     study = find_study(args.study, args.storage, settings.storage, "trialq status")
     ran_local = study.user_attrs.get(BROKER_ATTR) == LOCAL_BROKER and not args.broker
-    broker = None if ran_local else args.broker or settings.broker_url
+    broker = None if ran_local else settings.broker_url
     return show_status(study, broker, as_json=args.json)
 
 

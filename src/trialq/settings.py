@@ -294,6 +294,14 @@ def redacted_url(url: str) -> str:
     return f"{scheme}://{user}:***@{host}"
 
 
+def settings_with_broker(broker: str | None) -> Settings:
+    """The environment's settings, with a broker URL given on the command line or to the
+    API over `TRIALQ_BROKER_URL`, checked as the environment's are: the password of
+    `TRIALQ_BROKER_PASSWORD_FILE` goes into that URL too (a copy of the settings with the
+    URL swapped in left it out)."""
+    return Settings(broker_url=broker) if broker else Settings()
+
+
 def with_password(url: str, password: str) -> str:
     """`url` with `password` in it (quoted for a URL), its user and host kept."""
     parts = urlsplit(url)

@@ -74,3 +74,37 @@ def test_an_artifact_root_with_a_prefix_is_one_line_and_exit_2(
     assert trialq_main(["health"]) == 2
     err = capsys.readouterr().err.strip()
     assert err == f"error: environment: artifact_root: TRIALQ_ARTIFACT_ROOT: {value!r}: {why}"
+
+
+def test_a_broker_flag_gets_the_password_of_the_file_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--broker URL` with TRIALQ_BROKER_PASSWORD_FILE set: the password goes into the flag's
+    URL as into TRIALQ_BROKER_URL's (it was left out: AuthenticationError)."""
+    import subprocess
+
+    from waiting import wait_for_redis
+
+    from trialq.local import free_port, redis_server_binary
+
+    password = "fl4g-pa55word"
+    port = free_port()
+    server = subprocess.Popen(
+        [redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+         "--requirepass", password],
+        stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        wait_for_redis(redis.Redis.from_url(f"redis://:{password}@127.0.0.1:{port}/0"))
+        secret = tmp_path / "password"
+        secret.write_text(password + "\n")
+        monkeypatch.setenv("TRIALQ_BROKER_PASSWORD_FILE", str(secret))
+
+        code = trialq_main(["health", "--broker", f"redis://127.0.0.1:{port}/0"])
+
+        err = capsys.readouterr().err
+        assert code == 1 and "no worker heartbeat on this host" in err, err
+        assert password not in err
+    finally:
+        server.terminate()
+        server.wait()
