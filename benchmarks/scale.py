@@ -39,6 +39,7 @@ from typing import Any
 
 import optuna
 import redis
+import sqlalchemy
 
 from benchmarks import driver as driver_bench
 from benchmarks.overhead import RESULTS, ROOT, environment
@@ -54,7 +55,9 @@ from trialq.driver.study import open_study
 from trialq.local import LocalCluster
 from trialq.settings import Settings
 
-POSTGRES = "postgresql+psycopg2://postgres@127.0.0.1:5432/test_ha"
+POSTGRES = "postgresql+psycopg2://postgres@127.0.0.1:5432/trialq_bench"
+"""The PostgreSQL database of the rows on PostgreSQL (`TRIALQ_BENCH_POSTGRES` to choose another),
+made on first use where the server has none of that name."""
 STUDY_LEVEL = (b"trialq:worker:", b"trialq:worker-gpus:", b"_kombu.binding",
                b"trialq:queue-running:", b"trialq:checkpoints:orphaned")  # fmt: skip
 """Keys that do not grow with the trials: a few per worker or queue."""
@@ -106,7 +109,21 @@ def write_spec(folder: Path, name: str, n: int, in_flight: int, sampler: str) ->
 
 
 def storage_url(kind: str, folder: Path) -> str:
-    return f"sqlite:///{folder / 'scale.db'}" if kind == "sqlite" else POSTGRES
+    return f"sqlite:///{folder / 'scale.db'}" if kind == "sqlite" else postgres_database()
+
+
+def postgres_database() -> str:
+    """`TRIALQ_BENCH_POSTGRES` or `POSTGRES`, its database made if the server lacks it."""
+    url = sqlalchemy.make_url(os.environ.get("TRIALQ_BENCH_POSTGRES", POSTGRES))
+    server = sqlalchemy.create_engine(url.set(database="postgres"), isolation_level="AUTOCOMMIT")
+    try:
+        with server.connect() as connection:
+            known = "select 1 from pg_database where datname = :name"
+            if connection.execute(sqlalchemy.text(known), {"name": url.database}).first() is None:
+                connection.execute(sqlalchemy.text(f'create database "{url.database}"'))
+    finally:
+        server.dispose()
+    return url.render_as_string(hide_password=False)
 
 
 def left_in_redis(url: str, n: int, settle_s: float) -> dict[str, Any]:
