@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import optuna
@@ -309,9 +309,6 @@ class StudyDriver:
         """Tell the trial; a spec that cannot pick its objective stops the run."""
         self.relay.drain(entry)
         del self.sender.in_flight[entry.task_id]
-        if verdict.result.log_file is None and entry.log_file is not None:
-            logged = verdict.result.model_copy(update={"log_file": entry.log_file})
-            verdict = replace(verdict, result=logged)
         self.teller.tell(entry, verdict)
         self.forgetting.told(entry.task_id)
         if verdict.ends_run is not None:

@@ -58,6 +58,7 @@ class Teller:
         record = TrialRecord.told(
             result, task_id=entry.task_id, attempts=entry.request.attempt,
             retries=entry.resends.retries, preemptions=entry.resends.preemptions, gpus=self._gpus,
+            log_file=entry.log_file,
         )  # fmt: skip
         self._store.set_attrs(entry.trial, record.attrs())
         self._store.link_artifacts(entry.trial, result.artifacts)

@@ -65,11 +65,14 @@ class TrialRecord(BaseModel):
         retries: int,
         preemptions: int,
         gpus: int,
+        log_file: str | None = None,
     ) -> TrialRecord:
-        """The whole record of a trial told with `result`."""
+        """The whole record of a trial told with `result`; `log_file`, the attempt's own log
+        as the driver last read it, where the result names none (its process wrote none)."""
         sent = {"attempts": attempts, "task_id": task_id, "retries": retries}
         more = {"preemptions": preemptions, "gpus": gpus}
-        return cls.model_validate({**result.user_attrs(), **sent, **more})
+        logged = {"log_file": result.log_file or log_file}
+        return cls.model_validate({**result.user_attrs(), **sent, **more, **logged})
 
     @classmethod
     def read(cls, attrs: Mapping[str, Any]) -> TrialRecord:
