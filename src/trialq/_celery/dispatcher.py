@@ -8,6 +8,7 @@ other refusal is `BrokerError`.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import time
@@ -306,10 +307,16 @@ class CeleryDispatcher:
 
 def _with_log_file(status: TaskStatus, beacon: bytes | None) -> TaskStatus:
     """The status with the log file its attempt's beacon names, if it names one."""
+    log_file = _log_file_named(beacon)
+    return status if log_file is None else replace(status, log_file=log_file)
+
+
+@functools.lru_cache(maxsize=4096)
+def _log_file_named(beacon: bytes | None) -> str | None:
+    """What a beacon's value names, parsed once: every pass reads every attempt's beacon, and
+    an attempt's value never changes while it runs."""
     found = heartbeat.AttemptBeacon.read(beacon)
-    if found is None or found.log_file is None:
-        return status
-    return replace(status, log_file=found.log_file)
+    return None if found is None else found.log_file
 
 
 class TrustedResults:

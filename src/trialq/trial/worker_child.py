@@ -124,12 +124,16 @@ class WorkerChild:
             self._attempt_log = AttemptLog(self.settings.trial_log_dir, running).open()
         interval, ttl = self.settings.heartbeat_interval_s, self.settings.heartbeat_ttl_s
         on_queue = QueueClaim.for_delivery(routing_key, task_id) if routing_key else None
-        written = self._attempt_log is not None and self._attempt_log.written
-        log_file = str(self._attempt_log.path) if written and self._attempt_log else None
         self._beacon = TrialBeacon(
             self.redis(), running, interval, ttl, on_kill=_end_given_up_attempt, claim=on_queue,
-            log_file=log_file,
+            log_file=self._log_file,
         ).start()  # fmt: skip
+
+    @property
+    def _log_file(self) -> str | None:
+        """The attempt's own log file, where one is being written."""
+        log = self._attempt_log
+        return str(log.path) if log is not None and log.written else None
 
     def release(self, returned: bool = True) -> None:
         """The trial is over, whatever its outcome: this worker no longer runs it.
@@ -169,8 +173,8 @@ class WorkerChild:
             lambda: self._run(request, channel, root, share, timeout_errors),
             lambda oom: self.results.keep_now(task_id, oom),
         )  # fmt: skip
-        if self._attempt_log is not None and self._attempt_log.written:
-            result = result.model_copy(update={"log_file": str(self._attempt_log.path)})
+        if self._log_file is not None:
+            result = result.model_copy(update={"log_file": self._log_file})
         message = self.results.bounded_json(task_id, result)
         away_until = time.monotonic() + (request.hard_limit_s or request.timeout_s or 0.0)
         _despite(timeout_errors, lambda: self._keep(request, task_id, message, away_until))
