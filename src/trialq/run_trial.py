@@ -55,17 +55,20 @@ class PrintedReports:
         return False
 
 
-def parsed_params(spec: StudySpec, text: str) -> dict[str, Any]:
-    """`--params` as a JSON object, each name and value inside the spec's space; one line
-    saying what is wrong else."""
+def parsed_params(
+    spec: StudySpec, text: str
+) -> tuple[dict[str, Any], dict[str, optuna.distributions.BaseDistribution]]:
+    """`--params` as a JSON object, each name and value inside the spec's space, with the
+    distributions they are drawn from (`space_of`); one line saying what is wrong else."""
     try:
         params = json.loads(text)
     except json.JSONDecodeError as exc:
         raise UsageError(f"run-trial: --params is not JSON: {exc}") from None
     if not isinstance(params, dict):
         raise UsageError("run-trial: --params must be a JSON object of param names to values")
-    _check_in_space(params, space_of(spec, params))
-    return params
+    space = space_of(spec, params)
+    _check_in_space(params, space)
+    return params, space
 
 
 def space_of(
@@ -113,7 +116,7 @@ def run_here(spec_path: Path, params_text: str, tell: bool, storage: str | None)
     """Run one trial here and print its metrics (JSON on stdout); 0 when it returned, 1
     when it raised (its traceback shown). With `tell`, add it to the study as finished."""
     spec = load_spec(spec_path)
-    params = parsed_params(spec, params_text)
+    params, space = parsed_params(spec, params_text)
     reports = PrintedReports()
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="trialq-run-trial-") as folder:
@@ -128,7 +131,7 @@ def run_here(spec_path: Path, params_text: str, tell: bool, storage: str | None)
     if metrics is not None:
         print(json.dumps(metrics))
     if tell:
-        _tell(spec, storage, params, metrics, state, reports.values)
+        _tell(spec, storage, params, space, metrics, state, reports.values)
     return 1 if state is optuna.trial.TrialState.FAIL else 0
 
 
@@ -156,6 +159,7 @@ def _tell(
     spec: StudySpec,
     storage: str | None,
     params: dict[str, Any],
+    space: dict[str, optuna.distributions.BaseDistribution],
     metrics: dict[str, float] | None,
     state: optuna.trial.TrialState,
     reports: dict[int, float],
@@ -171,7 +175,7 @@ def _tell(
     trial = optuna.trial.create_trial(
         state=state,
         params=params,
-        distributions=space_of(spec, params),
+        distributions=space,
         values=values,
         intermediate_values=reports,
         user_attrs={"outcome": "ok" if values else state.name.lower(), "run_here": True},
