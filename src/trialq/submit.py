@@ -4,16 +4,15 @@ the driver, and summarise. Everything that can be refused is refused before a tr
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import os
 import shutil
 import sys
-import threading
 from collections.abc import Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from datetime import datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,7 @@ import redis
 from pydantic import SecretStr
 
 from trialq._celery.dispatcher import CeleryDispatcher
+from trialq.driver.bounded import within
 from trialq.driver.drift import check_spec_against_study
 from trialq.driver.ledger import budget_for
 from trialq.driver.loop import DriverOptions, StudyDriver
@@ -164,16 +164,10 @@ SUMMARY_AT_AN_END_S = 2.0
 def _summary_at_an_end(study: optuna.Study, driver: StudyDriver) -> dict[str, Any] | None:
     """The summary of a run an error ended (exit 5, 130, 2...), read from the driver's
     mirror of the study; None where even that cannot be read within `SUMMARY_AT_AN_END_S`."""
-    found: list[dict[str, Any]] = []
-
-    def read() -> None:
-        with contextlib.suppress(Exception):  # the error that ended the run is what counts
-            found.append(_run_summary(study, driver))
-
-    reader = threading.Thread(target=read, name="trialq-summary", daemon=True)
-    reader.start()
-    reader.join(SUMMARY_AT_AN_END_S)
-    return found[0] if found else None
+    try:  # the error that ended the run is what the user must see
+        return within(SUMMARY_AT_AN_END_S, partial(_run_summary, study, driver), "trialq-summary")
+    except Exception:
+        return None
 
 
 def _start_tracking(

@@ -17,11 +17,11 @@ flight, and sending it), `ReportRelay` (intermediate values to the pruner), `Wat
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import optuna
@@ -30,6 +30,7 @@ from optuna.trial import TrialState
 from trialq import logs
 from trialq.driver import fate
 from trialq.driver._storage.store import LAST_WRITE_WAIT_S, TrialStore, store_for
+from trialq.driver.bounded import within
 from trialq.driver.budget import Budget, Stop
 from trialq.driver.fate import Resend, Tell, Terminate, Wait
 from trialq.driver.forgetting import Forgetting
@@ -358,21 +359,11 @@ class StudyDriver:
         if self.ended_by is None:
             return
         record = self.ledger.last_run(self.ended_by)
-        failed: list[Exception] = []
-
-        def write() -> None:
-            try:
-                self._store.set_study_attr(LAST_RUN_ATTR, record)
-            except Exception as exc:  # the error that stops the run is already on its way
-                failed.append(exc)
-
-        # bounded as the last tells are: Ctrl-C while the database hangs ends the run at once
-        writer = threading.Thread(target=write, name="trialq-last-run", daemon=True)
-        writer.start()
-        writer.join(LAST_WRITE_WAIT_S)
-        if writer.is_alive() or failed:
-            reason = failed[0] if failed else f"no answer within {LAST_WRITE_WAIT_S:g} s"
-            _log.warning("the last run's end not recorded: %s", reason)
+        try:  # bounded as the last tells are: Ctrl-C while the database hangs ends the run
+            write = partial(self._store.set_study_attr, LAST_RUN_ATTR, record)
+            within(LAST_WRITE_WAIT_S, write, "trialq-last-run")
+        except Exception as exc:  # the error that stops the run is already on its way
+            _log.warning("the last run's end not recorded: %s", exc)
 
     def _write_told(self) -> None:
         """On the way out, whatever stopped the run: write the trials told since the last step.
