@@ -89,6 +89,11 @@ def space_of(
         found = re.search(r"parameter '(.+?)' is not found", str(exc))
         what = f"missing {found.group(1)}" if found else str(exc).split(". ")[0]
         raise UsageError(f"run-trial: --params: {what} (study.search_space asks for it)") from None
+    except Exception as exc:  # the user's space function failed on these params: one line
+        reason = (str(exc).strip().splitlines() or [""])[0]
+        raise UsageError(
+            f"run-trial: study.search_space failed on --params: {type(exc).__name__}: {reason}"
+        ) from None
     return dict(fixed.distributions)
 
 

@@ -19,6 +19,8 @@ from trialq.wire.signing import MIN_SECRET_CHARS, Seal, seal_of
 
 DEFAULT_BROKER_URL = "redis://127.0.0.1:6379/0"
 _URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
+REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+"""What redis-py connects to: the broker's and the result backend's URLs."""
 
 
 class Settings(BaseSettings):
@@ -219,6 +221,16 @@ class Settings(BaseSettings):
                 f"the result secret has {len(value.get_secret_value())} characters; it needs "
                 f"at least {MIN_SECRET_CHARS} (e.g. `openssl rand -hex 32`)"
             )
+        return value
+
+    @field_validator("broker_url", "result_backend")
+    @classmethod
+    def _a_redis_url(cls, value: str | None) -> str | None:
+        """A Redis URL, as the broker and the result backend are (one line for a typo, not
+        redis-py's traceback at the first connection)."""
+        if value is not None and not value.startswith(REDIS_SCHEMES):
+            shown = redacted_url(value) if _URL.match(value) else repr(value)
+            raise ValueError(f"{shown} is not a Redis URL ({', '.join(REDIS_SCHEMES)})")
         return value
 
     @field_validator("checkpoint_root", mode="before")

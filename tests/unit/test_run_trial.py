@@ -176,3 +176,15 @@ def test_bad_params_of_a_define_by_run_space_are_one_line_and_exit_2(
     err = capsys.readouterr().err
     assert code == 2 and said in err, err
     assert len(err.strip().splitlines()) == 1, err
+
+
+def test_a_search_space_that_raises_on_the_params_is_one_line_and_exit_2(
+    branches: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (branches.parent / "space.py").write_text("def space(trial):\n    raise KeyError('oops')\n")
+
+    code = trialq_main(["run-trial", str(branches), "--params", '{"kind": "good", "x": 0.5}'])
+
+    err = capsys.readouterr().err
+    assert code == 2 and "study.search_space failed on --params: KeyError: 'oops'" in err, err
+    assert len(err.strip().splitlines()) == 1, err

@@ -108,3 +108,27 @@ def test_a_broker_flag_gets_the_password_of_the_file_too(
     finally:
         server.terminate()
         server.wait()
+
+
+@pytest.mark.parametrize(
+    ("argv", "env"),
+    [
+        (["health", "--broker", "notaurl"], {}),
+        (["health", "--broker", "http://user:pa55@host/0"], {}),
+        (["health"], {"TRIALQ_BROKER_URL": "localhost:6379"}),
+    ],
+)
+def test_a_broker_url_that_is_not_redis_is_one_line_and_exit_2(
+    argv: list[str],
+    env: dict[str, str],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+
+    code = trialq_main(argv)
+
+    err = capsys.readouterr().err
+    assert code == 2 and "is not a Redis URL" in err, err
+    assert len(err.strip().splitlines()) == 1 and "pa55" not in err, err
