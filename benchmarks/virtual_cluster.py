@@ -10,6 +10,7 @@ takes as long as its sampler's asks.
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -51,6 +52,7 @@ class SimRun:
     stopped_at: float | None = None
     """Where the trial stopped early: at the report after a prune request, or killed."""
     killed: bool = False
+    task_id: str = ""
 
     @property
     def finishes(self) -> float:
@@ -76,6 +78,10 @@ class VirtualCluster:
         self.runs: dict[str, SimRun] = {}
         self.by_number: dict[int, SimRun] = {}
         self._live: dict[str, SimRun] = {}  # runs not known to have ended: what `next_event` reads
+        self._ends: list[tuple[float, str]] = []
+        """When each run's result is stored, soonest first: what `results_announced` gives
+        (a prune request adds an earlier end; the later entry is then skipped)."""
+        self._announced: set[str] = set()
 
     # --- Dispatcher ------------------------------------------------------------------------
 
@@ -90,10 +96,11 @@ class VirtualCluster:
             duration = MEDIAN_TRIAL_S * sim.cost * math.exp(rng.normal(0, DURATION_SIGMA))
         steps = len(sim.curve)
         times = tuple(now + duration * (i + 1) / steps for i in range(steps))
-        run = SimRun(request, sim, now, now + duration, times)
+        run = SimRun(request, sim, now, now + duration, times, task_id=task_id)
         self.runs[task_id] = run
         self._live[task_id] = run
         self.by_number[request.number] = run
+        heapq.heappush(self._ends, (run.end, task_id))
         return task_id
 
     def statuses(self, task_ids: Iterable[str]) -> dict[str, TaskStatus]:
@@ -147,6 +154,18 @@ class VirtualCluster:
         """No real waiting on a virtual clock: the benchmark moves it to the next event."""
         return False
 
+    def results_announced(self) -> set[str]:
+        """The runs whose results were stored by now, as the real trial processes announce
+        theirs (a killed run stores none)."""
+        ended = set()
+        while self._ends and self._ends[0][0] <= self.clock.now:
+            _, task_id = heapq.heappop(self._ends)
+            run = self.runs[task_id]
+            if not run.killed and task_id not in self._announced:
+                self._announced.add(task_id)
+                ended.add(task_id)
+        return ended
+
     # --- the clock -------------------------------------------------------------------------
 
     def next_event(self, after: float) -> float | None:
@@ -192,6 +211,7 @@ class VirtualChannel(ReportChannel):
         later = [t for t in run.report_times if t > now]
         if later and run.stopped_at is None and later[0] < run.end:
             run.stopped_at = later[0]
+            heapq.heappush(self.cluster._ends, (run.stopped_at, run.task_id))
 
     def prune_requested(self, address: TrialAddress) -> bool:
         return self._run(address).stopped_at is not None

@@ -62,6 +62,7 @@ class StandInDispatcher:
         self.channel = StandInReports()
         self._polled: set[str] = set()
         self._finished: set[str] = set()
+        self._announced: set[str] = set()
         self.forgotten: list[str] = []
         """The attempts whose results the driver let go of (`forget_results`), in order."""
         self.waits: list[tuple[float, bool]] = []
@@ -124,6 +125,18 @@ class StandInDispatcher:
 
     def forget_results(self, task_ids: Iterable[str]) -> None:
         self.forgotten.extend(task_ids)
+
+    def results_announced(self) -> set[str] | None:
+        """Each sent attempt once its result is there (at once, or after its one running
+        poll), as a trial process announces the result it stored."""
+        there = {
+            task_id
+            for task_id in self.sent
+            if task_id not in self._announced
+            and ("reports" not in self._fields(task_id) or task_id in self._polled)
+        }
+        self._announced |= there
+        return there
 
     def wait_for_results(self, timeout_s: float) -> bool:
         woken = bool(self.sent)

@@ -135,3 +135,33 @@ def test_a_wait_for_results_is_woken_by_a_trial_s_result(subject: Subject) -> No
 
     assert woken, "waited out the whole timeout: no result announced"
     assert _until_finished(dispatcher, task_id)[-1].phase is TaskPhase.FINISHED
+
+
+def test_a_stored_result_is_announced_by_its_task_id_once(subject: Subject) -> None:
+    """Passes between the driver's full ones read only the trials announced
+    (driver/pacing.py). Once the dispatcher listens (a trial sent, and an answer taken since),
+    each stored result is announced by its task id, in one answer only, and no answer says
+    it may have missed one (None) while the broker is up."""
+    dispatcher = subject.dispatcher
+    first = dispatcher.submit(
+        trial_request(study="conformance", number=4), subject.queue, task_id=str(uuid.uuid4())
+    )
+    _until_finished(dispatcher, first)
+    dispatcher.results_announced()
+    task_id = dispatcher.submit(
+        trial_request(study="conformance", number=5), subject.queue, task_id=str(uuid.uuid4())
+    )
+    answers: list[set[str] | None] = []
+
+    def heard() -> bool:
+        dispatcher.wait_for_results(1.0)
+        answers.append(dispatcher.results_announced())
+        return any(task_id in answer for answer in answers if answer is not None)
+
+    wait_until(heard, 90, lambda: f"{task_id} announced (answers: {answers})")
+    dispatcher.wait_for_results(0.2)
+    answers.append(dispatcher.results_announced())
+
+    assert None not in answers, answers
+    assert sum(task_id in answer for answer in answers if answer is not None) == 1, answers
+    assert _until_finished(dispatcher, task_id)[-1].phase is TaskPhase.FINISHED

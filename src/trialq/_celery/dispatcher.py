@@ -85,6 +85,9 @@ reservation (its connection dropped, a Redis restart) and kombu would hand it ou
 after the visibility timeout (12 h). A worker reserves no more than its free trial slots and
 stores `STARTED` as its process takes the message, so a live reservation is far younger."""
 
+_METAS_KEPT = 100_000
+"""The most decoded metas kept: far above any number in flight; past it (attempts resent,
+never forgotten) the cache starts again."""
 _WITHDRAWN = "TaskRevokedError"  # only a driver revokes: withdrawn, or killed for its pruner
 
 
@@ -105,7 +108,8 @@ class CeleryDispatcher:
         trialq's own results."""
         self._key_ttl_s = settings.key_ttl_s
         self._metas_read: dict[str, tuple[Any, Any]] = {}
-        """Each task's meta as last read, and decoded: the next read decodes only a new one."""
+        """Each task's meta as last read, and decoded: the next read decodes only a new one.
+        A task's entry goes when its results are forgotten."""
         self._seal = settings.seal
         self._results = TrustedResults(settings.seal)
         self._announcements = ResultAnnouncements(self._broker)
@@ -159,10 +163,11 @@ class CeleryDispatcher:
         else:
             (results, beacons), metas = pipe.execute(), self._backend.mget(meta_keys)
         read = zip(ids, results, metas, beacons, strict=True)
-        known, self._metas_read = self._metas_read, {}
+        if len(self._metas_read) > _METAS_KEPT:  # ids of attempts never forgotten (resent)
+            self._metas_read = {}
         return {
             task_id: _with_log_file(
-                self._status(task_id, result, meta, known, beating=beacon is not None), beacon
+                self._status(task_id, result, meta, beating=beacon is not None), beacon
             )
             for task_id, result, meta, beacon in read
         }
@@ -172,7 +177,6 @@ class CeleryDispatcher:
         task_id: str,
         result: Any,
         raw_meta: Any,
-        known: dict[str, tuple[Any, Any]],
         beating: bool,
     ) -> TaskStatus:
         """One task's state: its own result where one verifies, else Celery's meta, whose
@@ -181,7 +185,7 @@ class CeleryDispatcher:
         trusted = self._results.trusted(task_id, result) if result is not None else None
         if trusted is not None:
             return TaskStatus(TaskPhase.FINISHED, result=trusted, beating=beating)
-        meta = self._meta(task_id, raw_meta, known)
+        meta = self._meta(task_id, raw_meta)
         if meta is None or meta.get("status") != "SUCCESS":
             return replace(_status(meta), beating=beating)
         trusted = self._results.trusted(task_id, meta.get("result"))
@@ -192,10 +196,10 @@ class CeleryDispatcher:
         detail = f"its result was set aside ({self._results.refusals.get(task_id)})"
         return TaskStatus(TaskPhase.FAILED, failure=Outcome.WORKER_LOST, detail=detail)
 
-    def _meta(self, task_id: str, raw: Any, known: dict[str, tuple[Any, Any]]) -> Any:
+    def _meta(self, task_id: str, raw: Any) -> Any:
         """Celery's meta, decoded only where it changed since the last read (a pass reads
-        every trial in flight, and most of them still run: issue 42)."""
-        last = known.get(task_id)
+        every trial in flight now and then, and most of them still run: issue 42)."""
+        last = self._metas_read.get(task_id)
         meta = last[1] if last is not None and last[0] == raw else self._decode(raw)
         self._metas_read[task_id] = (raw, meta)
         return meta
@@ -280,6 +284,8 @@ class CeleryDispatcher:
         ids = list(task_ids)
         if not ids:
             return
+        for task_id in ids:
+            self._metas_read.pop(task_id, None)
         with _broker_errors("forgetting told trials"):
             keys = [result_key(task_id) for task_id in ids]
             if self._metas_on_broker:
@@ -303,6 +309,10 @@ class CeleryDispatcher:
         """Wait for a trial of a study sent through here to announce its stored result, or
         `timeout_s` (`ResultAnnouncements.wait`)."""
         return self._announcements.wait(timeout_s)
+
+    def results_announced(self) -> set[str] | None:
+        """The task ids announced since the last call (`ResultAnnouncements.taken`)."""
+        return self._announcements.taken()
 
 
 def _with_log_file(status: TaskStatus, beacon: bytes | None) -> TaskStatus:
@@ -350,13 +360,17 @@ class TrustedResults:
 
 class ResultAnnouncements:
     """The driver's subscription to its studies' results channels (`keys.results_channel`):
-    its pause between passes ends when a trial's result is stored, not at a fixed tick."""
+    its pause between passes ends when a trial's result is stored, not at a fixed tick, and
+    the pass that follows reads only the trials announced (`taken`)."""
 
     def __init__(self, broker: redis.Redis) -> None:
         self._broker = broker
         self._studies: set[str] = set()
         """The studies trials were sent for: their channels are listened to."""
         self._results: redis.client.PubSub | None = None
+        self._announced: set[str] | None = None
+        """Task ids announced and not yet taken; None where some may have gone unheard (no
+        subscription yet, or it was down for a while): nobody can say then which are new."""
 
     def wait(self, timeout_s: float) -> bool:
         """Wait for an announcement, or `timeout_s`. Without a subscription (nothing sent yet,
@@ -371,6 +385,14 @@ class ResultAnnouncements:
         time.sleep(max(0.0, deadline - time.monotonic()))
         return False
 
+    def taken(self) -> set[str] | None:
+        """The task ids announced since the last call, each given once; None where results
+        may have been announced unheard (before the subscription, or while it was down):
+        the caller then reads every trial it has in flight."""
+        announced = self._announced
+        self._announced = set() if self._results is not None else None
+        return announced
+
     def listen(self, study: str) -> None:
         """Subscribe to the study's results channel, once (best effort: without it the
         driver's pause is a sleep)."""
@@ -378,8 +400,10 @@ class ResultAnnouncements:
             return
         self._studies.add(study)
         if self._results is not None:
-            with contextlib.suppress(redis.RedisError):
+            try:
                 self._results.subscribe(results_channel(study))
+            except redis.RedisError:
+                self._announced = None  # this study's announcements may go unheard
             return
         with contextlib.suppress(redis.RedisError):
             self._subscribed()
@@ -398,21 +422,31 @@ class ResultAnnouncements:
         skipped)."""
         assert self._results is not None
         while (left := deadline - time.monotonic()) > 0:
-            if self._results.get_message(timeout=left) is not None:
+            if self._heard(self._results.get_message(timeout=left)):
                 return True
         return False
 
     def _drain_results(self) -> None:
         """Take every announcement already here: one pass collects all of them."""
         assert self._results is not None
-        while self._results.get_message(timeout=0) is not None:
+        while self._heard(self._results.get_message(timeout=0)):
             pass
+
+    def _heard(self, message: dict[str, Any] | None) -> bool:
+        """Note an announcement's task id; False where there was none."""
+        if message is None:
+            return False
+        data = message.get("data")
+        if self._announced is not None and isinstance(data, bytes | str):
+            self._announced.add(data.decode() if isinstance(data, bytes) else data)
+        return True
 
     def _drop_subscription(self) -> None:
         if self._results is not None:
             with contextlib.suppress(redis.RedisError, OSError):
                 self._results.close()
         self._results = None
+        self._announced = None  # what is announced until it is back goes unheard
 
 
 class DriverReports:

@@ -157,7 +157,7 @@ class StudyDriver:
         outages = Outages(self.options.outage_limit_s, self.options.clock)
         try:
             while self._step(n_trials, outages):
-                self._pause(self.pacing.pause_s(self.options.poll_interval_s), outages)
+                self._pause(self.pacing.pause_s(self.options.clock()), outages)
             self._write_all(outages)
             self._forget_all()
             self._store.set_study_attr(LAST_RUN_ATTR, self.ledger.last_run())
@@ -202,9 +202,7 @@ class StudyDriver:
             self._check_outside()
             self.sender.send_recorded()
             more = self._fill(n_trials)
-            started = self.options.clock()
-            self.relay.relay(self.sender.in_flight.values())
-            self.pacing.reading(started, self.options.clock())
+            self._relay()
             self.relay.forget_told()
         self._written = self._store.flush_behind()
         self.forgetting.committing(self._written)
@@ -276,12 +274,14 @@ class StudyDriver:
                     self.sender.follow(trial, task_id, attempt, key, resends)
 
     def _collect(self) -> None:
-        """Learn what became of each trial in flight, and act on it."""
-        in_flight = self.sender.in_flight
-        started = self.options.clock()
-        statuses = self.dispatcher.statuses(in_flight)
-        self.pacing.reading(started, self.options.clock())
-        queued = self.watch.queued_ids()
+        """Learn what became of the trials in flight this pass reads (all of them, or those
+        whose results were announced: `PassPacing`), and act on it."""
+        in_flight, clock = self.sender.in_flight, self.options.clock
+        started = clock()
+        announced = self.dispatcher.results_announced()
+        statuses = self.dispatcher.statuses(self.pacing.to_read(started, announced, in_flight))
+        self.pacing.reading(started, clock())
+        queued = self.watch.queued_ids() if self.pacing.full else None  # it covers all
         self.relay.read_final(statuses, in_flight)
         for task_id, status in statuses.items():
             entry = in_flight[task_id]
@@ -290,6 +290,16 @@ class StudyDriver:
             known = self.watch.known(entry, status, queued)
             self._apply(entry, fate.decide(known, self.limits))
         self.relay.end_pass()
+
+    def _relay(self) -> None:
+        """On a full pass, new intermediate values to the pruner; then the pass's reads are
+        done (`PassPacing.read`)."""
+        clock = self.options.clock
+        if self.pacing.full:
+            started = clock()
+            self.relay.relay(self.sender.in_flight.values())
+            self.pacing.reading(started, clock())
+        self.pacing.read(clock(), self.options.poll_interval_s)
 
     def _apply(self, entry: InFlight, action: fate.Action) -> None:
         """Carry out the fate rule's action for one attempt: the one place that does."""

@@ -6,17 +6,19 @@ Next to its services that is a millisecond; 400 ms away, with packets lost, the 
 check alone took a third of a driver's time at a 2 s interval (issue 26, tests/hosts). So a
 check is spaced by its interval or by ten times what it last took, whichever is longer.
 
-The loop's own pause between passes follows the same rule (`PassPacing`): a pass reads every
-trial in flight, which at a thousand GPUs costs tens of milliseconds, and twenty such passes a
-second would take the driver's whole core while the trials run for minutes. A trial's result
-still ends the pause at once (the results channel); what only a pass sees (a start, a crash
-the pool reported, a lost worker) is seen within the pause.
+The loop's full passes follow the same rule (`PassPacing`): a full pass reads every trial in
+flight, which at a thousand GPUs costs tens of milliseconds, and twenty such passes a second
+would take the driver's whole core while the trials run for minutes. A trial's result still
+ends the pause at once (the results channel), and the pass it brings reads only the trials
+announced; what only a full pass sees (a start, a crash the pool reported, a lost worker,
+intermediate values) is seen within the pause.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Collection
+from dataclasses import dataclass, field
 
 MOST_OF_THE_TIME = 0.1
 """The share of the driver's time a periodic check may take."""
@@ -42,23 +44,57 @@ class Periodic:
 
 
 MOST_PAUSE_S = 1.0
-"""The longest pause the reads' cost stretches the loop's to: a crash or a start is seen
-within a second, however many trials are in flight."""
+"""The longest the reads' cost stretches the time between full passes to: a crash or a start
+is seen within a second, however many trials are in flight."""
 
 
 @dataclass
 class PassPacing:
-    """The pause after a pass: the loop's poll interval, or ten times what the pass's reads of
-    the trials in flight took (at most `MOST_PAUSE_S`), whichever is longer."""
+    """Which trials a pass reads, and the pause after it.
 
+    A full pass reads every trial in flight; the next is due the loop's poll interval after
+    it ends, or ten times what its reads took (at most `MOST_PAUSE_S`), whichever is longer.
+    In between, a pass follows each announced result and reads only the trials announced
+    (owed until a pass reads them): a result costs a read of its own trial, not of the
+    thousand beside it (issue 42). Where the announcements cannot be trusted (None: some
+    may have gone unheard), the pass is a full one.
+    """
+
+    full: bool = True
+    """Whether this pass reads every trial in flight."""
     _reads_s: float = 0.0
+    _next_full_s: float = -math.inf
+    _owed: set[str] = field(default_factory=set)
+    _reading: list[str] = field(default_factory=list)
+
+    def to_read(
+        self, now: float, announced: set[str] | None, in_flight: Collection[str]
+    ) -> list[str]:
+        """The trials the pass starting `now` reads: every one in flight on a full pass, else
+        those announced that are still in flight and owed a read."""
+        if announced is not None:
+            self._owed |= announced
+        self.full = announced is None or now >= self._next_full_s
+        owed = (task_id for task_id in self._owed if task_id in in_flight)
+        self._reading = list(in_flight) if self.full else list(owed)
+        return self._reading
 
     def reading(self, started: float, ended: float) -> None:
         """One of this pass's reads of the trials in flight ran from `started` to `ended`."""
         self._reads_s += max(0.0, ended - started)
 
-    def pause_s(self, poll_interval_s: float) -> float:
-        """The pause after this pass (its reads' cost then starts again at zero)."""
-        stretched = min(MOST_PAUSE_S, self._reads_s / MOST_OF_THE_TIME)
+    def read(self, ended: float, poll_interval_s: float) -> None:
+        """The pass ended at `ended`, its reads done: what it read is no longer owed, and a
+        full pass sets when the next is due, `poll_interval_s` on at the least (its reads'
+        cost then starts again at zero)."""
+        if self.full:
+            self._owed.clear()
+            stretched = min(MOST_PAUSE_S, self._reads_s / MOST_OF_THE_TIME)
+            self._next_full_s = ended + max(poll_interval_s, stretched)
+        else:
+            self._owed.difference_update(self._reading)
         self._reads_s = 0.0
-        return max(poll_interval_s, stretched)
+
+    def pause_s(self, now: float) -> float:
+        """The pause after this pass: until the next full one is due (a result ends it)."""
+        return max(0.0, self._next_full_s - now)

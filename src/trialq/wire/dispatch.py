@@ -112,3 +112,9 @@ class Dispatcher(Protocol):
         has passed; True when woken early by a result. The driver's pause between passes:
         a pass follows each result at once instead of a fixed sleep later. A dispatcher
         that cannot tell waits the whole `timeout_s` (a sleep, or its own clock)."""
+
+    def results_announced(self) -> set[str] | None:
+        """The task ids whose results were announced since the last call, each given once:
+        the pass that follows reads only those, and every trial in flight now and then
+        (`trialq.driver.pacing.PassPacing`). None where some may have gone unheard, or this
+        dispatcher cannot tell: that pass reads every trial in flight."""
