@@ -42,7 +42,7 @@ import optuna
 import trialq.driver._storage.mirror
 import trialq.driver._storage.store
 import trialq.driver.loop
-from benchmarks.overhead import RESULTS, ROOT, environment
+from benchmarks.overhead import RESULTS, ROOT, environment, tree_path
 from trialq._celery.dispatcher import CeleryDispatcher
 from trialq.driver.loop import DriverOptions, StudyDriver
 from trialq.driver.progress import NoProgress
@@ -383,7 +383,7 @@ def run_study(args: argparse.Namespace, variant: str) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as folder:
         spec = load_spec(write_spec(Path(folder), name, args.trials, args.workers, args.sampler))
     timings = Timings()
-    env = {"PYTHONPATH": str(ROOT), "TRIALQ_PRELOAD": "none"}
+    env = {"PYTHONPATH": tree_path(), "TRIALQ_PRELOAD": "none"}
     plain = variant == "optuna"
     study = open_plain_study(spec, args.storage) if plain else open_study(spec, args.storage)
     try:

@@ -59,6 +59,13 @@ POLL_S = 0.002
 POLL_WINDOW = 4
 TRIAL_TIMEOUT_S = 600.0
 
+
+def tree_path(*more: str | None) -> str:
+    """A PYTHONPATH that puts this tree's `trialq` (src/) and `benchmarks` before `more`: the
+    workers and commands a benchmark starts run the code measured, installed or not."""
+    return os.pathsep.join(filter(None, [str(ROOT / "src"), str(ROOT), *more]))
+
+
 DEFAULT_TRIALS = {"noop": 30, "tf": 10, "keras": 100}
 QUICK_TRIALS = {"noop": 10, "tf": 3, "keras": 10}
 PLAN = {
@@ -156,7 +163,7 @@ def _naive_pid(meta: dict[str, Any]) -> int:
 def run_trialq(workload: str, params: list[dict[str, Any]], variant: str) -> Run:
     """`trialq worker`, as `--local` starts it (with its own Redis), in the variant's settings."""
     queue = "gpu"
-    env = {"PYTHONPATH": str(ROOT), **TRIALQ_VARIANTS[variant]}
+    env = {"PYTHONPATH": tree_path(), **TRIALQ_VARIANTS[variant]}
     started = time.monotonic()
     with LocalCluster(1, queue, ("benchmarks",), extra_env=env) as cluster:
         broker = cluster.broker_url
@@ -276,7 +283,7 @@ def _process(command: list[str], env: dict[str, str]) -> Iterator[subprocess.Pop
 
 def _env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRIALQ_")}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = tree_path(env.get("PYTHONPATH"))
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     return {**env, **{k: v for k, v in extra.items() if v}}
 

@@ -27,7 +27,7 @@ from typing import Any
 
 import redis
 
-from benchmarks.overhead import ROOT, environment
+from benchmarks.overhead import ROOT, environment, tree_path
 from trialq.local import LocalCluster
 from trialq.settings import Settings
 from trialq.submit import submit_study
@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         folder = Path(tmp)
         env = {
             "TRIALQ_CHECKPOINT_ROOT": str(folder / "checkpoints"),
-            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+            "PYTHONPATH": tree_path(os.environ.get("PYTHONPATH")),
         }
         with LocalCluster(2, "gpu", ("benchmarks",), extra_env=env) as cluster:
             arms = [run_arm(cluster, folder, checkpoint, args) for checkpoint in (True, False)]

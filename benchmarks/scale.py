@@ -42,7 +42,7 @@ import redis
 import sqlalchemy
 
 from benchmarks import driver as driver_bench
-from benchmarks.overhead import RESULTS, ROOT, environment
+from benchmarks.overhead import RESULTS, ROOT, environment, tree_path
 from benchmarks.search_objectives import OBJECTIVES
 from benchmarks.virtual_cluster import VirtualClock, VirtualCluster
 from trialq._celery.dispatcher import CeleryDispatcher
@@ -153,8 +153,7 @@ def run_trialq(args: argparse.Namespace, n: int, in_flight: int, kind: str, samp
         spec = load_spec(write_spec(folder, name, n, in_flight, sampler))
         url = storage_url(kind, folder)
         study = open_study(spec, url)
-        code = os.pathsep.join((str(ROOT / "src"), str(ROOT)))  # the workers run this tree's
-        env = {"PYTHONPATH": code, "TRIALQ_PRELOAD": "none"}
+        env = {"PYTHONPATH": tree_path(), "TRIALQ_PRELOAD": "none"}
         try:
             with LocalCluster(args.workers, "gpu", ("benchmarks",), extra_env=env) as cluster:
                 dispatcher = CeleryDispatcher(Settings(broker_url=cluster.broker_url))
