@@ -72,3 +72,13 @@ def stepper(params: dict[str, Any], trial: Any = None) -> float:
             if trial.should_stop():
                 return 0.0
     return 1.0
+
+
+def sleeper(params: dict[str, Any], trial: Any = None) -> float:
+    """A trial of `BENCH_TRIAL_S` seconds (its worker's environment) that returns a sphere
+    of its float params: the length of a GPU trial, none of its work."""
+    import os
+    import time
+
+    time.sleep(float(os.environ.get("BENCH_TRIAL_S", "1")))
+    return float(sum(v * v for v in params.values() if isinstance(v, float)))

@@ -157,7 +157,8 @@ class StudyDriver:
         outages = Outages(self.options.outage_limit_s, self.options.clock)
         try:
             while self._step(n_trials, outages):
-                self._pause(self.pacing.pause_s(self.options.clock()), outages)
+                self._pause(self.pacing.pause_s(self.options.clock()), outages, n_trials)
+            self._give_back_spares()
             self._write_all(outages)
             self._forget_all()
             self._store.set_study_attr(LAST_RUN_ATTR, self.ledger.last_run())
@@ -179,6 +180,7 @@ class StudyDriver:
             self.sender.withdraw_waiting()
             raise StudyDeleted.named(self.study.study_name) from None
         finally:
+            self._give_back_spares()
             self._record_early_end()
             self._write_told()
 
@@ -211,17 +213,30 @@ class StudyDriver:
         self.progress.update(self.counts, self.ledger.best_value(), outstanding)
         return bool(more or outstanding)
 
-    def _pause(self, seconds: float, outages: Outages) -> None:
-        """Wait for the next pass, sending each trial the moment its record is written; the
-        pass comes as soon as a trial's result does (`Dispatcher.wait_for_results`), at the
-        latest `seconds` on (what else a pass looks at: reports, starts, lost workers)."""
+    def _pause(self, seconds: float, outages: Outages, n_trials: int) -> None:
+        """Wait for the next pass, sending each trial the moment its record is written, then
+        asking ahead once all are out; the pass comes as soon as a trial's result does
+        (`Dispatcher.wait_for_results`), at the latest `seconds` on (what else a pass looks
+        at: reports, starts, lost workers)."""
         clock = self.options.clock
         deadline = clock() + seconds
         while self.sender.recording and clock() < deadline:
             with outages.tolerated():
                 if not self.sender.send_recorded(deadline):
                     break
+        if not self.sender.recording and self.stop is None:
+            with outages.tolerated():
+                ahead = self.spec.study.ask_ahead
+                self.sender.ask_ahead(ahead, n_trials, self.counts.finished)
         self.dispatcher.wait_for_results(max(0.0, deadline - clock()))
+
+    def _give_back_spares(self) -> None:
+        """Trials asked ahead and not sent go back to the study (`Sender.give_back_spares`);
+        written with the run's last tells."""
+        try:
+            self.sender.give_back_spares()
+        except Exception as exc:  # they stay RUNNING with params: the next run sends them
+            _log.warning("trials asked ahead left RUNNING for the next run: %s", exc)
 
     def _write_all(self, outages: Outages) -> None:
         """The run is done once every tell is in the database, outage or not."""

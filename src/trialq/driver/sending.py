@@ -52,6 +52,9 @@ class Sender:
         """Trials whose record is on its way to the database, in the order they were asked."""
         self.unsent: list[Recording] = []
         """Asked trials whose sending failed (broker away); sent before any new one."""
+        self.spares: list[optuna.Trial] = []
+        """Trials asked ahead (`[study] ask_ahead`): params drawn, not recorded or sent; the
+        next room takes one at once, with no ask in between."""
 
     @property
     def outstanding(self) -> int:
@@ -66,8 +69,24 @@ class Sender:
             request = unsent.request
             self.send(unsent.trial, request.attempt, request.checkpoint_key, unsent.resends)
         while self.outstanding < max_in_flight and finished + self.outstanding < n_trials:
-            self.send(self.ask(), 1, None, Resends())
+            trial = self.spares.pop(0) if self.spares else self.ask()
+            self.send(trial, 1, None, Resends())
         return finished + self.outstanding < n_trials
+
+    def ask_ahead(self, ahead: int, n_trials: int, finished: int) -> None:
+        """Ask until `ahead` trials wait for room, within the budget: called once the sends
+        are out, so the ask is on no trial's way to its worker."""
+        while len(self.spares) < ahead:
+            if finished + self.outstanding + len(self.spares) >= n_trials:
+                return
+            self.spares.append(self.ask())
+
+    def give_back_spares(self) -> None:
+        """The run ends: trials asked ahead and never sent go back to the study as WAITING,
+        params kept (`TrialStore.give_back`): none is lost, none left RUNNING with no process."""
+        while self.spares:
+            self._store.give_back(self.spares[0])
+            self.spares.pop(0)
 
     def ask(self) -> optuna.Trial:
         """A new trial of the study, its params drawn from the spec's search space."""

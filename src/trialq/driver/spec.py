@@ -151,6 +151,10 @@ class StudySection(_Frozen):
     metrics: tuple[str, ...] | None = Field(default=None, min_length=1)
     n_trials: Count = Field(gt=0)
     max_in_flight: Count | None = Field(default=None, gt=0)
+    ask_ahead: Count = Field(default=0, ge=0)
+    """Trials asked before there is room for them, so a slow ask (GP: up to seconds) delays
+    no trial's start: each is asked with one result fewer, as one more in flight would be.
+    Unsent at the run's end, they go back to the study as WAITING, params kept."""
     sampler: SamplerName = "auto"
     sampler_args: dict[str, Any] = Field(default_factory=dict)
     pruner: PrunerName = "median"

@@ -116,6 +116,11 @@ class TrialStore(ABC):
         """Tell Optuna the trial's end, once: a trial already finished stays as it is."""
         self.study.tell(trial, values=values, state=state, skip_if_finished=True)
 
+    def give_back(self, trial: optuna.Trial) -> None:
+        """A trial asked and never sent goes back to WAITING, its params kept: the study's
+        next ask takes it (Optuna keeps a param a trial already has)."""
+        self.study._storage.set_trial_state_values(trial._trial_id, TrialState.WAITING)
+
 
 class MirroredTrialStore(TrialStore):
     """Writes through trialq's `MirroredStorage`: batched, one transaction a step."""
