@@ -154,6 +154,12 @@ class VirtualCluster:
         """No real waiting on a virtual clock: the benchmark moves it to the next event."""
         return False
 
+    def stop_early(self, run: SimRun, at: float) -> None:
+        """The run stops at `at` (its next report after a prune request) and stores its
+        result then, before the end it was sent with."""
+        run.stopped_at = at
+        heapq.heappush(self._ends, (at, run.task_id))
+
     def results_announced(self) -> set[str]:
         """The runs whose results were stored by now, as the real trial processes announce
         theirs (a killed run stores none)."""
@@ -210,8 +216,7 @@ class VirtualChannel(ReportChannel):
         run, now = self._run(address), self.cluster.clock.now
         later = [t for t in run.report_times if t > now]
         if later and run.stopped_at is None and later[0] < run.end:
-            run.stopped_at = later[0]
-            heapq.heappush(self.cluster._ends, (run.stopped_at, run.task_id))
+            self.cluster.stop_early(run, later[0])
 
     def prune_requested(self, address: TrialAddress) -> bool:
         return self._run(address).stopped_at is not None
