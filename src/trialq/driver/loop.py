@@ -205,6 +205,7 @@ class StudyDriver:
             self.sender.send_recorded()
             more = self._fill(n_trials)
             self._relay()
+            self.pacing.read(self.options.clock(), self.options.poll_interval_s)
             self.relay.forget_told()
         self._written = self._store.flush_behind()
         self.forgetting.committing(self._written)
@@ -307,14 +308,13 @@ class StudyDriver:
         self.relay.end_pass()
 
     def _relay(self) -> None:
-        """On a full pass, new intermediate values to the pruner; then the pass's reads are
-        done (`PassPacing.read`)."""
+        """On a full pass, new intermediate values to the pruner (a read the pacing counts)."""
+        if not self.pacing.full:
+            return
         clock = self.options.clock
-        if self.pacing.full:
-            started = clock()
-            self.relay.relay(self.sender.in_flight.values())
-            self.pacing.reading(started, clock())
-        self.pacing.read(clock(), self.options.poll_interval_s)
+        started = clock()
+        self.relay.relay(self.sender.in_flight.values())
+        self.pacing.reading(started, clock())
 
     def _apply(self, entry: InFlight, action: fate.Action) -> None:
         """Carry out the fate rule's action for one attempt: the one place that does."""
