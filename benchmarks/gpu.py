@@ -61,6 +61,9 @@ SECTIONS = ("a", "b", "c", "d", "e")
 JAX_NO_PREALLOCATION = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
 """JAX takes 75 % of the card at its first op unless told not to: its context alone is asked."""
 FRAMEWORK_PACKAGES = ("torch", "jax", "jaxlib", "lightning", "optuna", "celery", "trialq")
+TORCH_PRELOADED = {"TRIALQ_PRELOAD": "torch,torch._dynamo"}
+"""(a) and (b) measure memory and packing, not PyTorch's import (8-12 s a trial on the first
+lent VM, which drowned both): their workers preload it, as docs/frameworks.md advises."""
 
 
 def gpus() -> list[dict[str, Any]]:
@@ -88,8 +91,12 @@ def versions() -> dict[str, str | None]:
     return found
 
 
-def memory_over_trials(trials: int) -> dict[str, list[int]]:
-    """(a): the device's memory in use as each trial starts, in one process and in trialq."""
+def memory_over_trials(
+    trials: int, on_part: Callable[[dict[str, list[int]]], None] = lambda part: None
+) -> dict[str, list[int]]:
+    """(a): the device's memory in use as each trial starts, in one process and in trialq;
+    `on_part` is handed the in-process half as soon as it is measured (it saves it), so a
+    step cut during trialq's half keeps it."""
     script = (
         "import json, optuna\nfrom benchmarks import gpu_trials as g\n"
         "used = []\n"
@@ -105,7 +112,8 @@ def memory_over_trials(trials: int) -> dict[str, list[int]]:
     if done.returncode != 0:
         raise RuntimeError(f"the in-process loop failed: {done.stderr[-2000:]}")
     in_process = [int(x) for x in json.loads(done.stdout.strip().splitlines()[-1])]
-    with GpuWorker(per_gpu=1) as worker:
+    on_part({"in_process": in_process})
+    with GpuWorker(per_gpu=1, env=TORCH_PRELOADED) as worker:
         summary = run_study(worker, "mid", trials, {"width": (1024, 8192)})
     ordered = sorted(summary["trials"], key=lambda t: t["number"])
     at_start = [
@@ -126,7 +134,7 @@ def throughput(
     for model in models:
         space = MODEL_SPACES[model]
         for per_gpu in packings:
-            with GpuWorker(per_gpu=per_gpu) as worker, NvmlSampler() as sampler:
+            with GpuWorker(per_gpu, TORCH_PRELOADED) as worker, NvmlSampler() as sampler:
                 summary = run_study(worker, model, trials, space)
             runs.append(_throughput_run(model, per_gpu, summary, sampler, worker.gpu_count))
             on_run(runs)
@@ -308,8 +316,11 @@ def measure(
     def keep_runs(runs: list[dict[str, Any]]) -> None:
         save({**record, "throughput": runs})
 
+    def keep_memory(part: dict[str, list[int]]) -> None:
+        save({**record, "memory_over_trials": part})
+
     steps: dict[str, tuple[str, Callable[[], Any]]] = {
-        "a": ("memory_over_trials", lambda: memory_over_trials(memory_trials)),
+        "a": ("memory_over_trials", lambda: memory_over_trials(memory_trials, keep_memory)),
         "b": (
             "throughput",
             lambda: throughput(8 if quick else 32, keep_runs, choices.models, choices.packings),

@@ -7,8 +7,9 @@
 #   bash benchmarks/gpu_machine.sh 2   # benchmark sections e, b
 #   bash benchmarks/gpu_machine.sh all # both, one after the other (a machine of your own)
 #   bash benchmarks/gpu_machine.sh lease [STEPS]  # one call in a 15-minute lease (under 9
-#       minutes): the probes, then STEPS of tests,d,c,b,a,e (default all): tests/gpu, section
-#       d, c, b (small model at 1 and 4 per GPU), a (16 trials), e; at most 8 files come back,
+#       minutes): the probes, then STEPS of tests,d,c,b,a,e (default all), in the order named:
+#       tests/gpu, section d, c, b (small model at B_PACKINGS, default 1,4), a (A_TRIALS,
+#       default 16), e; each step's limit from TESTS_LIMIT, LIMIT, B_LIMIT, A_LIMIT; at most 8 files come back,
 #       so the benchmark's logs share one file and the workers' ends go into machine.txt
 #
 # The machine has PyTorch, JAX and Lightning with CUDA, no TensorFlow and no package index:
@@ -55,32 +56,33 @@ fi
   python3 -m pip list 2>/dev/null | grep -iE '^(torch|jax|jaxlib|lightning|nvidia-ml-py|optuna|celery) '
   echo "== CUDA's context and memory, measured by trialq's start probe (GPU 0)"
   timeout 60 python3 -m trialq.trial.context_probe 0
+  echo "== what a worker's default preload (auto) imports on this machine"
+  timeout 90 python3 -c 'from trialq.trial.prewarm import preload_for; print(preload_for("auto").line())'
 } >"$out/machine.txt" 2>&1
 
 if [ "$part" = lease ]; then
-  # `lease STEPS`: some of tests,d,c,a,b,e (default all, in that order); TESTS_K narrows tests
-  chosen=",${2:-tests,d,c,a,b,e},"
+  # `lease STEPS`: some of tests,d,c,b,a,e (default all, in that order), run in the order named;
+  # TESTS_K narrows tests
   bench=(python3 -m benchmarks.gpu --quick)
-  wants() { [[ "$chosen" == *",$1,"* ]]; }
   leftovers() {  # a step cut at its limit leaves its worker and trials on the GPU: not the next
     pkill -KILL -f 'trialq worker' 2>/dev/null
     sleep 1
   }
-  wants tests && step "${TESTS_LIMIT:-160}" "$out/tests_gpu.log" python3 -m pytest tests/gpu -v -p no:cacheprovider \
-    -rs --timeout 150 ${TESTS_K:+-k "$TESTS_K"}
-  wants d && step 60 "$out/bench.log" "${bench[@]}" --sections d --out "$out/gpu_d.json"
-  leftovers
-  wants c && step 60 "$out/bench.log" "${bench[@]}" --sections c --out "$out/gpu_c.json"
-  leftovers
-  wants b && step "${B_LIMIT:-120}" "$out/bench.log" "${bench[@]}" --sections b --models small \
-    --packings 1,4 --out "$out/gpu_b.json"
-  leftovers
-  wants a && step "${A_LIMIT:-100}" "$out/bench.log" "${bench[@]}" --sections a \
-    --memory-trials "${A_TRIALS:-16}" --out "$out/gpu_a.json"
-  leftovers
-  wants e && step "${E_LIMIT:-60}" "$out/bench.log" "${bench[@]}" --sections e \
-    --out "$out/gpu_e.json"
-  leftovers
+  IFS=, read -r -a chosen <<<"${2:-tests,d,c,b,a,e}"
+  for name in "${chosen[@]}"; do
+    case "$name" in
+      tests) step "${TESTS_LIMIT:-160}" "$out/tests_gpu.log" python3 -m pytest tests/gpu -v \
+        -p no:cacheprovider -rs --timeout 150 ${TESTS_K:+-k "$TESTS_K"} ;;
+      d | c | e) step "${LIMIT:-60}" "$out/bench.log" "${bench[@]}" --sections "$name" \
+        --out "$out/gpu_$name.json" ;;
+      b) step "${B_LIMIT:-120}" "$out/bench.log" "${bench[@]}" --sections b --models small \
+        --packings "${B_PACKINGS:-1,4}" --out "$out/gpu_b.json" ;;
+      a) step "${A_LIMIT:-100}" "$out/bench.log" "${bench[@]}" --sections a \
+        --memory-trials "${A_TRIALS:-16}" --out "$out/gpu_a.json" ;;
+      *) echo "gpu_machine: no step $name (tests,d,c,b,a,e)" >&2 ;;
+    esac
+    leftovers
+  done
   {
     echo "== the workers' ready lines (what NVML's process list was found to say)"
     grep -h " ready: " /tmp/trialq-gpu-bench-*/worker.log
