@@ -8,7 +8,7 @@
 #   bash benchmarks/gpu_machine.sh all # both, one after the other (a machine of your own)
 #   bash benchmarks/gpu_machine.sh lease [STEPS]  # one call in a 15-minute lease (under 9
 #       minutes): the probes, then STEPS of tests,d,c,b,a,e (default all), in the order named:
-#       tests/gpu, section d, c, b (small model at B_PACKINGS, default 1,4), a (A_TRIALS,
+#       tests/gpu, section d, c, b (B_MODELS at B_PACKINGS, default small at 1,4), a (A_TRIALS,
 #       default 16), e; each step's limit from TESTS_LIMIT, LIMIT, B_LIMIT, A_LIMIT; at most 8 files come back,
 #       so the benchmark's logs share one file and the workers' ends go into machine.txt
 #
@@ -75,7 +75,7 @@ if [ "$part" = lease ]; then
         -p no:cacheprovider -rs --timeout 150 ${TESTS_K:+-k "$TESTS_K"} ;;
       d | c | e) step "${LIMIT:-60}" "$out/bench.log" "${bench[@]}" --sections "$name" \
         --out "$out/gpu_$name.json" ;;
-      b) step "${B_LIMIT:-120}" "$out/bench.log" "${bench[@]}" --sections b --models small \
+      b) step "${B_LIMIT:-120}" "$out/bench.log" "${bench[@]}" --sections b --models "${B_MODELS:-small}" \
         --packings "${B_PACKINGS:-1,4}" --out "$out/gpu_b.json" ;;
       a) step "${A_LIMIT:-100}" "$out/bench.log" "${bench[@]}" --sections a \
         --memory-trials "${A_TRIALS:-16}" --out "$out/gpu_a.json" ;;

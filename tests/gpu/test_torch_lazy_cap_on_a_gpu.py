@@ -26,6 +26,7 @@ PROBE = """
 import json, os
 import torch
 import torch.multiprocessing as mp
+from trialq.trial.frameworks.pytorch import fraction
 from trialq.trial.frameworks.session import FrameworkSession
 from trialq.trial.gpu_share import GpuShare
 
@@ -48,7 +49,7 @@ process.join(60)
 seen["child_exit"] = process.exitcode
 torch.ones(1, device="cuda")
 seen["fraction"] = torch.cuda.get_per_process_memory_fraction(0)
-seen["expected"] = min(1.0, share.budget_bytes / torch.cuda.get_device_properties(0).total_memory)
+seen["expected"] = fraction(share.budget_bytes, torch.cuda.get_device_properties(0).total_memory)
 try:
     torch.empty(2 * share.budget_bytes, dtype=torch.uint8, device="cuda")
     seen["over_budget"] = "allocated"

@@ -38,6 +38,13 @@ EXPANDABLE = "expandable_segments:True"
 """Segments that grow in place instead of new blocks: less memory reserved and not used,
 which is what a budget counts (PyTorch's "Optimizing memory usage with PYTORCH_CUDA_ALLOC_CONF")."""
 
+PAGE_HEADROOM_BYTES = (20 + 2) * 1024 * 1024
+"""Expandable segments map physical memory in pages of 20 MiB (large pool) and 2 MiB (small
+pool), while the fraction is checked against the bytes asked for: the reserved peak can pass
+the fraction by up to a page of each (on an H200, 16 pieces of 128 MiB against a 2,048 MiB
+fraction reserved 2,060 MiB). The fraction is set that much below the budget, so the reserved
+peak stays within it (docs/frameworks.md)."""
+
 NOT_STARTED = (
     "CUDA never started in the trial's process: its cap waited for it "
     "(children it forked inherit it; a process it started afresh calls cap_this_process)"
@@ -146,9 +153,16 @@ def cap_this_process(environ: Mapping[str, str] | None = None) -> Cap:
     return ADAPTER.cap(share, environment_in_time=ADAPTER.started() is None)
 
 
+def fraction(budget_bytes: int, total_bytes: int) -> float:
+    """The memory fraction that holds a trial's reserved peak within `budget_bytes`: a page
+    of each pool below it (`PAGE_HEADROOM_BYTES`), never below half of it."""
+    capped = max(budget_bytes - PAGE_HEADROOM_BYTES, budget_bytes // 2)
+    return min(1.0, capped / total_bytes)
+
+
 def _set_fraction(torch: Any, budget_bytes: int, index: int) -> None:
     total = torch.cuda.get_device_properties(index).total_memory
-    torch.cuda.set_per_process_memory_fraction(min(1.0, budget_bytes / total), index)
+    torch.cuda.set_per_process_memory_fraction(fraction(budget_bytes, total), index)
 
 
 ADAPTER = PyTorch()
