@@ -63,7 +63,7 @@ def mid(params: dict[str, Any], trial: Any) -> dict[str, float]:
         loss.backward()
         optimizer.step()
         if step % 20 == 19:
-            trial.report(float(loss), step)
+            trial.report(float(loss.detach()), step)
             if trial.should_prune():
                 raise TrialPruned()
     return {"loss": float(loss), "device_used_at_start_bytes": float(at_start)}
