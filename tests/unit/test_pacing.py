@@ -45,8 +45,8 @@ def test_a_pass_between_full_ones_reads_only_the_trials_announced() -> None:
     reads the announced ids still in flight, and each is read once."""
     pacing = PassPacing()
     assert pacing.to_read(0.0, set(), IN_FLIGHT) == IN_FLIGHT and pacing.full
-    pacing.reading(0.0, 0.02)
-    pacing.read(0.02, POLL_S)  # 20 ms of reads: the next full pass is 200 ms on
+    pacing.reading(0.0, 0.002)
+    pacing.read(0.02, POLL_S)  # 2 ms of reads, announcements heard: the next full pass 200 ms on
 
     read = pacing.to_read(0.1, {"task-3", "task-7", "gone"}, IN_FLIGHT)
 
@@ -66,6 +66,20 @@ def test_the_next_full_pass_is_ten_times_its_reads_on_at_most_a_second() -> None
     pacing.to_read(1.49, set(), IN_FLIGHT)
     assert not pacing.full
     assert pacing.to_read(1.5, set(), IN_FLIGHT) == IN_FLIGHT and pacing.full
+
+
+@pytest.mark.parametrize(("announced", "pause_s"), [(set(), 0.8), (None, 0.08)])
+def test_full_reads_take_a_hundredth_of_the_time_while_heard_else_a_tenth(
+    announced: set[str] | None, pause_s: float
+) -> None:
+    """While each result brings its own pass, a full pass is only the net for what is not
+    announced: 128 trials' reads need not come with about every result (issue 42)."""
+    pacing = PassPacing()
+    pacing.to_read(0.0, announced, IN_FLIGHT)
+    pacing.reading(0.0, 0.008)
+    pacing.read(0.008, POLL_S)
+
+    assert pacing.pause_s(0.008) == pytest.approx(pause_s)
 
 
 def test_announcements_that_may_have_gone_unheard_make_the_pass_a_full_one() -> None:

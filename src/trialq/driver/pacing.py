@@ -47,13 +47,21 @@ MOST_PAUSE_S = 1.0
 """The longest the reads' cost stretches the time between full passes to: a crash or a start
 is seen within a second, however many trials are in flight."""
 
+HEARD_SHARE = 0.01
+"""The share of the driver's time a full pass's reads may take while results are announced
+and heard: then each result brings a pass of its own, and a full pass is only the net for
+what is not announced (a start, a crash the pool reported, a lost worker, intermediate
+values), so it may take a hundredth of the time, not a tenth. With workers beside the driver
+a tenth was a full read of 128 trials in flight for about every result (issue 42)."""
+
 
 @dataclass
 class PassPacing:
     """Which trials a pass reads, and the pause after it.
 
     A full pass reads every trial in flight; the next is due the loop's poll interval after
-    it ends, or ten times what its reads took (at most `MOST_PAUSE_S`), whichever is longer.
+    it ends, or ten times what its reads took (a hundred times while announcements are heard:
+    `HEARD_SHARE`; at most `MOST_PAUSE_S`), whichever is longer.
     In between, a pass follows each announced result and reads only the trials announced
     (owed until a pass reads them): a result costs a read of its own trial, not of the
     thousand beside it (issue 42). Where the announcements cannot be trusted (None: some
@@ -62,6 +70,8 @@ class PassPacing:
 
     full: bool = True
     """Whether this pass reads every trial in flight."""
+    _heard: bool = False
+    """Whether this pass's announcements could be trusted (the subscription held)."""
     _reads_s: float = 0.0
     _next_full_s: float = -math.inf
     _owed: set[str] = field(default_factory=set)
@@ -72,6 +82,7 @@ class PassPacing:
     ) -> list[str]:
         """The trials the pass starting `now` reads: every one in flight on a full pass, else
         those announced that are still in flight and owed a read."""
+        self._heard = announced is not None
         if announced is not None:
             self._owed |= announced
         self.full = announced is None or now >= self._next_full_s
@@ -89,7 +100,8 @@ class PassPacing:
         cost then starts again at zero)."""
         if self.full:
             self._owed.clear()
-            stretched = min(MOST_PAUSE_S, self._reads_s / MOST_OF_THE_TIME)
+            share = HEARD_SHARE if self._heard else MOST_OF_THE_TIME
+            stretched = min(MOST_PAUSE_S, self._reads_s / share)
             self._next_full_s = ended + max(poll_interval_s, stretched)
         else:
             self._owed.difference_update(self._reading)
