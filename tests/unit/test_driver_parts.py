@@ -247,3 +247,36 @@ def test_told_results_are_let_go_once_their_commit_is_done_and_a_failed_commit_s
     forgetting.told("d")
     forgetting.all_written()
     assert dispatcher.forgotten == ["a", "b", "c", "d"]
+
+
+class CommitEndingWhileAsked(Future[None]):
+    """A commit on the writer thread that ends between the driver's first look and any later
+    one: `done()` is False the first time it is asked, True after."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked = 0
+
+    def done(self) -> bool:
+        self.asked += 1
+        if self.asked == 2:
+            self.set_result(None)
+        return super().done()
+
+
+def test_a_commit_that_ends_while_results_are_let_go_has_its_results_let_go_later() -> None:
+    """Its attempts were once dropped from the books unforgotten: their keys stayed in Redis
+    for the TTL (issue 42: 0 keys a trial a minute after the study)."""
+    dispatcher = StandInDispatcher([])
+    forgetting = Forgetting(dispatcher)
+    done, ending = Future[None](), CommitEndingWhileAsked()
+    done.set_result(None)
+    forgetting.told("a")
+    forgetting.committing(done)
+    forgetting.told("b")
+    forgetting.committing(ending)
+
+    forgetting.forget_written()
+    assert dispatcher.forgotten == ["a"]
+    forgetting.forget_written()
+    assert dispatcher.forgotten == ["a", "b"]

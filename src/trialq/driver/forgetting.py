@@ -37,13 +37,16 @@ class Forgetting:
     def forget_written(self) -> None:
         """Drop the results of attempts whose commit is done; a failed commit's attempts
         wait for the next one."""
-        done = [(future, ids) for future, ids in self._writing if future.done()]
+        done: list[tuple[Future[None], list[str]]] = []
+        pending: list[tuple[Future[None], list[str]]] = []
+        for entry in self._writing:  # asked once: a commit may end while this runs
+            (done if entry[0].done() else pending).append(entry)
         if not done:
             return
         written = [i for future, ids in done if future.exception() is None for i in ids]
         failed = [i for future, ids in done if future.exception() is not None for i in ids]
         self._dispatcher.forget_results(written)  # raises while the broker is away: kept
-        self._writing = [entry for entry in self._writing if not entry[0].done()]
+        self._writing = pending
         self._told = failed + self._told
 
     def all_written(self) -> None:
