@@ -27,6 +27,13 @@ BBOB_FUNCTIONS = {8: "rosenbrock", 15: "rastrigin", 21: "gallagher"}
 """Three of bbob's five groups: moderately conditioned, multi-modal with structure, and
 multi-modal without (Gallagher's 101 peaks); a wide spread at a few dimensions."""
 BBOB_DIMS = (2, 5)
+HELD_OUT_2D = {
+    1: "sphere", 3: "separable rastrigin", 6: "attractive sector", 10: "ellipsoid",
+    17: "schaffer f7", 20: "schwefel", 24: "lunacek bi-rastrigin",
+}
+"""2-D bbob landscapes outside the suite, one or two from each of bbob's five groups: a rule
+shaped on the suite's 2-D rows is checked on these (`--objectives bbob-f1-d2 ...`), not in
+`--suite coco`."""
 MIXINT_FUNCTIONS = {8: "rosenbrock", 15: "rastrigin"}
 MIXINT_DIM = 5
 """The smallest mixint dimension: four integers (ranges 2, 4, 8, 16 values) and a float."""
@@ -167,6 +174,9 @@ def _suite() -> dict[str, Objective]:
         for function in BBOB_FUNCTIONS:
             objective = _coco("bbob", function, dimension)
             found[objective.name] = objective
+    for function in HELD_OUT_2D:
+        objective = _coco("bbob", function, 2)
+        found[objective.name] = objective
     for function in MIXINT_FUNCTIONS:
         objective = _coco("bbob-mixint", function, MIXINT_DIM)
         found[objective.name] = objective

@@ -26,8 +26,16 @@ SPACE = {
 }
 
 
-def spec(max_in_flight: int | None, n_trials: int, **study: Any) -> StudySpec:
-    space = {} if "search_space" in study else SPACE
+TWO_FLOATS = {
+    "lr": {"type": "float", "low": 1e-4, "high": 1.0, "log": True},
+    "momentum": {"type": "float", "low": 0.0, "high": 0.99},
+}
+
+
+def spec(
+    max_in_flight: int | None, n_trials: int, space: dict[str, Any] | None = None, **study: Any
+) -> StudySpec:
+    space = {} if "search_space" in study else (SPACE if space is None else space)
     return StudySpec.model_validate(
         {
             "path": Path("spec.toml"),
@@ -46,6 +54,14 @@ def spec(max_in_flight: int | None, n_trials: int, **study: Any) -> StudySpec:
         (4, 99, {}, True, "gp+tpe"),
         (None, 50, {}, True, "gp+tpe"),  # unset: the workers seen, taken as several
         (16, 50, {"sampler_args": {"seed": 3}}, True, "gp+tpe"),
+        # The same, over one or two floats and nothing else: GP alone.
+        (16, 50, {"space": TWO_FLOATS}, True, "gp"),
+        (16, 50, {"space": {"lr": TWO_FLOATS["lr"]}}, True, "gp"),
+        (16, 50, {"space": {**TWO_FLOATS, "wd": TWO_FLOATS["lr"]}}, True, "gp+tpe"),  # three
+        (16, 50, {"space": {"lr": TWO_FLOATS["lr"], "n": {"type": "int", "low": 1, "high": 9}}},
+         True, "gp+tpe"),  # an int beside it
+        (1, 50, {"space": TWO_FLOATS}, True, "tpe"),  # one in flight
+        (16, 100, {"space": TWO_FLOATS}, True, "tpe"),  # long
         # Anything else: TPE.
         (16, 50, {}, False, "tpe"),  # no torch
         (1, 50, {}, True, "tpe"),  # one in flight
@@ -68,6 +84,13 @@ def test_auto_picks_gp_only_for_short_wide_declared_single_objective_studies(
     expected: str,
 ) -> None:
     assert chosen_sampler(spec(max_in_flight, n_trials, **fields), gp_available) == expected
+
+
+def test_auto_builds_gp_alone_over_two_floats_behind_the_start_and_the_distinct_draws() -> None:
+    pytest.importorskip("torch")
+    built = make_sampler(spec(16, 50, TWO_FLOATS, sampler_args={"seed": 1}), gp_available=True)
+    assert isinstance(built, DistinctFromRunning) and built.start == 16
+    assert isinstance(built.sampler, optuna.samplers.GPSampler)
 
 
 def test_auto_builds_gp_and_tpe_behind_the_start_and_the_distinct_draws_where_torch_is() -> None:
