@@ -1,0 +1,94 @@
+"""Two samplers compared seed by seed from `parallel_search`'s records.
+
+    python -m benchmarks.paired RECORD.json [RECORD.json ...] --a gp --b default [--k 16]
+        [--budget 50] [--gap-from tpe-optuna4]
+
+For each objective the records hold both for, at `--k` in flight and `--budget` trials: the
+medians of each, and the median of the per-seed differences a - b with its 90% bootstrap
+interval (the seeds drawn again with replacement, 1,000 times; lower is better, so an
+interval wholly above 0 is "a worse beyond noise"). With `--gap-from`, the share of that
+sampler's 1 -> k loss that each of a and b wins back, as `parallel_search` counts it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+from pathlib import Path
+
+BOOTSTRAP_DRAWS = 1000
+
+
+def interval(differences: list[float], seed: int = 0) -> tuple[float, float]:
+    """The 5th and 95th percentiles of the median over bootstrap draws of the seeds."""
+    rng = random.Random(seed)
+    medians = sorted(
+        statistics.median(rng.choices(differences, k=len(differences)))
+        for _ in range(BOOTSTRAP_DRAWS)
+    )
+    return medians[BOOTSTRAP_DRAWS // 20], medians[BOOTSTRAP_DRAWS - BOOTSTRAP_DRAWS // 20 - 1]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.paired", description=__doc__)
+    parser.add_argument("records", nargs="+", type=Path)
+    parser.add_argument("--a", required=True)
+    parser.add_argument("--b", required=True)
+    parser.add_argument("--k", type=int, default=16)
+    parser.add_argument("--budget", type=int, default=50)
+    parser.add_argument("--gap-from", default=None)
+    args = parser.parse_args(argv)
+    scores: dict[tuple[str, str, int, int], float] = {}
+    for record in args.records:
+        for run in json.loads(record.read_text())["runs"]:
+            value = run["scores"].get(str(args.budget))
+            if value is not None:
+                scores[(run["objective"], run["variant"], run["k"], run["seed"])] = value
+    objectives = sorted({key[0] for key in scores})
+    print(f"{'objective':<16}{args.a:>12} {args.b:>12}   {args.a} - {args.b} [90%]   shares")
+    for objective in objectives:
+        seeds = sorted(
+            s for (o, v, k, s) in scores if (o, v, k) == (objective, args.a, args.k)
+            and (objective, args.b, args.k, s) in scores
+        )  # fmt: skip
+        if not seeds:
+            continue
+        a = [scores[(objective, args.a, args.k, s)] for s in seeds]
+        b = [scores[(objective, args.b, args.k, s)] for s in seeds]
+        differences = [x - y for x, y in zip(a, b, strict=True)]
+        low, high = interval(differences)
+        shares = _shares(scores, objective, seeds, args, statistics.median(a), statistics.median(b))
+        print(
+            f"{objective:<16}{statistics.median(a):>12.4g} {statistics.median(b):>12.4g}   "
+            f"{statistics.median(differences):+.3g} [{low:+.3g}, {high:+.3g}]   {shares}"
+        )
+    return 0
+
+
+def _shares(
+    scores: dict[tuple[str, str, int, int], float],
+    objective: str,
+    seeds: list[int],
+    args: argparse.Namespace,
+    median_a: float,
+    median_b: float,
+) -> str:
+    """Each one's share of `--gap-from`'s 1 -> k loss won back, where it was measured."""
+    if args.gap_from is None:
+        return ""
+    one = [scores.get((objective, args.gap_from, 1, s)) for s in seeds]
+    many = [scores.get((objective, args.gap_from, args.k, s)) for s in seeds]
+    if None in one or None in many:
+        return "no gap measured"
+    at_one = statistics.median(v for v in one if v is not None)
+    at_k = statistics.median(v for v in many if v is not None)
+    gap = at_k - at_one
+    if gap <= 0:
+        return "no gap"
+    return f"{(at_k - median_a) / gap:.2f}, {(at_k - median_b) / gap:.2f}"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
