@@ -232,11 +232,6 @@ def make_sampler(spec: StudySpec, gp_available: bool | None = None) -> optuna.sa
         check_sampler_args(classes[name], args, "study.sampler_args")
     except SpecError as exc:
         raise SpecError(f"{spec.path}: {exc}") from None
-    _check_listable(spec, name)
-    if name == "tpe":
-        args = tpe_defaults(spec)
-    if name == "grid":
-        args.setdefault("search_space", _grid_space(spec))
     sampler: optuna.samplers.BaseSampler = _construct(
         classes[name], args, "study.sampler_args", spec.where
     )
