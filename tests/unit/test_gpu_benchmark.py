@@ -79,7 +79,7 @@ def test_each_section_is_written_as_it_ends_so_a_cut_run_keeps_its_figures(
     """Sections replaced by stand-ins returning MADE-UP figures; the third one is cut short."""
     out = tmp_path / "last_gpu.json"
     monkeypatch.setattr(gpu, "versions", lambda: {"torch": "0.0-made-up"})
-    monkeypatch.setattr(gpu, "memory_over_trials", lambda trials: {"made_up": MADE_UP})
+    monkeypatch.setattr(gpu, "memory_over_trials", lambda trials, on_part: {"made_up": MADE_UP})
 
     def throughput(trials: int, on_run: object, *choices: object) -> list[dict[str, int]]:
         runs = [{"made_up_run": 1}]
@@ -95,6 +95,27 @@ def test_each_section_is_written_as_it_ends_so_a_cut_run_keeps_its_figures(
     assert kept["memory_over_trials"] == {"made_up": MADE_UP}
     assert kept["throughput"] == [{"made_up_run": 1}], "(b)'s finished run is kept"
     assert "overrun" not in kept
+
+
+def test_a_memory_section_cut_in_trialqs_half_keeps_the_in_process_half(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """(a) runs one process's trials first, then trialq's: a step's limit that cuts the
+    second (the H200 lease, 25 of 30) must not lose the first."""
+    out = tmp_path / "last_gpu.json"
+    monkeypatch.setattr(gpu, "versions", lambda: {"torch": "0.0-made-up"})
+
+    def memory_over_trials(trials: int, on_part: object) -> dict[str, list[int]]:
+        on_part({"in_process": [MADE_UP] * trials})  # type: ignore[operator]
+        raise TimeoutError("cut at the limit, in trialq's half")
+
+    monkeypatch.setattr(gpu, "memory_over_trials", memory_over_trials)
+    device = {"name": "MADE-UP GPU", "driver": "0.0", "memory_mib": MADE_UP}
+    with pytest.raises(TimeoutError):
+        gpu.measure([device], True, ("a",), lambda r: gpu_report.write_json(r, out))
+    kept = json.loads(out.read_text())
+    assert kept["memory_over_trials"] == {"in_process": [MADE_UP] * 8}
+    assert kept["sections_done"] == [] and kept["complete"] is False
 
 
 def test_the_jax_context_probe_asks_jax_not_to_preallocate(monkeypatch: pytest.MonkeyPatch) -> None:
