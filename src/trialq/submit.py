@@ -28,7 +28,7 @@ from trialq.driver.loop import DriverOptions, StudyDriver
 from trialq.driver.progress import NoProgress, ProgressSink, RichProgress
 from trialq.driver.search_space import DefineSpace, load_search_space
 from trialq.driver.spec import StudySpec, load_spec
-from trialq.driver.study import open_study, remember_storage, storage_url
+from trialq.driver.study import open_study, release_connections, remember_storage, storage_url
 from trialq.driver.study_lock import holding_study, holding_study_file
 from trialq.errors import SpecError, TrialqError, UsageError
 from trialq.local import LocalCluster
@@ -98,55 +98,63 @@ def run_study(
     url = storage_url(spec, storage_override, settings.storage)
     target = n_trials or spec.study.n_trials
     outage_limit = outage_limit_s or spec.study.outage_limit_s
-    with ExitStack() as stack:
-        # Started first: the workers import and beat while the study is opened.
-        cluster = _start_local_cluster(
-            stack, spec, settings, local_workers, verbose, local_env or {}
-        )
-        stack.enter_context(holding_study_file(url, spec.study.name))  # SQLite: before opening
-        study = open_study(spec, url, retry_for_s=outage_limit)
-        if storage_override is not None:  # found there by `trialq status SPEC`
-            remember_storage(spec, url)
-        study_lock = stack.enter_context(holding_study(study))  # before anything is written
-        for note in check_spec_against_study(spec, study):
-            _say(f"note: {note}")
-        _say(f"study {study.study_name!r} in {redacted_url(url)}")
-        if cluster is None and settings.seal is None:
-            _say(UNAUTHENTICATED_RESULTS)
-        if not _announce_progress(study, target):
-            return StudyRun(url, study.study_name, study_summary(study))
-        if cluster is not None:
-            settings = _use_local_cluster(stack, cluster, spec, settings)
-        spec = routed(spec)  # from here, the queue is the trial's GPU class's
-        study.set_user_attr(
-            BROKER_ATTR, "local" if cluster is not None else redacted_url(settings.broker_url)
-        )
-        dispatcher = CeleryDispatcher(settings)
-        progress: ProgressSink = NoProgress(show_failures=True)
-        if show_progress:
-            progress = stack.enter_context(RichProgress(spec.study.name, target))
-        workers = _local_slots(cluster) if cluster is not None else _live_workers(dispatcher, spec)
-        options = DriverOptions(
-            max_in_flight=spec.study.max_in_flight or max(1, workers),
-            outage_limit_s=outage_limit,
-        )
-        budget = replace(budget_for(spec, target), **(budget_overrides or {}))
-        tracking = _start_tracking(stack, trackers, spec, settings, local_workers is not None)
-        driver = StudyDriver(
-            spec, study, dispatcher, progress, options, study_lock, define_space, budget=budget,
-            tracking=tracking,
-        )  # fmt: skip
-        ended: TrialqError | None = None
-        try:
-            driver.run(target)
-        except TrialqError as exc:
-            ended = exc
-    if ended is not None:
-        ended.summary = _summary_at_an_end(study, driver)
-        raise ended
-    if driver.stop is not None:
-        _say(driver.stop.line)
-    return StudyRun(url, study.study_name, _run_summary(study, driver))
+    opened: list[optuna.Study] = []
+    try:
+        with ExitStack() as stack:
+            # Started first: the workers import and beat while the study is opened.
+            cluster = _start_local_cluster(
+                stack, spec, settings, local_workers, verbose, local_env or {}
+            )
+            stack.enter_context(holding_study_file(url, spec.study.name))  # SQLite: before opening
+            study = open_study(spec, url, retry_for_s=outage_limit)
+            opened.append(study)
+            if storage_override is not None:  # found there by `trialq status SPEC`
+                remember_storage(spec, url)
+            study_lock = stack.enter_context(holding_study(study))  # before anything is written
+            for note in check_spec_against_study(spec, study):
+                _say(f"note: {note}")
+            _say(f"study {study.study_name!r} in {redacted_url(url)}")
+            if cluster is None and settings.seal is None:
+                _say(UNAUTHENTICATED_RESULTS)
+            if not _announce_progress(study, target):
+                return StudyRun(url, study.study_name, study_summary(study))
+            if cluster is not None:
+                settings = _use_local_cluster(stack, cluster, spec, settings)
+            spec = routed(spec)  # from here, the queue is the trial's GPU class's
+            study.set_user_attr(
+                BROKER_ATTR, "local" if cluster is not None else redacted_url(settings.broker_url)
+            )
+            dispatcher = CeleryDispatcher(settings)
+            progress: ProgressSink = NoProgress(show_failures=True)
+            if show_progress:
+                progress = stack.enter_context(RichProgress(spec.study.name, target))
+            workers = (
+                _local_slots(cluster) if cluster is not None else _live_workers(dispatcher, spec)
+            )
+            options = DriverOptions(
+                max_in_flight=spec.study.max_in_flight or max(1, workers),
+                outage_limit_s=outage_limit,
+            )
+            budget = replace(budget_for(spec, target), **(budget_overrides or {}))
+            tracking = _start_tracking(stack, trackers, spec, settings, local_workers is not None)
+            driver = StudyDriver(
+                spec, study, dispatcher, progress, options, study_lock, define_space, budget=budget,
+                tracking=tracking,
+            )  # fmt: skip
+            ended: TrialqError | None = None
+            try:
+                driver.run(target)
+            except TrialqError as exc:
+                ended = exc
+        if ended is not None:
+            ended.summary = _summary_at_an_end(study, driver)
+            raise ended
+        if driver.stop is not None:
+            _say(driver.stop.line)
+        return StudyRun(url, study.study_name, _run_summary(study, driver))
+    finally:
+        for done in opened:  # the run is over: its pool's connections are closed
+            release_connections(done)
 
 
 def _run_summary(study: optuna.Study, driver: StudyDriver) -> dict[str, Any]:

@@ -19,7 +19,7 @@ import optuna
 import sqlalchemy
 
 from trialq.driver._storage.engine import rdb_storage
-from trialq.driver._storage.mirror import mirrored
+from trialq.driver._storage.mirror import mirrored, rdb_under
 from trialq.driver.distinct import DistinctFromRunning
 from trialq.driver.gp_sampler import OneThreadGP, gp_and_tpe
 from trialq.driver.history import BoundedTPE
@@ -106,6 +106,17 @@ def open_study(spec: StudySpec, url: str, retry_for_s: float = 0.0) -> optuna.St
                 raise
             time.sleep(wait_s)
             wait_s = min(wait_s * 2, LONGEST_RETRY_S)
+
+
+def release_connections(study: optuna.Study) -> None:
+    """Close the connections the study's database engine keeps in its pool. They would stay
+    open until Python's cycle collector finds the engine: a process that runs study after
+    study (a notebook calling `trialq.optimize`, a test suite) held two a study and ran
+    PostgreSQL out of connections ("too many clients"). The engine opens new ones if the
+    study is read again."""
+    backend = rdb_under(study._storage)
+    if backend is not None:
+        backend.engine.dispose()
 
 
 def find_study(
