@@ -205,12 +205,14 @@ class LocalCluster:
         return path
 
     def wait_for_workers(self, count: int) -> None:
-        """Wait until `count` workers beat; stop everything if one dies first or none is up
-        within `STARTUP_TIMEOUT_S`."""
+        """Wait until `count` of this cluster's workers beat (by name: on a broker given to
+        it, another's already beat; a loaded machine ran a whole study before a second host's
+        worker had started); stop everything if one dies first or none is up within
+        `STARTUP_TIMEOUT_S`."""
         client = redis.Redis.from_url(self.broker_url)
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
         try:
-            while len(heartbeat.live_workers(client)) < count:
+            while len(self._own(heartbeat.live_workers(client))) < count:
                 dead = [p for p in self._workers if p.poll() is not None]
                 if any(p.returncode == UsageError.exit_code for p in dead):
                     # the worker refused what it was given (TRIALQ_GPUS where no GPU is)
@@ -223,6 +225,10 @@ class LocalCluster:
         except BaseException:
             self.stop()
             raise
+
+    def _own(self, beats: list[heartbeat.WorkerBeat]) -> list[heartbeat.WorkerBeat]:
+        """The beats of this cluster's workers (`local<i>-<token>@host`)."""
+        return [beat for beat in beats if f"-{self._name_token}@" in beat.name]
 
     def _log_tail(self) -> str:
         for log in sorted(self.log_dir.glob("worker*.log")):
