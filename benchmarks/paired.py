@@ -7,7 +7,7 @@ For each objective the records hold both for, at `--k` in flight and `--budget` 
 medians of each, and the median of the per-seed differences a - b with its 90% bootstrap
 interval (the seeds drawn again with replacement, 1,000 times; lower is better, so an
 interval wholly above 0 is "a worse beyond noise"). With `--gap-from`, the share of that
-sampler's 1 -> k loss that each of a and b wins back, as `parallel_search` counts it.
+sampler's 1 -> k loss that each of a and b wins back (`parallel_search.gap_share`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import random
 import statistics
 from pathlib import Path
 
-BOOTSTRAP_DRAWS = 1000
+from benchmarks.parallel_search import BOOTSTRAP_DRAWS, gap_share
 
 
 def interval(differences: list[float], seed: int = 0) -> tuple[float, float]:
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         b = [scores[(objective, args.b, args.k, s)] for s in seeds]
         differences = [x - y for x, y in zip(a, b, strict=True)]
         low, high = interval(differences)
-        shares = _shares(scores, objective, seeds, args, statistics.median(a), statistics.median(b))
+        shares = _shares(scores, objective, seeds, args)
         print(
             f"{objective:<16}{statistics.median(a):>12.4g} {statistics.median(b):>12.4g}   "
             f"{statistics.median(differences):+.3g} [{low:+.3g}, {high:+.3g}]   {shares}"
@@ -72,22 +72,21 @@ def _shares(
     objective: str,
     seeds: list[int],
     args: argparse.Namespace,
-    median_a: float,
-    median_b: float,
 ) -> str:
     """Each one's share of `--gap-from`'s 1 -> k loss won back, where it was measured."""
     if args.gap_from is None:
         return ""
-    one = [scores.get((objective, args.gap_from, 1, s)) for s in seeds]
-    many = [scores.get((objective, args.gap_from, args.k, s)) for s in seeds]
-    if None in one or None in many:
+    cells = [
+        {s: v for s in seeds if (v := scores.get((objective, variant, k, s))) is not None}
+        for variant, k in ((args.gap_from, 1), (args.gap_from, args.k))
+    ]
+    if any(len(cell) < len(seeds) for cell in cells):
         return "no gap measured"
-    at_one = statistics.median(v for v in one if v is not None)
-    at_k = statistics.median(v for v in many if v is not None)
-    gap = at_k - at_one
-    if gap <= 0:
+    by_seed = [{s: scores[(objective, v, args.k, s)] for s in seeds} for v in (args.a, args.b)]
+    shares = [gap_share([*cells, ours], seeds) for ours in by_seed]
+    if None in shares:
         return "no gap"
-    return f"{(at_k - median_a) / gap:.2f}, {(at_k - median_b) / gap:.2f}"
+    return ", ".join(f"{share:.2f}" for share in shares)
 
 
 if __name__ == "__main__":

@@ -469,11 +469,13 @@ def gap_spread(
                 by_cell.get((objective, DEFAULT, 16, budget), {}),
             ]
             seeds = sorted(set.intersection(*(set(c) for c in cells)))
-            as_run = _gap(cells, seeds)
+            as_run = gap_share(cells, seeds)
             if as_run is None:
                 spread[objective][budget] = None
                 continue
-            draws = [_gap(cells, rng.choices(seeds, k=len(seeds))) for _ in range(BOOTSTRAP_DRAWS)]
+            draws = [
+                gap_share(cells, rng.choices(seeds, k=len(seeds))) for _ in range(BOOTSTRAP_DRAWS)
+            ]
             kept = sorted(d for d in draws if d is not None)
             spread[objective][budget] = {
                 "median": as_run,
@@ -484,7 +486,10 @@ def gap_spread(
     return spread
 
 
-def _gap(cells: list[dict[int, float]], seeds: list[int]) -> float | None:
+def gap_share(cells: list[dict[int, float]], seeds: list[int]) -> float | None:
+    """The share of the baseline's 1 -> k loss a sampler wins back, from three cells of
+    scores by seed (baseline at 1, baseline at k, the sampler at k), on `seeds`; None where
+    the baseline lost nothing."""
     if not seeds:
         return None
     base_1, base_16, other_16 = (statistics.median(c[s] for s in seeds) for c in cells)
