@@ -98,7 +98,7 @@ def run_study(
     url = storage_url(spec, storage_override, settings.storage)
     target = n_trials or spec.study.n_trials
     outage_limit = outage_limit_s or spec.study.outage_limit_s
-    opened: list[optuna.Study] = []
+    study: optuna.Study | None = None
     try:
         with ExitStack() as stack:
             # Started first: the workers import and beat while the study is opened.
@@ -107,7 +107,6 @@ def run_study(
             )
             stack.enter_context(holding_study_file(url, spec.study.name))  # SQLite: before opening
             study = open_study(spec, url, retry_for_s=outage_limit)
-            opened.append(study)
             if storage_override is not None:  # found there by `trialq status SPEC`
                 remember_storage(spec, url)
             study_lock = stack.enter_context(holding_study(study))  # before anything is written
@@ -153,8 +152,8 @@ def run_study(
             _say(driver.stop.line)
         return StudyRun(url, study.study_name, _run_summary(study, driver))
     finally:
-        for done in opened:  # the run is over: its pool's connections are closed
-            release_connections(done)
+        if study is not None:  # the run is over: its pool's connections are closed
+            release_connections(study)
 
 
 def _run_summary(study: optuna.Study, driver: StudyDriver) -> dict[str, Any]:
