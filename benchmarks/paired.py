@@ -42,11 +42,19 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     scores: dict[tuple[str, str, int, int], float] = {}
     for record in args.records:
-        for run in json.loads(record.read_text())["runs"]:
+        try:
+            runs = json.loads(record.read_text())["runs"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            parser.error(f"{record}: not a parallel_search record ({type(exc).__name__}: {exc})")
+        for run in runs:
             value = run["scores"].get(str(args.budget))
             if value is not None:
                 scores[(run["objective"], run["variant"], run["k"], run["seed"])] = value
     objectives = sorted({key[0] for key in scores})
+    held = {(v, k) for (_, v, k, _) in scores}
+    for variant in (args.a, args.b):
+        if (variant, args.k) not in held:
+            parser.error(f"no runs of {variant!r} at k={args.k} and {args.budget} trials")
     print(f"{'objective':<16}{args.a:>12} {args.b:>12}   {args.a} - {args.b} [90%]   shares")
     for objective in objectives:
         seeds = sorted(
