@@ -29,6 +29,7 @@ import itertools
 import json
 import multiprocessing
 import os
+import resource
 import sys
 import tempfile
 import time
@@ -146,11 +147,13 @@ def left_in_redis(url: str, n: int, settle_s: float) -> dict[str, Any]:
     }
 
 
-def run_trialq(args: argparse.Namespace, n: int, in_flight: int, kind: str, sampler: str) -> dict:
+def run_trialq(
+    args: argparse.Namespace, n: int, in_flight: int, kind: str, sampler: str, askers: int = 0
+) -> dict:
     name = f"scale-{uuid.uuid4().hex[:8]}"
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        spec = load_spec(write_spec(folder, name, n, in_flight, sampler))
+        spec = with_askers(load_spec(write_spec(folder, name, n, in_flight, sampler)), askers)
         url = storage_url(kind, folder)
         study = open_study(spec, url)
         env = {"PYTHONPATH": tree_path(), "TRIALQ_PRELOAD": "none"}
@@ -162,10 +165,11 @@ def run_trialq(args: argparse.Namespace, n: int, in_flight: int, kind: str, samp
                     spec, study, dispatcher, phases, DriverOptions(max_in_flight=in_flight)
                 )
                 started = (time.perf_counter(), time.thread_time())
-                process_cpu = time.process_time()
+                process_cpu, children = time.process_time(), children_cpu()
                 driver.run(n)
                 wall_s = time.perf_counter() - started[0]
                 process_cpu = time.process_time() - process_cpu
+                children = children_cpu() - children  # the ask processes: workers still run
                 left = left_in_redis(cluster.broker_url, n, args.settle_s)
         finally:
             optuna.delete_study(study_name=name, storage=url)
@@ -173,26 +177,55 @@ def run_trialq(args: argparse.Namespace, n: int, in_flight: int, kind: str, samp
         "arm": "trialq", "trials": n, "in_flight": in_flight, "storage": kind,
         "sampler": sampler, "wall_s": round(wall_s, 1),
         "trials_per_s": round(n / wall_s, 1),
-        "process_cpu_ms": round(1e3 * process_cpu / n, 2),
+        "process_cpu_ms": round(1e3 * process_cpu / n, 2), **asking(driver, n, children),
         **phases.windows(n, started), "redis": left,
     }  # fmt: skip
 
 
 def drive(driver: StudyDriver, cluster: VirtualCluster, clock: VirtualClock, n: int) -> None:
     """The driver's own `run`, its real-time pause aside: each pass sends what its commit
-    wrote (waiting for the commit, in real time), then the clock jumps to the next end."""
+    wrote (waiting for the commit, in real time), hands its ask processes what changed,
+    then the clock jumps to the next end."""
     outages = Outages(driver.options.outage_limit_s, clock)
     idle = 0
-    while driver._step(n, outages):
-        while driver.sender.recording:
-            driver.sender.send_recorded(clock() + 60.0)
-        upcoming = cluster.next_event(clock.now)
-        idle = idle + 1 if upcoming is None else 0
-        assert idle < 100, "the driver waits for trials the cluster does not run"
-        clock.now = clock.now if upcoming is None else upcoming
+    driver._start_asking()
+    try:
+        while driver._step(n, outages):
+            while driver.sender.recording:
+                driver.sender.send_recorded(clock() + 60.0)
+            driver._sync_asking(n)
+            upcoming = cluster.next_event(clock.now)
+            idle = idle + 1 if upcoming is None else 0
+            assert idle < 100, "the driver waits for trials the cluster does not run"
+            clock.now = clock.now if upcoming is None else upcoming
+    finally:
+        driver._stop_asking()
 
 
-def run_virtual(n: int, in_flight: int, kind: str, sampler: str) -> dict:
+def with_askers(spec: StudySpec, processes: int) -> StudySpec:
+    """`spec` with `[study] ask_processes` set."""
+    study = spec.study.model_copy(update={"ask_processes": processes})
+    return spec.model_copy(update={"study": study})
+
+
+def asking(driver: StudyDriver, n: int, children_cpu_s: float) -> dict[str, Any]:
+    """The ask processes' part: their number, the share of trials whose params they drew,
+    and their CPU a trial (`children_cpu_s`: what the run's reaped children used)."""
+    pool = driver.sender.asking
+    return {
+        "ask_processes": driver.spec.study.ask_processes,
+        "drawn_share": round(pool.drawn / n, 3) if pool else 0.0,
+        "askers_cpu_ms": round(1e3 * children_cpu_s / n, 2),
+    }
+
+
+def children_cpu() -> float:
+    """CPU seconds used by this process's reaped children so far."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def run_virtual(n: int, in_flight: int, kind: str, sampler: str, askers: int = 0) -> dict:
     """The driver alone: the real loop, storage and sampler, trials run by a simulated
     cluster on a virtual clock (`benchmarks.virtual_cluster`), so 10,000 trials take as long
     as the driver's own work (no Redis, no workers: nothing is left in Redis)."""
@@ -205,7 +238,7 @@ def run_virtual(n: int, in_flight: int, kind: str, sampler: str) -> dict:
         "trial": {"entrypoint": "benchmarks.trials:noop"},  # never run
         "space": objective.space,
     }  # fmt: skip
-    spec = StudySpec.model_validate(raw)
+    spec = with_askers(StudySpec.model_validate(raw), askers)
     with tempfile.TemporaryDirectory() as tmp:
         url = storage_url(kind, Path(tmp))
         study = open_study(spec, url)
@@ -217,14 +250,17 @@ def run_virtual(n: int, in_flight: int, kind: str, sampler: str) -> dict:
         try:
             driver.ledger.open(budget_for(spec, n))
             started = (time.perf_counter(), time.thread_time())
+            process_cpu, children = time.process_time(), children_cpu()
             drive(driver, cluster, clock, n)
             driver._store.flush()
             wall_s = time.perf_counter() - started[0]
+            process_cpu, children = time.process_time() - process_cpu, children_cpu() - children
         finally:
             optuna.delete_study(study_name=name, storage=url)
     return {
         "arm": "virtual", "trials": n, "in_flight": in_flight, "storage": kind,
         "sampler": sampler, "wall_s": round(wall_s, 1), "trials_per_s": round(n / wall_s, 1),
+        "process_cpu_ms": round(1e3 * process_cpu / n, 2), **asking(driver, n, children),
         **phases.windows(n, started),
     }  # fmt: skip
 
@@ -293,7 +329,7 @@ def run_optuna(args: argparse.Namespace, n: int, kind: str, sampler: str) -> dic
 
 def print_table(rows: list[dict[str, Any]]) -> None:
     print(
-        f"{'arm':<10} {'trials':>6} {'flight':>6} {'storage':<10} {'sampler':<7} "
+        f"{'arm':<10} {'trials':>6} {'flight':>6} {'storage':<10} {'sampler':<7} {'askers':>6} "
         f"{'trials/s':>8} {'first /s':>8} {'last /s':>8} {'CPU ms first':>12} "
         f"{'last':>6} {'all':>6} {'growth':>6} {'keys/trial':>10} {'B/trial':>8}"
     )
@@ -301,7 +337,8 @@ def print_table(rows: list[dict[str, Any]]) -> None:
         left = r.get("redis", {})
         print(
             f"{r['arm']:<10} {r['trials']:>6} {r['in_flight']:>6} {r['storage']:<10} "
-            f"{r['sampler']:<7} {r['trials_per_s']:>8} {r['first']['trials_per_s']:>8} "
+            f"{r['sampler']:<7} {r.get('ask_processes', '-')!s:>6} "
+            f"{r['trials_per_s']:>8} {r['first']['trials_per_s']:>8} "
             f"{r['last']['trials_per_s']:>8} {r['first']['cpu_ms']:>12} "
             f"{r['last']['cpu_ms']:>6} {r.get('whole_cpu_ms', '-')!s:>6} {r['cpu_growth']!s:>6} "
             f"{left.get('keys_per_trial', '-')!s:>10} {left.get('bytes_per_trial', '-')!s:>8}"
@@ -323,8 +360,14 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="the driver alone, trials simulated on a virtual clock (no workers, no Redis)",
     )
+    parser.add_argument(
+        "--ask-processes", type=int, nargs="+", default=[0],
+        help="[study] ask_processes of the trialq rows, each a row of its own (0: none)",
+    )  # fmt: skip
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
+    if any(k < 0 for k in args.ask_processes):
+        parser.error("--ask-processes: counts of processes, 0 or more")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     if args.quick:
         plan = [(1000, 8, "sqlite", "auto"), (1000, 8, "sqlite", "random"),
@@ -333,11 +376,11 @@ def main(argv: list[str] | None = None) -> int:
         plan = [(n, k, s, m) for n in args.sizes for s in args.storages for m in args.samplers
                 for k in args.in_flight]  # fmt: skip
     rows = []
-    for n, in_flight, kind, sampler in plan:
+    for (n, in_flight, kind, sampler), askers in itertools.product(plan, args.ask_processes):
         if args.virtual:
-            rows.append(run_virtual(n, in_flight, kind, sampler))
+            rows.append(run_virtual(n, in_flight, kind, sampler, askers))
         else:
-            rows.append(run_trialq(args, n, in_flight, kind, sampler))
+            rows.append(run_trialq(args, n, in_flight, kind, sampler, askers))
         print_table(rows[-1:])
     if not args.no_baseline and not args.virtual:
         for n, kind, sampler in dict.fromkeys((n, s, m) for n, _, s, m in plan):

@@ -30,6 +30,7 @@ from optuna.trial import TrialState
 from trialq import logs
 from trialq.driver import fate
 from trialq.driver._storage.store import LAST_WRITE_WAIT_S, TrialStore, store_for
+from trialq.driver.asking.pool import AskPool
 from trialq.driver.bounded import within
 from trialq.driver.budget import Budget, Stop
 from trialq.driver.fate import Resend, Tell, Terminate, Wait
@@ -43,6 +44,7 @@ from trialq.driver.relay import ReportRelay
 from trialq.driver.search_space import DefineSpace, load_search_space
 from trialq.driver.sending import Sender
 from trialq.driver.spec import StudySpec
+from trialq.driver.study import space_filling_start
 from trialq.driver.study_lock import StudyLock
 from trialq.driver.telling import Teller
 from trialq.driver.watch import OutsideCheck, Watch
@@ -155,6 +157,7 @@ class StudyDriver:
         self._reattach()
         self._written = self._store.flush_behind()
         outages = Outages(self.options.outage_limit_s, self.options.clock)
+        self._start_asking()
         try:
             while self._step(n_trials, outages):
                 self._pause(self.pacing.pause_s(self.options.clock()), outages, n_trials)
@@ -180,6 +183,7 @@ class StudyDriver:
             self.sender.withdraw_waiting()
             raise StudyDeleted.named(self.study.study_name) from None
         finally:
+            self._stop_asking()
             self._give_back_spares()
             self._record_early_end()
             self._write_told()
@@ -229,7 +233,30 @@ class StudyDriver:
             with outages.tolerated():
                 ahead = self.spec.study.ask_ahead
                 self.sender.ask_ahead(ahead, n_trials, self.counts.finished)
+                self._sync_asking(n_trials)
         self.dispatcher.wait_for_results(max(0.0, deadline - clock()))
+
+    def _start_asking(self) -> None:
+        """The spec's ask processes (`[study] ask_processes`), started with the study as it is."""
+        if self.spec.study.ask_processes:
+            self.sender.asking = AskPool(self.spec, self.study, self.spec.study.ask_processes)
+
+    def _stop_asking(self) -> None:
+        """The ask processes ended; what they drew and the driver did not take is dropped."""
+        if self.sender.asking is not None:
+            self.sender.asking.close()
+
+    def _sync_asking(self, n_trials: int) -> None:
+        """The ask processes told what changed, and asked for draws once the study is past
+        the start the driver makes itself (`space_filling_start`: Halton points, numbered by
+        trial, which only one asker can hand out without repeats)."""
+        pool = self.sender.asking
+        if pool is None:
+            return
+        finished = self.counts.finished
+        left = n_trials - finished - self.sender.outstanding - len(self.sender.spares)
+        started = finished >= space_filling_start(self.spec)
+        pool.sync(self.study, left if started else 0)
 
     def _give_back_spares(self) -> None:
         """Trials asked ahead and not sent go back to the study (`Sender.give_back_spares`);

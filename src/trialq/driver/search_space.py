@@ -13,6 +13,7 @@ from collections.abc import Callable
 import optuna
 
 from trialq.driver.spec import StudySpec
+from trialq.driver.study import distributions
 from trialq.errors import EntrypointError, SpecError
 from trialq.wire.entrypoint import importable_from
 
@@ -37,3 +38,14 @@ def load_search_space(spec: StudySpec) -> DefineSpace | None:
         raise SpecError(
             f"{where}: importing {ref.target} failed: {type(exc).__name__}: {reason}"
         ) from None
+
+
+def ask_new(study: optuna.Study, spec: StudySpec, define_space: DefineSpace | None) -> optuna.Trial:
+    """A new trial of `study`, its params drawn from the spec's space: the `[space.*]` tables
+    at once, or by the define-by-run function (`define_space`, loaded by the caller)."""
+    if spec.space:
+        return study.ask(distributions(spec))
+    assert define_space is not None, "a spec without [space.*] names search_space"
+    trial = study.ask()
+    define_space(trial)
+    return trial

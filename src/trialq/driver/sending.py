@@ -14,14 +14,15 @@ from collections.abc import Callable
 from concurrent.futures import Future
 
 import optuna
+from optuna.trial import TrialState
 
 from trialq import logs
 from trialq.driver._storage.store import TrialStore
+from trialq.driver.asking.pool import AskPool
 from trialq.driver.fate import Resends
 from trialq.driver.in_flight import InFlight, Recording
-from trialq.driver.search_space import DefineSpace
+from trialq.driver.search_space import DefineSpace, ask_new
 from trialq.driver.spec import StudySpec
-from trialq.driver.study import distributions
 from trialq.errors import BrokerError
 from trialq.tracking.mlflow_runs import tracking_uri
 from trialq.wire.dispatch import Dispatcher, TaskPhase
@@ -52,6 +53,8 @@ class Sender:
         """Trials whose record is on its way to the database, in the order they were asked."""
         self.unsent: list[Recording] = []
         """Asked trials whose sending failed (broker away); sent before any new one."""
+        self.asking: AskPool | None = None
+        """Ask processes drawing params beside the driver (`[study] ask_processes`)."""
         self.spares: list[optuna.Trial] = []
         """Trials asked ahead (`[study] ask_ahead`): params drawn, not recorded or sent; the
         next room takes one at once, with no ask in between."""
@@ -90,12 +93,17 @@ class Sender:
 
     def ask(self) -> optuna.Trial:
         """A new trial of the study, its params drawn from the spec's search space."""
-        if self._spec.space:
-            return self._study.ask(distributions(self._spec))
-        assert self._define_space is not None, "a spec without [space.*] names search_space"
-        trial = self._study.ask()
-        self._define_space(trial)
-        return trial
+        if self.asking is not None and not self._queued_in_study():
+            drawn = self.asking.take(self._study)
+            if drawn is not None:
+                return drawn
+        return ask_new(self._study, self._spec, self._define_space)
+
+    def _queued_in_study(self) -> bool:
+        """Whether the study holds WAITING trials (enqueued, or given back): the driver's own
+        ask sends those first."""
+        storage, study_id = self._study._storage, self._study._study_id
+        return bool(storage.get_all_trials(study_id, deepcopy=False, states=(TrialState.WAITING,)))
 
     def request(
         self, trial: optuna.Trial, attempt: int, checkpoint_key: str | None, preemptions: int

@@ -155,6 +155,10 @@ class StudySection(_Frozen):
     """Trials asked before there is room for them, so a slow ask (GP: up to seconds) delays
     no trial's start: each is asked with one result fewer, as one more in flight would be.
     Unsent at the run's end, they go back to the study as WAITING, params kept."""
+    ask_processes: Count = Field(default=0, ge=0)
+    """Processes that ask TPE for the next trials' params beside the driver, each from its own
+    copy of the study (`trialq.driver.asking`): for a driver that must tell more trials a
+    second than one core asks (issue 42). 0: the driver asks every trial itself."""
     sampler: SamplerName = "auto"
     sampler_args: dict[str, Any] = Field(default_factory=dict)
     pruner: PrunerName = "median"

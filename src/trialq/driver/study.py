@@ -212,13 +212,19 @@ def tpe_defaults(spec: StudySpec) -> dict[str, Any]:
     return args
 
 
-def make_sampler(spec: StudySpec, gp_available: bool | None = None) -> optuna.samplers.BaseSampler:
+def make_sampler(
+    spec: StudySpec, gp_available: bool | None = None, started: bool = False
+) -> optuna.samplers.BaseSampler:
     """The spec's sampler (`auto`: the one `sampler_rule.chosen_sampler` picks), built with
     the spec's arguments (over `tpe_defaults` for TPE). TPE or GP with trials in flight on
     a declared space never proposes a running trial's parameters again
     (`DistinctFromRunning`), and starts from Halton points rather than random ones until
     `space_filling_start` trials have finished. `gp_available`: whether GP runs here
-    (looked up when not given: torch and scipy installed)."""
+    (looked up when not given: torch and scipy installed). `started`: for an ask process
+    (`trialq.driver.asking`), which asks only once the driver has made the start itself.
+    `ask_processes` is for TPE alone: its asks are independent draws from the study as it
+    stands, where the grid, CMA-ES and NSGA-II keep state across asks and GP's fit would
+    want the turns `gp+tpe` takes."""
     gp_here = gp_runs_here() if gp_available is None else gp_available
     name, args = chosen_sampler(spec, gp_here), dict(spec.study.sampler_args)
     modules, fix = _NEEDS.get(name, ((), ""))
@@ -226,6 +232,11 @@ def make_sampler(spec: StudySpec, gp_available: bool | None = None) -> optuna.sa
         # Optuna imports them at the first ask or fit, after the study exists: refuse before.
         raise SpecError(f"{spec.where}: study.sampler: {name!r} needs {fix}")
     _check_listable(spec, name)
+    if spec.study.ask_processes and name != "tpe":
+        raise SpecError(
+            f"{spec.where}: study.ask_processes: only TPE's asks are spread over processes, "
+            f'and this study\'s sampler is {name!r}: set sampler = "tpe" or drop ask_processes'
+        )
     if name == "tpe":
         args = tpe_defaults(spec)
     if name == "grid":
@@ -248,9 +259,8 @@ def make_sampler(spec: StudySpec, gp_available: bool | None = None) -> optuna.sa
     )
     modelled = name in ("tpe", "gp", "gp+tpe") and spec.study.search_space is None
     if modelled and spec.study.max_in_flight != 1:
-        return DistinctFromRunning(
-            sampler, distributions(spec), seed=args.get("seed"), start=space_filling_start(spec)
-        )
+        start = 0 if started else space_filling_start(spec)
+        return DistinctFromRunning(sampler, distributions(spec), seed=args.get("seed"), start=start)
     return sampler
 
 
