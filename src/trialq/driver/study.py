@@ -222,21 +222,21 @@ def make_sampler(
     `space_filling_start` trials have finished. `gp_available`: whether GP runs here
     (looked up when not given: torch and scipy installed). `started`: for an ask process
     (`trialq.driver.asking`), which asks only once the driver has made the start itself.
-    `ask_processes` is for TPE alone: its asks are independent draws from the study as it
-    stands, where the grid, CMA-ES and NSGA-II keep state across asks and GP's fit would
-    want the turns `gp+tpe` takes."""
+    `ask_processes` is for TPE alone: each of its asks is a draw from the study as it stands,
+    where the grid, CMA-ES and NSGA-II keep state across asks that copies in several processes
+    would repeat, random needs no help, and GP serves short studies the driver keeps up with."""
     gp_here = gp_runs_here() if gp_available is None else gp_available
     name, args = chosen_sampler(spec, gp_here), dict(spec.study.sampler_args)
-    modules, fix = _NEEDS.get(name, ((), ""))
-    if any(importlib.util.find_spec(module) is None for module in modules):
-        # Optuna imports them at the first ask or fit, after the study exists: refuse before.
-        raise SpecError(f"{spec.where}: study.sampler: {name!r} needs {fix}")
-    _check_listable(spec, name)
     if spec.study.ask_processes and name != "tpe":
         raise SpecError(
             f"{spec.where}: study.ask_processes: only TPE's asks are spread over processes, "
             f'and this study\'s sampler is {name!r}: set sampler = "tpe" or drop ask_processes'
         )
+    modules, fix = _NEEDS.get(name, ((), ""))
+    if any(importlib.util.find_spec(module) is None for module in modules):
+        # Optuna imports them at the first ask or fit, after the study exists: refuse before.
+        raise SpecError(f"{spec.where}: study.sampler: {name!r} needs {fix}")
+    _check_listable(spec, name)
     if name == "tpe":
         args = tpe_defaults(spec)
     if name == "grid":

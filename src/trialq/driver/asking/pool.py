@@ -86,6 +86,11 @@ class AskPool:
         self.drawn = 0
         """Trials whose params an ask process drew."""
 
+    @property
+    def ready(self) -> int:
+        """Draws received and not yet taken."""
+        return len(self._ready)
+
     def sync(self, study: optuna.Study, left: int) -> None:
         """Hand every process the study's changes, take in what they drew, and ask for more
         until `left` draws (the trials the run may still ask; 0: none) are ready or coming,
