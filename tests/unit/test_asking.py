@@ -10,6 +10,7 @@ from pathlib import Path
 import optuna
 import pytest
 
+from trialq.driver.asking import replica as replica_module
 from trialq.driver.asking.changes import ChangeFeed
 from trialq.driver.asking.replica import Replica
 from trialq.driver.spec import StudySpec, load_spec
@@ -177,3 +178,30 @@ def test_auto_past_a_small_budget_is_tpe_and_takes_ask_processes(tmp_path: Path)
     spec = _spec(tmp_path, sampler="auto")
 
     make_sampler(spec, gp_available=True)  # 500 trials: TPE, accepted
+
+
+def test_the_copy_is_made_again_from_what_tpe_reads_once_it_holds_too_many(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past `REBUILD_PAST` trials the copy keeps the best, the latest and the unfinished
+    (here 2 + 5 + 2): a draw not yet settled and a driver trial still running go on being
+    followed in the new copy."""
+    monkeypatch.setattr(replica_module, "KEPT_BEST", 2)
+    monkeypatch.setattr(replica_module, "KEPT_RECENT", 5)
+    monkeypatch.setattr(replica_module, "REBUILD_PAST", 20)
+    spec = _spec(tmp_path)
+    replica = Replica(spec, seed=1, trials=[_finished(n, n / 20) for n in range(12)])
+    asked = replica.ask()
+    replica.apply([_running(12, {"x": 0.5}, {"x": X})], settled=[])
+
+    replica.apply([_finished(n, n / 100) for n in range(13, 21)], settled=[])
+
+    held = replica.study.get_trials(deepcopy=False)
+    assert [t.number for t in held] == list(range(len(held))) and len(held) == 2 + 5 + 2
+    assert sorted(t.value for t in held if t.value is not None)[:2] == [
+        0.0, pytest.approx(0.0025),  # x = 0.3, then 0.25 or 0.35: the best two
+    ]  # fmt: skip
+    replica.apply([_finished(12, 0.5)], settled=[asked.ask_id])
+    states = _states(replica)
+    assert TrialState.RUNNING not in states and states.count(TrialState.FAIL) == 1
+    assert replica.ask().params.keys() == {"x"}

@@ -18,9 +18,13 @@ from optuna.storages import InMemoryStorage
 from optuna.trial import FrozenTrial, TrialState
 
 from trialq.driver.asking.protocol import Asked
+from trialq.driver.history import KEPT_BEST, KEPT_RECENT, TrialIndex
 from trialq.driver.search_space import ask_new, load_search_space
 from trialq.driver.spec import StudySpec
 from trialq.driver.study import make_sampler
+
+REBUILD_PAST = 4 * (KEPT_BEST + KEPT_RECENT)
+"""Trials in the copy past which it is made again from what TPE reads (`Replica._rebuild`)."""
 
 
 class Replica:
@@ -29,12 +33,14 @@ class Replica:
     def __init__(self, spec: StudySpec, seed: int | None, trials: Iterable[FrozenTrial]) -> None:
         self._spec = _seeded(spec, seed)
         self._define_space = load_search_space(spec)
+        self._rebuilds = 0
         self.study = optuna.create_study(
+            study_name="copy-0",
             storage=InMemoryStorage(),
             sampler=make_sampler(self._spec, started=True),
             directions=list(spec.study.objective_directions),
         )
-        self._ids: dict[int, int] = {}  # the driver's trial number -> the copy's trial id
+        self._ids: dict[int, int] = {}  # the driver's unfinished trials -> the copy's trial id
         self._asks: dict[int, int] = {}  # this process's ask id -> the copy's trial id
         self._next_ask = 0
         self.apply(trials, ())
@@ -48,11 +54,37 @@ class Replica:
             if trial_id is not None:
                 storage.set_trial_state_values(trial_id, TrialState.FAIL)
         for trial in trials:
-            trial_id = self._ids.get(trial.number)
+            trial_id = self._ids.pop(trial.number, None)
             if trial_id is None:
-                self._ids[trial.number] = storage.create_new_trial(study_id, trial)
+                trial_id = storage.create_new_trial(study_id, trial)
             else:
                 _update(storage, trial_id, trial)
+            if not trial.state.is_finished():  # a finished trial never changes again
+                self._ids[trial.number] = trial_id
+        if len(self.study.directions) == 1 and self._held() > REBUILD_PAST:
+            self._rebuild()
+
+    def _held(self) -> int:
+        return self.study._storage.get_n_trials(self.study._study_id)
+
+    def _rebuild(self) -> None:
+        """The copy again, as a new study of the same storage holding only what TPE reads past
+        its bound (`history.TrialIndex.kept`: the best, the latest, the unfinished), so an
+        ask's cost stays flat: Optuna's in-memory storage scans every trial on each of the
+        several reads an ask makes (issue 42). A new study, not the old one trimmed: it has a
+        new id, which the sampler's indexes of the old one (`BoundedTPE`,
+        `DistinctFromRunning`) see, and its numbers start again from 0 in the same order."""
+        old = self.study
+        index = TrialIndex(old.directions, KEPT_BEST, KEPT_RECENT)
+        index.refresh(old)
+        storage, self._rebuilds = old._storage, self._rebuilds + 1
+        name = f"copy-{self._rebuilds}"
+        study_id = storage.create_new_study(old.directions, name)
+        moved = {t._trial_id: storage.create_new_trial(study_id, t) for t in index.kept()}
+        self._ids = {number: moved[i] for number, i in self._ids.items()}
+        self._asks = {ask: moved[i] for ask, i in self._asks.items()}
+        self.study = optuna.load_study(study_name=name, storage=storage, sampler=old.sampler)
+        storage.delete_study(old._study_id)
 
     def ask(self) -> Asked:
         """Draw the next trial's params; the draw stays running here until settled."""
