@@ -15,9 +15,11 @@ import psutil
 import pytest
 from stand_in import StandInDispatcher
 
+from trialq.driver._storage.store import store_for
 from trialq.driver.asking.pool import AskPool
 from trialq.driver.loop import DriverOptions, StudyDriver
 from trialq.driver.progress import NoProgress
+from trialq.driver.sending import Sender
 from trialq.driver.spec import StudySpec, load_spec
 from trialq.driver.study import open_study, release_connections
 from trialq.wire.dispatch import TaskPhase, TaskStatus
@@ -189,3 +191,26 @@ def test_an_ask_process_killed_mid_run_leaves_the_asking_to_the_driver(
     assert len(killed) == 2
     stopped = [r.getMessage() for r in caplog.records if "ask process" in r.getMessage()]
     assert len(stopped) == 2 and all("the driver asks in its place" in m for m in stopped)
+
+
+def test_a_trial_waiting_in_the_study_goes_before_any_draw(tmp_path: Path) -> None:
+    """A WAITING trial (enqueued, or given back by an earlier run) is the driver's own ask's
+    to send: a ready draw waits behind it."""
+    spec = _spec(tmp_path, 100)
+    study = open_study(spec, f"sqlite:///{tmp_path / 'asked.db'}")
+    for _ in range(12):
+        trial = study.ask({"x": optuna.distributions.FloatDistribution(-1, 1)})
+        study.tell(trial, trial.params["x"] ** 2)
+    sender = Sender(spec, study, StandInDispatcher([]), store_for(study), time.monotonic, None)
+    sender.asking = pool = AskPool(spec, study, 1)
+    try:
+        _until(lambda: pool.sync(study, 1) or pool.ready == 1, "a draw ready")
+        study.enqueue_trial({"x": 0.125, "layers": 3})
+
+        first, second = sender.ask(), sender.ask()
+
+        assert first.params == {"x": 0.125, "layers": 3} and pool.drawn == 1
+        assert second.number == first.number + 1 and second.params != first.params
+    finally:
+        pool.close()
+        release_connections(study)
