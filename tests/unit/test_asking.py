@@ -205,3 +205,26 @@ def test_the_copy_is_made_again_from_what_tpe_reads_once_it_holds_too_many(
     states = _states(replica)
     assert TrialState.RUNNING not in states and states.count(TrialState.FAIL) == 1
     assert replica.ask().params.keys() == {"x"}
+
+
+def test_a_define_by_run_space_is_drawn_by_its_function_in_the_copy(tmp_path: Path) -> None:
+    (tmp_path / "spaces.py").write_text(
+        "def space(trial):\n"
+        "    if trial.suggest_categorical('kind', ['linear', 'deep']) == 'deep':\n"
+        "        trial.suggest_int('layers', 2, 8)\n"
+    )
+    spec = _spec(tmp_path, space=" ", more='search_space = "spaces:space"')
+    kind = optuna.distributions.CategoricalDistribution(["linear", "deep"])
+    done = [
+        optuna.trial.create_trial(params={"kind": "linear"}, distributions={"kind": kind}, value=1)
+        for _ in range(12)
+    ]
+    for number, trial in enumerate(done):
+        trial.number = number
+
+    draws = [Replica(spec, seed, done).ask() for seed in range(6)]
+
+    for asked in draws:
+        assert asked.params["kind"] in ("linear", "deep")
+        assert ("layers" in asked.params) == (asked.params["kind"] == "deep"), asked.params
+        assert set(asked.distributions) == set(asked.params)
