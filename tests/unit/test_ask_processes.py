@@ -214,3 +214,18 @@ def test_a_trial_waiting_in_the_study_goes_before_any_draw(tmp_path: Path) -> No
     finally:
         pool.close()
         release_connections(study)
+
+
+def test_ask_processes_that_cannot_start_leave_the_run_to_the_driver(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr("sys.executable", str(tmp_path / "no-such-python"))
+    driver = _driver(tmp_path, 20, lambda driver: False)
+    try:
+        with caplog.at_level(logging.WARNING, logger="trialq.driver"):
+            driver.run(20)
+        _told_once(driver, 20)
+    finally:
+        release_connections(driver.study)
+    assert driver.sender.asking is None
+    assert any("ask processes not started" in r.getMessage() for r in caplog.records)

@@ -237,9 +237,14 @@ class StudyDriver:
         self.dispatcher.wait_for_results(max(0.0, deadline - clock()))
 
     def _start_asking(self) -> None:
-        """The spec's ask processes (`[study] ask_processes`), started with the study as it is."""
-        if self.spec.study.ask_processes:
+        """The spec's ask processes (`[study] ask_processes`), started with the study as it is;
+        where they cannot start (no process left to this user), the driver asks every trial."""
+        if not self.spec.study.ask_processes:
+            return
+        try:
             self.sender.asking = AskPool(self.spec, self.study, self.spec.study.ask_processes)
+        except OSError as exc:
+            _log.warning("ask processes not started (%s): the driver asks every trial", exc)
 
     def _stop_asking(self) -> None:
         """The ask processes ended; what they drew and the driver did not take is dropped."""

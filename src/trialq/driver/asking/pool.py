@@ -78,11 +78,15 @@ class AskPool:
         self._feed = ChangeFeed()
         trials = self._feed.changes(study)
         seed = spec.study.sampler_args.get("seed")
-        self._processes = [
-            _start(i, Start(spec, None if seed is None else seed + 1 + i, trials), clock())
-            for i in range(processes)
-        ]
+        self._processes: list[_AskProcess] = []
         self._ready: deque[tuple[_AskProcess, Asked]] = deque()
+        try:
+            for i in range(processes):
+                start = Start(spec, None if seed is None else seed + 1 + i, trials)
+                self._processes.append(_start(i, start, clock()))
+        except BaseException:  # none left behind by a pool that never was
+            self.close()
+            raise
         self.drawn = 0
         """Trials whose params an ask process drew."""
 
