@@ -4,8 +4,8 @@ current, taking what they drew, and adopting it as a new trial of the study.
 Each pass (`StudyDriver._pause`, once the sends are out) hands every process the trials that
 changed and asks for more draws, so that up to `READY_PER_PROCESS` each are ready or coming.
 The driver's next ask takes the oldest ready draw; where none is ready (the processes are
-behind, or gone) the driver asks itself, as it does without them: an ask process can make a
-run faster, never stop it. What the processes are told goes through a writer thread each, so
+behind, or gone) the driver asks itself, as it does without them: an ask process that fails
+never stops or stalls the run. What the processes are told goes through a writer thread each, so
 a process that stops reading never blocks the loop; one that has drawn nothing for
 `SILENT_LIMIT_S` while draws were wanted is stopped. Where a draw came from is the only
 difference in the study: an adopted trial is a new trial with those params, told like any.
