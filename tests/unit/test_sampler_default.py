@@ -299,10 +299,13 @@ def test_optunas_experimental_and_greenlet_notices_stay_out_of_the_progress(
     handler = logging.Handler()
     handler.emit = lambda record: seen.append(record.getMessage())  # type: ignore[method-assign]
     notices = logging.getLogger("optuna._gp.batched_lbfgsb")
+    level = notices.level  # other tests here set Optuna's verbosity to ERROR, above warnings
+    notices.setLevel(logging.WARNING)
     notices.addHandler(handler)
     try:
         notices.warning("The 'greenlet' package is unavailable, falling back to sequential")
         notices.warning("any other warning")
     finally:
         notices.removeHandler(handler)
+        notices.setLevel(level)
     assert seen == ["any other warning"]
