@@ -72,6 +72,15 @@ def _cmdline(process: psutil.Process) -> list[str]:
         return []
 
 
+def _past_its_start(spec: StudySpec, tmp_path: Path) -> optuna.Study:
+    """The spec's study on SQLite with 12 trials told: past the start the driver makes."""
+    study = open_study(spec, f"sqlite:///{tmp_path / 'asked.db'}")
+    for _ in range(12):
+        trial = study.ask({"x": optuna.distributions.FloatDistribution(-1, 1)})
+        study.tell(trial, trial.params["x"] ** 2)
+    return study
+
+
 def _until(done: Callable[[], bool], what: str) -> None:
     deadline = time.monotonic() + WAIT_S
     while not done():
@@ -81,10 +90,7 @@ def _until(done: Callable[[], bool], what: str) -> None:
 
 def test_the_pool_draws_and_the_study_adopts_a_draw_as_its_next_trial(tmp_path: Path) -> None:
     spec = _spec(tmp_path, 100)
-    study = open_study(spec, f"sqlite:///{tmp_path / 'asked.db'}")
-    for _ in range(12):
-        trial = study.ask({"x": optuna.distributions.FloatDistribution(-1, 1)})
-        study.tell(trial, trial.params["x"] ** 2)
+    study = _past_its_start(spec, tmp_path)
     pool = AskPool(spec, study, 2)
     try:
         adopted: list[optuna.Trial] = []
@@ -147,6 +153,16 @@ class _UntilDrawn:
         return time.monotonic() < self.deadline
 
 
+def _run_logged(driver: StudyDriver, n: int, caplog: pytest.LogCaptureFixture) -> None:
+    """Run the study to `n` with the driver's warnings caught; each trial told once."""
+    try:
+        with caplog.at_level(logging.WARNING, logger="trialq.driver"):
+            driver.run(n)
+        _told_once(driver, n)
+    finally:
+        release_connections(driver.study)
+
+
 def _told_once(driver: StudyDriver, n: int) -> None:
     trials = driver.study.get_trials()
     assert [t.number for t in trials] == list(range(n))
@@ -182,12 +198,7 @@ def test_an_ask_process_killed_mid_run_leaves_the_asking_to_the_driver(
         return until_drawn(driver)
 
     driver = _driver(tmp_path, 60, kill_at_twenty)
-    try:
-        with caplog.at_level(logging.WARNING, logger="trialq.driver"):
-            driver.run(60)
-        _told_once(driver, 60)
-    finally:
-        release_connections(driver.study)
+    _run_logged(driver, 60, caplog)
     assert len(killed) == 2
     stopped = [r.getMessage() for r in caplog.records if "ask process" in r.getMessage()]
     assert len(stopped) == 2 and all("the driver asks in its place" in m for m in stopped)
@@ -197,10 +208,7 @@ def test_a_trial_waiting_in_the_study_goes_before_any_draw(tmp_path: Path) -> No
     """A WAITING trial (enqueued, or given back by an earlier run) is the driver's own ask's
     to send: a ready draw waits behind it."""
     spec = _spec(tmp_path, 100)
-    study = open_study(spec, f"sqlite:///{tmp_path / 'asked.db'}")
-    for _ in range(12):
-        trial = study.ask({"x": optuna.distributions.FloatDistribution(-1, 1)})
-        study.tell(trial, trial.params["x"] ** 2)
+    study = _past_its_start(spec, tmp_path)
     sender = Sender(spec, study, StandInDispatcher([]), store_for(study), time.monotonic, None)
     sender.asking = pool = AskPool(spec, study, 1)
     try:
@@ -221,11 +229,6 @@ def test_ask_processes_that_cannot_start_leave_the_run_to_the_driver(
 ) -> None:
     monkeypatch.setattr("sys.executable", str(tmp_path / "no-such-python"))
     driver = _driver(tmp_path, 20, lambda driver: False)
-    try:
-        with caplog.at_level(logging.WARNING, logger="trialq.driver"):
-            driver.run(20)
-        _told_once(driver, 20)
-    finally:
-        release_connections(driver.study)
+    _run_logged(driver, 20, caplog)
     assert driver.sender.asking is None
     assert any("ask processes not started" in r.getMessage() for r in caplog.records)
