@@ -31,10 +31,10 @@ from benchmarks.overhead import RESULTS, ROOT, environment, tree_path
 from trialq._celery.dispatcher import CeleryDispatcher
 from trialq.driver.loop import DriverOptions, StudyDriver
 from trialq.driver.progress import NoProgress
-from trialq.driver.spec import load_spec
 from trialq.driver.study import open_study
 from trialq.local import LocalCluster
 from trialq.settings import Settings
+from trialq.spec import load_spec
 
 PARAMS = 6
 

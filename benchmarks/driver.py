@@ -46,10 +46,10 @@ from benchmarks.overhead import RESULTS, ROOT, environment, tree_path
 from trialq._celery.dispatcher import CeleryDispatcher
 from trialq.driver.loop import DriverOptions, StudyDriver
 from trialq.driver.progress import NoProgress
-from trialq.driver.spec import StudySpec, load_spec
 from trialq.driver.study import distributions, make_pruner, make_sampler, open_study
 from trialq.local import LocalCluster
 from trialq.settings import Settings
+from trialq.spec import StudySpec, load_spec
 
 DEFAULT_STORAGE = "postgresql+psycopg2://postgres@127.0.0.1:5432/test"
 BUCKET = 100

@@ -35,7 +35,7 @@ CASES = (("noop", False), ("sklearn_torch", False), ("sklearn_torch", True))
 def loop(module: Path, preload: bool, trials: int) -> list[float]:
     """Seconds from fork to the child's exit, per trial, the parent having preloaded."""
     if preload:
-        from trialq.trial.prewarm import preload_for
+        from trialq.worker.prewarm import preload_for
 
         print(preload_for("none", str(module)).line(), file=sys.stderr)
 

@@ -55,9 +55,9 @@ fi
   nvidia-smi
   python3 -m pip list 2>/dev/null | grep -iE '^(torch|jax|jaxlib|lightning|nvidia-ml-py|optuna|celery) '
   echo "== CUDA's context and memory, measured by trialq's start probe (GPU 0)"
-  timeout 60 python3 -m trialq.trial.context_probe 0
+  timeout 60 python3 -m trialq.gpu.context_probe 0
   echo "== what a worker's default preload (auto) imports on this machine"
-  timeout 90 python3 -c 'from trialq.trial.prewarm import preload_for; print(preload_for("auto").line())'
+  timeout 90 python3 -c 'from trialq.worker.prewarm import preload_for; print(preload_for("auto").line())'
 } >"$out/machine.txt" 2>&1
 
 if [ "$part" = lease ]; then

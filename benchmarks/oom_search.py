@@ -5,10 +5,11 @@
 A simulated study of two params (width, depth) in [0, 1], maximising width x depth, where
 every trial with width x depth > 0.3 runs out of memory. The trials run in this process (no
 workers: the sampler's choices are what is measured), but each OOM trial is told exactly as
-trialq's driver tells it (`trialq.driver.oom_constraint`): FAIL without the option, and with it the
-state, stand-in values and constraint the sampler reads. Prints, for TPE, NSGA-II and GP
-(where torch and scipy are installed), the share of OOM trials in the second half of each study,
-without and with the option, per seed and on average; writes JSON under benchmarks/results/.
+trialq's driver tells it (`trialq.driver.sampling.oom_constraint`): FAIL without the option,
+and with it the state, stand-in values and constraint the sampler reads. Prints, for TPE,
+NSGA-II and GP (where torch and scipy are installed), the share of OOM trials in the second
+half of each study, without and with the option, per seed and on average; writes
+JSON under benchmarks/results/.
 """
 
 from __future__ import annotations
@@ -25,9 +26,9 @@ import optuna
 from optuna.trial import TrialState
 
 from benchmarks.overhead import RESULTS, ROOT, environment
-from trialq.driver.gp_sampler import gp_and_tpe
-from trialq.driver.oom_constraint import OOM_CONSTRAINT, oom_telling, sampler_kind
-from trialq.driver.sampler_rule import gp_runs_here
+from trialq.driver.sampling.gp import gp_and_tpe
+from trialq.driver.sampling.oom_constraint import OOM_CONSTRAINT, oom_telling, sampler_kind
+from trialq.driver.sampling.rule import gp_runs_here
 
 SPACE = {
     "width": optuna.distributions.FloatDistribution(0, 1),

@@ -61,14 +61,14 @@ from benchmarks.virtual_cluster import (
     VirtualCluster,
     trial_rng,
 )
-from trialq.driver.distinct import DistinctFromRunning
 from trialq.driver.loop import DriverOptions, StudyDriver
 from trialq.driver.outage import Outages
 from trialq.driver.progress import NoProgress
-from trialq.driver.sampler_rule import gp_runs_here
-from trialq.driver.spec import StudySpec
+from trialq.driver.sampling.distinct import DistinctFromRunning
+from trialq.driver.sampling.rule import gp_runs_here
+from trialq.driver.sampling.taking_turns import TakingTurns
 from trialq.driver.study import make_pruner, make_sampler
-from trialq.driver.taking_turns import TakingTurns
+from trialq.spec import StudySpec
 
 if importlib.util.find_spec("cocoex") is not None:  # the dev extra installs it
     OBJECTIVES.update(coco_objectives())

@@ -51,10 +51,10 @@ from trialq.driver.ledger import budget_for
 from trialq.driver.loop import DriverOptions, StudyDriver
 from trialq.driver.outage import Outages
 from trialq.driver.progress import Counts
-from trialq.driver.spec import StudySpec, load_spec
 from trialq.driver.study import open_study
 from trialq.local import LocalCluster
 from trialq.settings import Settings
+from trialq.spec import StudySpec, load_spec
 
 POSTGRES = "postgresql+psycopg2://postgres@127.0.0.1:5432/trialq_bench"
 """The PostgreSQL database of the rows on PostgreSQL (`TRIALQ_BENCH_POSTGRES` to choose another),

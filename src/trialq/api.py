@@ -17,15 +17,15 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trialq.driver.spec import (
+from trialq.errors import Interrupted, UsageError
+from trialq.spec import (
     STUDY_NAME,
     StudySection,
     StudySpec,
     TrialSection,
     spec_from_mapping,
 )
-from trialq.driver.spec import load_spec as load_spec_file
-from trialq.errors import Interrupted, UsageError
+from trialq.spec import load_spec as load_spec_file
 
 if TYPE_CHECKING:
     import optuna

@@ -181,7 +181,7 @@ class LocalCluster:
             "TMPDIR": str(self._tmp),
         }
         env.setdefault("TRIALQ_TRIAL_LOG_DIR", str(self.log_dir))
-        # The host's cores shared among the workers' trials (`trial/threads.py`'s rule, which
+        # The host's cores shared among the workers' trials (`worker/threads.py`'s rule, which
         # a worker of one slot would apply to all of them alone).
         cores = len(os.sched_getaffinity(0))
         env.setdefault("TRIALQ_TRIAL_CPUS", str(max(1, cores // max(1, self.workers))))

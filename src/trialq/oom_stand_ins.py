@@ -1,7 +1,7 @@
 """Reading a trial that ran out of memory, whatever state its sampler was told.
 
 The driver tells an out-of-memory trial in the state its sampler reads (`[study]
-oom_as_constraint`, `trialq.driver.oom_constraint`): PRUNED for TPE, COMPLETE with stand-in
+oom_as_constraint`, `trialq.driver.sampling.oom_constraint`): PRUNED for TPE, COMPLETE with stand-in
 values (the worst in each direction) for NSGA-II. Its `outcome` attr says `oom` all the
 same, and trialq's own summary, status and report count such a trial as failed and never
 show its stand-in values. The driver (its count of finished trials) and the views read it

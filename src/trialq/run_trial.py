@@ -23,9 +23,9 @@ import optuna
 
 from trialq.driver.objective import objective_values
 from trialq.driver.search_space import load_search_space
-from trialq.driver.spec import StudySpec, load_spec
 from trialq.driver.study import distributions, open_study, storage_url
 from trialq.errors import TrialPruned, UsageError
+from trialq.spec import StudySpec, load_spec
 from trialq.trial.context import TrialContext
 from trialq.trial.runner import call_train, numeric_metrics
 from trialq.wire.channel import TrialAddress

@@ -71,12 +71,12 @@ class Settings(BaseSettings):
 
     trial_cpus: int | None = Field(default=None, ge=1)
     """CPU threads a trial's libraries use on this worker, unless its spec says (`[trial]
-    cpus`); unset: the worker's cores divided among its slots (`trial/threads.py`).
+    cpus`); unset: the worker's cores divided among its slots (`worker/threads.py`).
     `--local` sets it to the cores divided among its workers."""
 
     trial_log_dir: Path | None = None
     """Where each trial attempt's own log goes (`<study>/trial-<n>-attempt-<a>.log`: its
-    prints and trialq's lines about it, `trial/attempt_log.py`); none without it. `--local`
+    prints and trialq's lines about it, `worker/attempt_log.py`); none without it. `--local`
     sets it to the run's logs folder."""
 
     visibility_timeout_s: int = Field(default=12 * 3600, gt=0)
@@ -121,7 +121,7 @@ class Settings(BaseSettings):
 
     preload_from: str | None = None
     """An entrypoint module (a `.py` file or a dotted name) whose top-level imports the
-    worker's parent preloads too (`trial/preload_from.py`), read without importing it;
+    worker's parent preloads too (`worker/preload_from.py`), read without importing it;
     `submit-study --local` sets it to the spec's entrypoint."""
 
     spare_processes: int = Field(default=1, ge=0)
@@ -184,7 +184,7 @@ class Settings(BaseSettings):
     )
     """`CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` (no `TRIALQ_` prefix: MPS reads it), the memory an
     MPS client may hold on each device ordinal (`0=4G,1=4G`): a worker with `--gpus` plans
-    its slots within it, not the whole card (`trialq.trial.mps`)."""
+    its slots within it, not the whole card (`trialq.gpu.mps`)."""
 
     gpu_unattributed_wait_s: float = Field(default=30.0, ge=0)
     """How long a trial waits at its start while memory that no process of this worker can

@@ -27,12 +27,12 @@ from trialq.driver.ledger import budget_for
 from trialq.driver.loop import DriverOptions, StudyDriver
 from trialq.driver.progress import NoProgress, ProgressSink, RichProgress
 from trialq.driver.search_space import DefineSpace, load_search_space
-from trialq.driver.spec import StudySpec, load_spec
 from trialq.driver.study import open_study, release_connections, remember_storage, storage_url
 from trialq.driver.study_lock import holding_study, holding_study_file
 from trialq.errors import SpecError, TrialqError, UsageError
 from trialq.local import LocalCluster
 from trialq.settings import Settings, redacted_url
+from trialq.spec import StudySpec, load_spec
 from trialq.tracking import StudyInfo, Tracker, Tracking, trackers_for
 from trialq.views.summary import study_summary
 from trialq.wire import frameworks, heartbeat, routing

@@ -32,7 +32,7 @@ import pytest
 import yaml
 from waiting import wait_for_redis
 
-from trialq.trial.mps import pinned_limits
+from trialq.gpu.mps import pinned_limits
 from trialq.wire.keys import queue_running_key
 
 Obj = dict[str, Any]

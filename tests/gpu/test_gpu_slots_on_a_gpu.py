@@ -25,9 +25,9 @@ from trial_requests import trial_request
 from waiting import wait_until
 
 from trialq._celery.dispatcher import CeleryDispatcher
+from trialq.gpu.inventory import Gpu, Nvml
+from trialq.gpu.plan import CONTEXT_RESERVE_MB
 from trialq.settings import Settings
-from trialq.trial.gpu_inventory import Gpu, Nvml
-from trialq.trial.gpu_plan import CONTEXT_RESERVE_MB
 from trialq.wire import heartbeat
 from trialq.wire.dispatch import TaskPhase, TaskStatus
 from trialq.wire.messages import Outcome, TrialResult

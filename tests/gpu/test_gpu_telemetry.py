@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from trialq.gpu.device import NvmlGpu, TensorFlowDevice
+from trialq.gpu.telemetry import MIB
 from trialq.settings import Settings
 from trialq.submit import submit_study
-from trialq.trial.device import NvmlGpu, TensorFlowDevice
-from trialq.trial.telemetry import MIB
 
 pytestmark = pytest.mark.gpu
 

@@ -28,7 +28,7 @@ import torch
 import torch.multiprocessing as mp
 from trialq.trial.frameworks.pytorch import fraction
 from trialq.trial.frameworks.session import FrameworkSession
-from trialq.trial.gpu_share import GpuShare
+from trialq.gpu.share import GpuShare
 
 share = GpuShare(("0",), budget_bytes=BUDGET_MB * 2**20)
 session = FrameworkSession("torch", share)

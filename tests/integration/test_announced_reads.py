@@ -16,9 +16,9 @@ import redis
 from trialq._celery.dispatcher import CeleryDispatcher
 from trialq.driver.loop import DriverOptions, StudyDriver
 from trialq.driver.progress import Counts
-from trialq.driver.spec import load_spec
 from trialq.driver.study import open_study
 from trialq.settings import Settings
+from trialq.spec import load_spec
 from trialq.wire.dispatch import TaskStatus
 
 pytestmark = pytest.mark.integration

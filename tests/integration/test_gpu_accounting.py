@@ -23,8 +23,8 @@ from trial_requests import trial_request
 from waiting import wait_until
 
 from trialq._celery.dispatcher import CeleryDispatcher
+from trialq.gpu.attribution import ProcessView
 from trialq.settings import Settings
-from trialq.trial.gpu_attribution import ProcessView
 from trialq.wire import heartbeat
 from trialq.wire.dispatch import TaskPhase
 from trialq.wire.messages import Outcome, TrialResult

@@ -20,8 +20,8 @@ from trial_requests import trial_request
 from waiting import wait_until
 
 from trialq._celery.dispatcher import CeleryDispatcher
+from trialq.gpu.plan import CONTEXT_RESERVE_MB
 from trialq.settings import Settings
-from trialq.trial.gpu_plan import CONTEXT_RESERVE_MB
 from trialq.wire import heartbeat
 from trialq.wire.dispatch import TaskPhase, TaskStatus
 from trialq.wire.keys import queue_running_key

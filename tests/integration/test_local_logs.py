@@ -47,7 +47,7 @@ def test_each_local_run_keeps_its_workers_logs_with_a_line_per_trial(
 def test_only_the_newest_runs_logs_are_kept(
     tmp_path: Path, write_spec: Callable[..., Path]
 ) -> None:
-    from trialq.driver.spec import load_spec
+    from trialq.spec import load_spec
 
     spec = load_spec(
         write_spec(

@@ -14,7 +14,7 @@ import redis
 from outage_proxy import OutageProxy
 from trial_requests import trial_request
 
-from trialq.trial.device import FakeDevice
+from trialq.gpu.device import FakeDevice
 from trialq.trial.runner import run_trial
 from trialq.wire.channel import ReportChannel, TrialAddress
 from trialq.wire.keys import REPORTS

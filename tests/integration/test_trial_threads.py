@@ -14,9 +14,9 @@ from waiting import wait_until
 from trialq._celery.dispatcher import CeleryDispatcher
 from trialq.local import LocalCluster
 from trialq.settings import Settings
-from trialq.trial.threads import threads_per_trial
 from trialq.wire.dispatch import TaskPhase
 from trialq.wire.messages import Outcome, TrialResult
+from trialq.worker.threads import threads_per_trial
 
 pytestmark = [
     pytest.mark.integration,

@@ -15,9 +15,9 @@ from stand_in import StandInDispatcher
 
 from trialq.driver.loop import DriverOptions, StudyDriver
 from trialq.driver.progress import Counts, NoProgress
-from trialq.driver.spec import load_spec
 from trialq.driver.study import open_study
 from trialq.errors import Interrupted
+from trialq.spec import load_spec
 from trialq.wire.messages import Outcome
 
 TrialState = optuna.trial.TrialState

@@ -20,8 +20,8 @@ from trialq.driver.asking.pool import AskPool
 from trialq.driver.loop import DriverOptions, StudyDriver
 from trialq.driver.progress import NoProgress
 from trialq.driver.sending import Sender
-from trialq.driver.spec import StudySpec, load_spec
 from trialq.driver.study import open_study, release_connections
+from trialq.spec import StudySpec, load_spec
 from trialq.wire.dispatch import TaskPhase, TaskStatus
 from trialq.wire.messages import Outcome
 

@@ -13,9 +13,9 @@ import pytest
 from trialq.driver.asking import replica as replica_module
 from trialq.driver.asking.changes import ChangeFeed
 from trialq.driver.asking.replica import Replica
-from trialq.driver.spec import StudySpec, load_spec
 from trialq.driver.study import make_sampler
 from trialq.errors import SpecError
+from trialq.spec import StudySpec, load_spec
 
 TrialState = optuna.trial.TrialState
 X = optuna.distributions.FloatDistribution(0.0, 1.0)

@@ -12,9 +12,9 @@ import fsspec
 import pytest
 from trial_requests import trial_request
 
+from trialq.gpu.device import FakeDevice
 from trialq.settings import Settings
 from trialq.trial import checkpoints
-from trialq.trial.device import FakeDevice
 from trialq.trial.runner import run_trial
 from trialq.wire.channel import TrialAddress
 from trialq.wire.messages import Outcome, TrialResult, checkpoint_key

@@ -19,11 +19,11 @@ import fake_nvml
 import pytest
 
 from trialq.errors import UsageError
-from trialq.trial import context_probe
-from trialq.trial.context_probe import ContextMeasure, measure, measured
-from trialq.trial.gpu_inventory import Gpu
-from trialq.trial.gpu_plan import CONTEXT_RESERVE_MB, FRAMEWORK_LIBRARIES_MB, GpuPlan
-from trialq.trial.gpu_share import GpuShare
+from trialq.gpu import context_probe
+from trialq.gpu.context_probe import ContextMeasure, measure, measured
+from trialq.gpu.inventory import Gpu
+from trialq.gpu.plan import CONTEXT_RESERVE_MB, FRAMEWORK_LIBRARIES_MB, GpuPlan
+from trialq.gpu.share import GpuShare
 
 MIB, GIB = 2**20, 2**30
 
@@ -48,7 +48,7 @@ def test_the_parent_runs_the_probe_as_a_process_that_sees_only_its_gpu() -> None
 
     assert measure("GPU-fake-1", run=fake_probe_run) == answer
     ((command, visible),) = asked
-    assert command[-3:] == ["-m", "trialq.trial.context_probe", "GPU-fake-1"]
+    assert command[-3:] == ["-m", "trialq.gpu.context_probe", "GPU-fake-1"]
     assert visible == "GPU-fake-1"
 
 

@@ -165,7 +165,7 @@ def test_the_readme_fresh_machine_commands_name_what_exists() -> None:
 
 @pytest.mark.parametrize("doc", ["README.md", "docs/spec.md"])
 def test_the_spec_examples_in_the_docs_load(doc: str, tmp_path: Path) -> None:
-    from trialq.driver.spec import load_spec
+    from trialq.spec import load_spec
 
     example = re.search(r"```toml\n(.*?)```", (ROOT / doc).read_text(), flags=re.S)
     assert example, f"{doc} has no TOML spec example"

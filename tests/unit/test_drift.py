@@ -10,9 +10,9 @@ import optuna
 import pytest
 
 from trialq.driver.drift import check_spec_against_study
-from trialq.driver.spec import StudySpec, load_spec
 from trialq.driver.study import open_study
 from trialq.errors import SpecError
+from trialq.spec import StudySpec, load_spec
 
 BASE = {
     "direction": '"maximize"',

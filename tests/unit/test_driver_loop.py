@@ -24,9 +24,9 @@ from waiting import wait_until
 from trialq.driver.loop import DriverOptions, StudyDriver
 from trialq.driver.pacing import MOST_PAUSE_S
 from trialq.driver.progress import NoProgress
-from trialq.driver.spec import load_spec
 from trialq.driver.study import open_study
 from trialq.oom_stand_ins import counted_state
+from trialq.spec import load_spec
 from trialq.wire.channel import Report, TrialAddress
 from trialq.wire.dispatch import TaskStatus
 from trialq.wire.messages import Outcome

@@ -21,8 +21,8 @@ from trialq.driver.in_flight import InFlight
 from trialq.driver.ledger import Ledger
 from trialq.driver.relay import ReportRelay
 from trialq.driver.sending import Sender
-from trialq.driver.spec import StudySpec, load_spec
 from trialq.driver.watch import Watch
+from trialq.spec import StudySpec, load_spec
 from trialq.wire.dispatch import TaskPhase, TaskStatus
 from trialq.wire.record import TrialRecord
 

@@ -30,7 +30,7 @@ from trialq.driver.fate import (
     reattach,
     stopped_outside,
 )
-from trialq.driver.oom_constraint import OomTelling
+from trialq.driver.sampling.oom_constraint import OomTelling
 from trialq.wire.dispatch import TaskPhase, TaskStatus
 from trialq.wire.messages import Outcome, TrialResult
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from trial_requests import trial_request
 
-from trialq.trial.device import FakeDevice
+from trialq.gpu.device import FakeDevice
 from trialq.trial.runner import run_trial
 from trialq.wire.messages import Outcome, TrialResult
 

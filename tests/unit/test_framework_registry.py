@@ -79,7 +79,8 @@ def test_asking_every_adapter_imports_no_framework() -> None:
     code = textwrap.dedent(
         """
         import json, sys
-        from trialq.trial import batch_size, prewarm
+        from trialq.trial import batch_size
+        from trialq.worker import prewarm
         from trialq.trial.frameworks import adapters
         from trialq.wire.frameworks import NAMES
         [framework.started() for framework in adapters()]

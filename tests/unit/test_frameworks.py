@@ -20,10 +20,10 @@ from typing import Any
 
 import pytest
 
+from trialq.gpu.share import GpuShare
 from trialq.trial.frameworks import adapter, detect
 from trialq.trial.frameworks.jax import FRACTION, FRACTION_OLD, fraction_names
 from trialq.trial.frameworks.session import NO_SHARE, FrameworkSession
-from trialq.trial.gpu_share import GpuShare
 from trialq.wire.frameworks import PRELOAD, framework_in_source
 
 TESTS = Path(__file__).resolve().parents[1]
@@ -52,7 +52,7 @@ def _probe(code: str, env: dict[str, str] | None = None) -> Any:
 BEFORE_IMPORT = """
 import json, os, sys
 from trialq.trial.frameworks.session import FrameworkSession
-from trialq.trial.gpu_share import GpuShare
+from trialq.gpu.share import GpuShare
 share = GpuShare(("0",), budget_bytes=3 * 2**30, model="FakeGPU", total_bytes=12 * 2**30)
 session = FrameworkSession("auto", share)
 session.before_import(open(SOURCE).read(), "step")
@@ -184,7 +184,7 @@ def test_auto_falls_back_to_what_the_import_loaded() -> None:
 RUN_TRIAL = """
 import json, sys
 from trial_requests import trial_request
-from trialq.trial.device import FakeDevice
+from trialq.gpu.device import FakeDevice
 from trialq.trial.runner import run_trial
 request = trial_request(entrypoint=ENTRY, params=PARAMS, framework=CHOICE, timeout_s=120)
 allowed = ("tiny_torch_trial", "tiny_jax_trial", "tiny_helper_trial")

@@ -1,4 +1,4 @@
-"""The attribution rule of a shared GPU (`trialq.trial.gpu_attribution`), as a table: what
+"""The attribution rule of a shared GPU (`trialq.gpu.attribution`), as a table: what
 each NVML family lets the start probe, the guard, the start check and the OOM rule conclude.
 The figures are made up: no GPU, no NVML."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from trialq.trial.gpu_attribution import (
+from trialq.gpu.attribution import (
     Own,
     ProcessView,
     Reading,

@@ -21,12 +21,12 @@ import fake_nvml
 import pytest
 
 from trialq.errors import UsageError
-from trialq.trial.gpu_attribution import ProcessView
-from trialq.trial.gpu_inventory import Gpu, Nvml
-from trialq.trial.gpu_plan import CONTEXT_RESERVE_MB, GpuPlan
-from trialq.trial.gpu_share import VISIBLE, GpuShare
-from trialq.trial.mps import PINNED_LIMIT, limited, pinned_limits
-from trialq.trial.telemetry import NeighbourCheck
+from trialq.gpu.attribution import ProcessView
+from trialq.gpu.inventory import Gpu, Nvml
+from trialq.gpu.mps import PINNED_LIMIT, limited, pinned_limits
+from trialq.gpu.plan import CONTEXT_RESERVE_MB, GpuPlan
+from trialq.gpu.share import VISIBLE, GpuShare
+from trialq.gpu.telemetry import NeighbourCheck
 
 MIB = 2**20
 A100 = "NVIDIA A100-SXM4-40GB"

@@ -16,13 +16,13 @@ import fake_nvml
 import pytest
 
 from trialq.errors import UsageError
-from trialq.trial.gpu_attribution import ProcessView
+from trialq.gpu.attribution import ProcessView
+from trialq.gpu.inventory import Gpu, Nvml
+from trialq.gpu.once_per_worker import OncePerWorker
+from trialq.gpu.plan import CONTEXT_RESERVE_MB, GpuPlan
+from trialq.gpu.share import GpuShare
+from trialq.gpu.telemetry import NeighbourCheck
 from trialq.trial.gpu_guard import GpuGuard, GpuOverrun
-from trialq.trial.gpu_inventory import Gpu, Nvml
-from trialq.trial.gpu_plan import CONTEXT_RESERVE_MB, GpuPlan
-from trialq.trial.gpu_share import GpuShare
-from trialq.trial.once_per_worker import OncePerWorker
-from trialq.trial.telemetry import NeighbourCheck
 from trialq.wire.heartbeat import GpuBeat, WorkerBeat
 from trialq.wire.routing import slot_queues, trial_queue
 
@@ -124,8 +124,8 @@ import os, sys, time
 sys.path.insert(0, {str(Path(__file__).parent.parent)!r})
 import fake_nvml
 from trialq.trial.gpu_guard import GpuGuard
-from trialq.trial.gpu_inventory import Nvml
-from trialq.trial.gpu_share import GpuShare
+from trialq.gpu.inventory import Nvml
+from trialq.gpu.share import GpuShare
 fake_nvml.describe(__import__("pathlib").Path({str(tmp_path)!r}), 1, 16 * 2**30)
 with Nvml.open("fake_nvml") as nvml, GpuGuard(nvml, GpuShare(("0",), 2**30, None, 16 * 2**30),
                                               0, lambda o: print(o.text(), flush=True)):

@@ -1,4 +1,4 @@
-"""TPE's history bounded past a size, and the index it reads (`trialq.driver.history`)."""
+"""TPE's history bounded past a size, and the index it reads (`trialq.driver.sampling.history`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from optuna.distributions import FloatDistribution, IntDistribution
 from optuna.trial import TrialState
 
-from trialq.driver.history import BoundedTPE, TrialIndex
+from trialq.driver.sampling.history import BoundedTPE, TrialIndex
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 

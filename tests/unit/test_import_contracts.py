@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "src" / "trialq"
 CELERY_EDGE = "Only trialq._celery imports celery, kombu and billiard directly"
 WORKER_ROOM = "The worker's parent never imports Celery or its edge"
+GPU_ROOM = "The GPU package imports only trialq.errors"
 
 RUN_LINT_IMPORTS = (
     "import sys; from importlinter.cli import lint_imports_command; "
@@ -32,17 +33,29 @@ def _contracts() -> dict[str, dict[str, Any]]:
     return {c["name"]: c for c in config["tool"]["importlinter"]["contracts"]}
 
 
-def test_every_module_but_the_celery_edge_is_kept_from_importing_celery() -> None:
-    """A new top-level module or package must join the list, or the rule would skip it."""
-    top_level = {
+def _top_level() -> set[str]:
+    return {
         f"trialq.{path.stem}"
         for path in PACKAGE.iterdir()
         if (path.suffix == ".py" and path.name != "__init__.py")
         or (path.is_dir() and (path / "__init__.py").exists())
     }
+
+
+def test_every_module_but_the_celery_edge_is_kept_from_importing_celery() -> None:
+    """A new top-level module or package must join the list, or the rule would skip it."""
     contract = _contracts()[CELERY_EDGE]
-    assert set(contract["source_modules"]) == top_level - {"trialq._celery"}
+    assert set(contract["source_modules"]) == _top_level() - {"trialq._celery"}
     assert contract["allow_indirect_imports"] is True
+
+
+def test_the_gpu_package_is_kept_from_every_module_but_errors() -> None:
+    """A new top-level module or package must join the list, or the GPU package could use it."""
+    forbidden = set(_contracts()[GPU_ROOM]["forbidden_modules"])
+    assert {m for m in forbidden if m.startswith("trialq.")} == _top_level() - {
+        "trialq.gpu",
+        "trialq.errors",
+    }
 
 
 def _lint_imports(root: Path) -> subprocess.CompletedProcess[str]:
@@ -69,7 +82,7 @@ def test_the_tree_keeps_every_contract() -> None:
 @pytest.mark.parametrize(
     ("module", "line", "broken"),
     [
-        ("driver/spec.py", "import celery", "The spec never imports Celery"),
+        ("spec.py", "import celery", "The spec never imports Celery"),
         ("cli.py", "from celery.bin.celery import celery", CELERY_EDGE),
         (  # indirect: the driver's loop imports the wire's failures
             "wire/failures.py",
@@ -103,10 +116,17 @@ def test_the_tree_keeps_every_contract() -> None:
             "The worker's parent never imports the driver, the views or optuna",
         ),
         (
-            "trial/slots.py",
-            "import trialq.worker.state",
+            "trial/runner.py",
+            "import trialq.worker.slots",
             "Trial, wire, driver and views never import the worker's parent",
         ),
+        (  # indirect: the driver's study imports the sampling rule
+            "spec.py",
+            "import trialq.driver.study",
+            "The spec never imports the driver, the worker or the trial side",
+        ),
+        ("gpu/share.py", "import trialq.wire.keys", GPU_ROOM),
+        ("gpu/device.py", "import torch", GPU_ROOM),
         (  # indirect: the views' summary imports what counts an out-of-memory trial
             "oom_stand_ins.py",
             "import trialq.driver.progress",

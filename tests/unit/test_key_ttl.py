@@ -10,8 +10,8 @@ from trial_requests import trial_request
 from trialq._celery.app import celery_config
 from trialq._celery.dispatcher import CeleryDispatcher
 from trialq.settings import Settings
-from trialq.trial.result_store import ResultStore
 from trialq.wire.keys import result_key, withdrawn_key
+from trialq.worker.result_store import ResultStore
 
 
 class RecordingRedis:

@@ -2,7 +2,7 @@
 PyTorch, TensorFlow or JAX and a NumPy scalar are one number; anything else one line naming
 the key and what it was. Real torch (CPU build) and NumPy here; JAX and TensorFlow each in a
 process of its own, as an op of theirs run in this one would make every later worker of this
-pytest process refuse to fork (the preload guard, `trialq.trial.prewarm`)."""
+pytest process refuse to fork (the preload guard, `trialq.worker.prewarm`)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ import pytest
 from kept_reports import KeptReports
 from trial_requests import trial_request
 
+from trialq.gpu.device import FakeDevice
 from trialq.trial.context import TrialContext
-from trialq.trial.device import FakeDevice
 from trialq.trial.runner import numeric_metrics, run_trial
 from trialq.wire.channel import TrialAddress
 from trialq.wire.messages import Outcome

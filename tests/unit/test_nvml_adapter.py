@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from trialq.trial.device import NvmlGpu, TensorFlowDevice
+from trialq.gpu.device import NvmlGpu, TensorFlowDevice
 
 GIB = 2**30
 

@@ -1,4 +1,4 @@
-"""The worker's start probe (`trialq.trial.nvml_probe`) against a FAKE NVML answering as each
+"""The worker's start probe (`trialq.gpu.nvml_probe`) against a FAKE NVML answering as each
 driver family does (`tests/fake_nvml.py`): a real probe process, a fake's figures."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from pathlib import Path
 import fake_nvml
 import pytest
 
-from trialq.trial.gpu_attribution import ProcessView
-from trialq.trial.gpu_inventory import Nvml
-from trialq.trial.nvml_probe import probe
+from trialq.gpu.attribution import ProcessView
+from trialq.gpu.inventory import Nvml
+from trialq.gpu.nvml_probe import probe
 
 TESTS_DIR = Path(__file__).resolve().parent.parent
 

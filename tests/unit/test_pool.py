@@ -19,7 +19,7 @@ from celery.concurrency import asynpool
 from waiting import wait_until
 
 from trialq._celery.pool import TrialAsynPool
-from trialq.trial.slots import TrialSlots
+from trialq.worker.slots import TrialSlots
 
 pytestmark = pytest.mark.usefixtures("no_framework_here")  # forks from this process
 

@@ -14,9 +14,9 @@ from types import ModuleType, SimpleNamespace
 import pytest
 
 from trialq.errors import PreloadError
-from trialq.trial import prewarm
 from trialq.trial.frameworks.jax import BRIDGE_MODULE
-from trialq.trial.prewarm import TF_CONTEXT_MODULE, device_in_use, preload_modules
+from trialq.worker import prewarm
+from trialq.worker.prewarm import TF_CONTEXT_MODULE, device_in_use, preload_modules
 
 
 @pytest.fixture(autouse=True)
@@ -47,7 +47,7 @@ def test_an_open_cuda_driver_file_means_the_device_is_in_use(tmp_path: Path) -> 
 GUARD_PROBE = """
 import importlib.util
 import json
-from trialq.trial.prewarm import device_in_use
+from trialq.worker.prewarm import device_in_use
 seen = {"before": device_in_use()}
 import tensorflow as tf
 seen["imported"] = device_in_use()
@@ -152,7 +152,7 @@ def context_safe():
 
 PRELOAD_PROBE = """
 import sys
-from trialq.trial.prewarm import preload
+from trialq.worker.prewarm import preload
 preload(("tensorflow",))
 preload(("tensorflow",))  # `trialq worker` preloads, then Celery's worker_init again
 print("tensorflow imported:", "tensorflow" in sys.modules)
@@ -185,7 +185,7 @@ def test_auto_preloads_the_one_framework_installed_and_torch_and_jax_among_sever
     """Never TensorFlow for a PyTorch study because TensorFlow happens to be installed."""
     import importlib.util as util
 
-    from trialq.trial import prewarm
+    from trialq.worker import prewarm
 
     installed = {"torch"}
     monkeypatch.setattr(util, "find_spec", lambda name: object() if name in installed else None)
@@ -206,7 +206,7 @@ def test_auto_preloads_the_one_framework_installed_and_torch_and_jax_among_sever
 
 JAX_PARENT = """
 import jax
-from trialq.trial.prewarm import device_in_use
+from trialq.worker.prewarm import device_in_use
 print("imported:", device_in_use())
 jax.numpy.ones(2).block_until_ready()
 print("ran:", device_in_use())
@@ -253,7 +253,7 @@ def test_local_workers_preload_the_specs_framework(
     """`--local` knows the study: its workers preload its framework, read from the spec or
     from what the entrypoint function uses (never imported in the driver): a framework only
     another function of its module uses is not the study's."""
-    from trialq.driver.spec import load_spec
+    from trialq.spec import load_spec
     from trialq.submit import local_preload
 
     if preload is not None and importlib.util.find_spec(preload.split(".")[0]) is None:
@@ -287,7 +287,7 @@ def _fake_framework(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_local_workers_never_preload_a_framework_not_installed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from trialq.driver.spec import load_spec
+    from trialq.spec import load_spec
     from trialq.submit import local_preload
 
     _fake_framework(monkeypatch)
@@ -341,8 +341,8 @@ def train(params, trial):
 def test_an_entrypoints_top_level_imports_are_preloaded_and_what_is_left_out_says_why(
     tmp_path: Path,
 ) -> None:
-    from trialq.trial.preload_from import preload_from
     from trialq.wire.entrypoint_uses import top_level_imports
+    from trialq.worker.preload_from import preload_from
 
     (tmp_path / "model.py").write_text(ENTRYPOINT_MODULE)
     (tmp_path / "helpers.py").write_text("import torch\n")
@@ -366,7 +366,7 @@ def test_an_entrypoints_top_level_imports_are_preloaded_and_what_is_left_out_say
 
 OPTIONAL_PROBE = """
 import sys
-from trialq.trial.prewarm import preload
+from trialq.worker.prewarm import preload
 done = preload(("json",), ("csv", "no_such_module_xyz"), ("helpers (your own module)",))
 print(done.line())
 print("csv" in sys.modules)

@@ -1,7 +1,7 @@
 """The private names of TensorFlow that the fork guard reads are still there, with the meaning
 it gives them (docs/design.md, "Private hooks we lean on").
 
-`trialq.trial.prewarm.device_in_use`, through the TensorFlow adapter's `started`, tells a
+`trialq.worker.prewarm.device_in_use`, through the TensorFlow adapter's `started`, tells a
 worker parent that may fork trials (TensorFlow imported, never initialised) from one that may not, by reading TensorFlow's eager context
 without creating it. Where it cannot read it, the guard fails closed: the worker preloads
 nothing, and a parent holding TensorFlow refuses to fork. TensorFlow is imported once, in a

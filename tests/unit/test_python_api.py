@@ -19,8 +19,8 @@ from bad_inputs import BAD_SPECS
 
 import trialq
 from trialq.api import study_spec
-from trialq.driver.spec import load_spec
 from trialq.errors import SpecError, UsageError
+from trialq.spec import load_spec
 
 SPACE = {"x": {"type": "float", "low": 0, "high": 1}}
 

@@ -104,7 +104,7 @@ def test_an_oom_trial_told_complete_for_nsga2_is_drawn_as_the_failure_it_was(
     trial = study.ask({"x": optuna.distributions.FloatDistribution(0, 1)})
     trial.set_user_attr("outcome", "oom")
     trial.set_constraint("oom", 1.0)
-    study.tell(trial, float("-inf"))  # the stand-in value trialq.driver.oom_constraint gives NSGA-II
+    study.tell(trial, float("-inf"))  # the stand-in value trialq.driver.sampling.oom_constraint gives NSGA-II
 
     page = write_report(study, tmp_path / "out")
 

@@ -10,9 +10,9 @@ import pytest
 import redis
 from trial_requests import trial_request
 
-from trialq.trial.result_store import ResultStore
-from trialq.trial.worker_child import _despite
 from trialq.wire.keys import result_key
+from trialq.worker.child import _despite
+from trialq.worker.result_store import ResultStore
 
 REQUEST = trial_request(study="digits", number=7)
 

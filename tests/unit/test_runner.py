@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from trial_requests import trial_request
 
-from trialq.trial.device import FakeDevice
+from trialq.gpu.device import FakeDevice
 from trialq.trial.runner import numeric_metrics, run_trial
 from trialq.wire.entrypoint import Entrypoint
 from trialq.wire.failures import classify

@@ -14,9 +14,9 @@ import optuna
 import pytest
 
 from trialq.cli import submit_study_main
-from trialq.driver.distinct import DistinctFromRunning, HaltonStart
-from trialq.driver.spec import StudySpec
+from trialq.driver.sampling.distinct import DistinctFromRunning, HaltonStart
 from trialq.driver.study import make_sampler
+from trialq.spec import StudySpec
 
 SPACE = {
     "units": {"type": "int", "low": 0, "high": 5},
@@ -66,7 +66,7 @@ DBR = {"search_space": "mod:space"}
     ("sampler", "max_in_flight", "n_trials", "fields", "expected"),
     [
         # One in flight: Optuna 5's TPE (multivariate, liar) with its own random start, its
-        # history bounded past 500 finished trials (issue 42, `trialq.driver.history`).
+        # history bounded past 500 finished trials (issue 42, `trialq.driver.sampling.history`).
         ("tpe", 1, 50, {}, ("BoundedTPE", True, True, 0)),
         ("tpe", 1, 200, {}, ("BoundedTPE", True, True, 0)),
         ("tpe", 1, 50, DBR, ("BoundedTPE", True, True, 0)),
@@ -293,7 +293,7 @@ def test_optunas_experimental_and_greenlet_notices_stay_out_of_the_progress(
         tpe(make_sampler(StudySpec.model_validate(raw)))  # group=True: experimental in Optuna
     assert [w for w in caught if issubclass(w.category, optuna.exceptions.ExperimentalWarning)] == []
 
-    import trialq.driver.gp_sampler  # noqa: F401  (installs the filter, as the driver does)
+    import trialq.driver.sampling.gp  # noqa: F401  (installs the filter, as the driver does)
 
     seen: list[str] = []
     handler = logging.Handler()

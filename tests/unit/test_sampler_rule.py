@@ -12,13 +12,13 @@ import pytest
 from optuna.samplers import TPESampler
 from optuna.trial import TrialState
 
-from trialq.driver.distinct import DistinctFromRunning
-from trialq.driver.oom_constraint import oom_telling, penalty, sampler_kind
-from trialq.driver.sampler_rule import chosen_sampler
-from trialq.driver.spec import StudySpec
+from trialq.driver.sampling.distinct import DistinctFromRunning
+from trialq.driver.sampling.oom_constraint import oom_telling, penalty, sampler_kind
+from trialq.driver.sampling.rule import chosen_sampler
+from trialq.driver.sampling.taking_turns import TakingTurns
 from trialq.driver.study import make_sampler
-from trialq.driver.taking_turns import TakingTurns
 from trialq.errors import SpecError
+from trialq.spec import StudySpec
 
 SPACE = {
     "lr": {"type": "float", "low": 1e-4, "high": 1.0, "log": True},
@@ -182,7 +182,7 @@ def test_the_penalty_steers_gp_away_from_what_does_not_fit() -> None:
 def test_the_drivers_gp_fits_on_one_thread_and_loads_torch_only_to_fit() -> None:
     """torch's thread per core would take the CPU a `--local` run's trials share."""
     torch = pytest.importorskip("torch")
-    from trialq.driver.gp_sampler import OneThreadGP
+    from trialq.driver.sampling.gp import OneThreadGP
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     before = torch.get_num_threads()

@@ -18,9 +18,9 @@ from trialq.cli import submit_study_main
 from trialq.driver.loop import DriverOptions, StudyDriver
 from trialq.driver.progress import NoProgress
 from trialq.driver.search_space import load_search_space
-from trialq.driver.spec import load_spec
 from trialq.driver.study import open_study
 from trialq.errors import SpecError
+from trialq.spec import load_spec
 from trialq.wire.messages import Outcome
 
 SPACE_MODULE = """

@@ -10,9 +10,9 @@ from pydantic import ValidationError
 from trial_requests import trial_request
 
 from trialq.settings import Settings
-from trialq.trial.result_store import ResultStore
 from trialq.wire.messages import Outcome, TrialResult
 from trialq.wire.signing import MISMATCH, UNSIGNED, Seal, stored_result_refusal
+from trialq.worker.result_store import ResultStore
 
 SECRET = "a-deployment-secret-0123456789"
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from trialq.trial.slots import SlotHolder, TrialSlot, TrialSlots
+from trialq.worker.slots import SlotHolder, TrialSlot, TrialSlots
 
 
 def test_a_worker_s_slots_are_values_naming_their_lock_files() -> None:
@@ -55,7 +55,7 @@ def _create_time(pid: int) -> float:
 
 def test_the_slot_module_imports_no_celery() -> None:
     probe = (
-        "import sys, trialq.trial.slots; "
+        "import sys, trialq.worker.slots; "
         "print(sorted(m for m in ('celery', 'kombu', 'billiard') if m in sys.modules))"
     )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)

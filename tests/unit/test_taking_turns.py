@@ -10,9 +10,9 @@ import pytest
 from optuna.distributions import BaseDistribution, FloatDistribution
 from optuna.trial import FrozenTrial, TrialState
 
-from trialq.driver.spec import StudySpec
+from trialq.driver.sampling.taking_turns import TakingTurns
 from trialq.driver.study import make_sampler
-from trialq.driver.taking_turns import TakingTurns
+from trialq.spec import StudySpec
 
 SPACE = {"x": FloatDistribution(0, 1), "y": FloatDistribution(0, 1)}
 

@@ -9,9 +9,9 @@ import pytest
 from trial_requests import trial_request
 from waiting import wait_until
 
-from trialq.trial.device import FakeDevice, TensorFlowDevice
+from trialq.gpu.device import FakeDevice, TensorFlowDevice
+from trialq.gpu.telemetry import MIB, SETTLE_S, DeviceBaseline, Sampler
 from trialq.trial.runner import run_trial
-from trialq.trial.telemetry import MIB, SETTLE_S, DeviceBaseline, Sampler
 from trialq.wire.messages import Outcome, TrialRequest, TrialResult
 
 

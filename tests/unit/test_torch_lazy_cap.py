@@ -35,7 +35,7 @@ import json, os, types
 import torch
 from trialq.trial.frameworks.pytorch import LazyCap, cap_this_process
 from trialq.trial.frameworks.session import FrameworkSession
-from trialq.trial.gpu_share import GpuShare
+from trialq.gpu.share import GpuShare
 
 SET = []  # the fake's record of set_per_process_memory_fraction(fraction, device)
 torch.backends.cuda.is_built = lambda: True

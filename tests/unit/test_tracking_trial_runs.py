@@ -20,7 +20,7 @@ import pytest
 
 from trialq.api import study_spec
 from trialq.driver.sending import mlflow_target
-from trialq.driver.spec import StudySpec
+from trialq.spec import StudySpec
 from trialq.tracking import StudyInfo, ToldTrial
 from trialq.tracking.config import MlflowTracking
 from trialq.trial.context import TrialContext

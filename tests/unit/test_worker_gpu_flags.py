@@ -12,7 +12,7 @@ import pytest
 from trialq import cli
 from trialq._celery import launch
 from trialq.errors import UsageError
-from trialq.trial.gpu_inventory import Nvml
+from trialq.gpu.inventory import Nvml
 
 
 @pytest.fixture(autouse=True)

@@ -1,7 +1,7 @@
 """The worker's parent has a room of its own (`trialq.worker`): its state on one object built
 from the settings it is handed, no Celery in it, and a Celery edge that only calls its steps:
 a bootstep prepares it before the pool forks, one handler per signal forwards the rest. The
-trial process's result is kept by the trial wing (`trialq.trial.result_store`)."""
+trial process's result is kept by the trial wing (`trialq.worker.result_store`)."""
 
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ from trial_requests import trial_request
 from trialq._celery import worker as worker_module
 from trialq._celery.worker import WorkerStateStep, build_worker_app
 from trialq.settings import Settings
-from trialq.trial.result_store import ResultStore
 from trialq.wire.keys import result_key, results_channel
+from trialq.worker.result_store import ResultStore
 from trialq.worker.state import WorkerState
 
 REQUEST = trial_request(study="digits", number=7, attempt=2, params={"x": 0.5})
@@ -126,7 +126,7 @@ def test_the_bootstep_prepares_the_state_before_the_pool_forks(
         monkeypatch.setattr(state, name, lambda *_a, _n=name, **_k: steps.append(_n))
     WorkerStateStep(types.SimpleNamespace()).create(types.SimpleNamespace(concurrency=3))
     assert steps == ["preload", "plan_gpus", "probe_gpus", "measure_device_baseline"]
-    assert state.concurrency == 3, "what the cores are shared among (trial/threads.py)"
+    assert state.concurrency == 3, "what the cores are shared among (worker/threads.py)"
 
 
 def test_worker_ready_freezes_then_starts_the_heartbeat(

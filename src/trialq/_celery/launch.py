@@ -19,11 +19,11 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from trialq.errors import WorkerNameTaken
+from trialq.gpu.share import GpuShare
 from trialq.settings import Settings
-from trialq.trial.gpu_share import GpuShare
-from trialq.trial.prewarm import preload_for
 from trialq.wire.heartbeat import twin_beating
 from trialq.wire.routing import slot_queues
+from trialq.worker.prewarm import preload_for
 
 WITHOUT = ("--without-mingle", "--without-gossip")
 """Celery's start-up steps a trialq worker does without. Mingle asks the other workers for

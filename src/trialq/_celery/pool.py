@@ -41,7 +41,7 @@ from celery.concurrency.prefork import TaskPool
 
 from trialq._celery.worker import current_room
 from trialq.trial.process_group import kill_group_of
-from trialq.trial.slots import POLL_S
+from trialq.worker.slots import POLL_S
 
 logger = logging.getLogger("trialq.pool")  # the name log lines show; kept when the module moved
 

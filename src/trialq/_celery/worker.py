@@ -1,6 +1,6 @@
 """The Celery edge on the worker side: the worker's app, its task, a bootstep and the signal
 handlers, each only calling the worker's steps (`trialq.worker.WorkerState` in the parent,
-`trialq.trial.worker_child.WorkerChild` in each trial process).
+`trialq.worker.child.WorkerChild` in each trial process).
 
 `trialq worker` builds the app from the settings it was given (`build_worker_app`);
 `celery -A trialq.worker worker` builds it on first use from the environment's
@@ -31,10 +31,10 @@ from trialq import logs
 from trialq._celery.app import TASK_NAME, create_app
 from trialq._celery.remote_control import LimitedRemoteControl
 from trialq.settings import Settings, redacted_url
-from trialq.trial.prewarm import device_in_use
-from trialq.trial.worker_child import EX_SOFTWARE, WorkerChild
 from trialq.wire.keys import DEFAULT_QUEUE
 from trialq.wire.messages import TrialRequest
+from trialq.worker.child import EX_SOFTWARE, WorkerChild
+from trialq.worker.prewarm import device_in_use
 from trialq.worker.state import WorkerState
 
 logger = logging.getLogger("trialq.worker")  # the name log lines show; kept when the module moved
@@ -242,7 +242,7 @@ def _on_task_postrun(
 
 def _forget_success_meta(task: Any, task_id: str) -> None:
     """Drop the SUCCESS meta Celery has just stored where the trial stored its result under
-    trialq's own key first (`trialq.trial.result_store`), which is what the driver
+    trialq's own key first (`trialq.worker.result_store`), which is what the driver
     reads, and forgets once the tell is written (`Dispatcher.forget_results`). Celery stores
     the meta after the trial's own result, often after the driver forgot that task, where it
     would stay for the key TTL (issue 42). Redis away: the TTL removes it."""

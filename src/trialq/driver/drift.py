@@ -17,9 +17,9 @@ from typing import Any
 
 import optuna
 
-from trialq.driver.spec import StudySpec
 from trialq.driver.study import distributions
 from trialq.errors import SpecError
+from trialq.spec import StudySpec
 
 SPEC_ATTR = "trialq_spec"
 """The study user attr that keeps what the spec decided beyond what Optuna stores."""

@@ -21,7 +21,7 @@ from typing import assert_never
 from optuna.trial import TrialState
 
 from trialq.driver.objective import objective_of
-from trialq.driver.oom_constraint import OomTelling
+from trialq.driver.sampling.oom_constraint import OomTelling
 from trialq.errors import SpecError
 from trialq.wire.dispatch import TaskPhase, TaskStatus
 from trialq.wire.messages import Outcome, TrialRequest, TrialResult
@@ -81,7 +81,7 @@ class Known:
     """The attempt was told to stop (its worker's preemption notice)."""
     oom_telling: OomTelling | None = None
     """How the study tells a trial that ran out of memory so its sampler learns
-    (`trialq.driver.oom_constraint`); None: told FAIL. Filled in only where the attempt may
+    (`trialq.driver.sampling.oom_constraint`); None: told FAIL. Filled in only where the attempt may
     be told `oom` (`may_tell_oom`)."""
 
 
@@ -267,7 +267,7 @@ def _telling(result: TrialResult, oom: OomTelling | None, limits: Limits) -> Tel
     except SpecError as exc:
         return Tell(result.failed_as(Outcome.ERROR, str(exc)), ends_run=str(exc))
     if result.outcome.teaches_a_constraint and oom is not None:
-        # A FAIL trial teaches no sampler anything; see trialq.driver.oom_constraint.
+        # A FAIL trial teaches no sampler anything; see trialq.driver.sampling.oom_constraint.
         return _complete_only(Tell(result, oom.state, oom.values, oom.constrained))
     return _complete_only(Tell(result, told_state(result.outcome), values))
 

@@ -16,8 +16,8 @@ from trialq.driver import budget as budgets
 from trialq.driver.best import BestSoFar
 from trialq.driver.budget import Budget, Spent, Stop
 from trialq.driver.progress import Counts
-from trialq.driver.spec import StudySpec
 from trialq.oom_stand_ins import counted_state
+from trialq.spec import StudySpec
 from trialq.wire.record import TrialRecord
 
 FINISHED_STATES = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)

@@ -43,13 +43,13 @@ from trialq.driver.progress import Counts, ProgressSink
 from trialq.driver.relay import ReportRelay
 from trialq.driver.search_space import DefineSpace, load_search_space
 from trialq.driver.sending import Sender
-from trialq.driver.spec import StudySpec
 from trialq.driver.study import space_filling_start
 from trialq.driver.study_lock import StudyLock
 from trialq.driver.telling import Teller
 from trialq.driver.watch import OutsideCheck, Watch
 from trialq.errors import BrokerUnreachable, FailingTrials, Interrupted, SpecError, StudyDeleted
 from trialq.oom_stand_ins import counted_state
+from trialq.spec import StudySpec
 from trialq.tracking import Tracking
 from trialq.wire.dispatch import Dispatcher
 from trialq.wire.messages import LAST_RUN_ATTR, Outcome

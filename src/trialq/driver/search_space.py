@@ -12,9 +12,9 @@ from collections.abc import Callable
 
 import optuna
 
-from trialq.driver.spec import StudySpec
 from trialq.driver.study import distributions
 from trialq.errors import EntrypointError, SpecError
+from trialq.spec import StudySpec
 from trialq.wire.entrypoint import importable_from
 
 DefineSpace = Callable[[optuna.Trial], object]

@@ -22,8 +22,8 @@ from trialq.driver.asking.pool import AskPool
 from trialq.driver.fate import Resends
 from trialq.driver.in_flight import InFlight, Recording
 from trialq.driver.search_space import DefineSpace, ask_new
-from trialq.driver.spec import StudySpec
 from trialq.errors import BrokerError
+from trialq.spec import StudySpec
 from trialq.tracking.mlflow_runs import tracking_uri
 from trialq.wire.dispatch import Dispatcher, TaskPhase
 from trialq.wire.messages import MlflowTarget, TrialRequest

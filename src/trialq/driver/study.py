@@ -20,12 +20,12 @@ import sqlalchemy
 
 from trialq.driver._storage.engine import rdb_storage
 from trialq.driver._storage.mirror import mirrored, rdb_under
-from trialq.driver.distinct import DistinctFromRunning
-from trialq.driver.gp_sampler import OneThreadGP, gp_and_tpe
-from trialq.driver.history import BoundedTPE
 from trialq.driver.outage import FIRST_RETRY_S, LONGEST_RETRY_S
-from trialq.driver.sampler_args import check_sampler_args
-from trialq.driver.sampler_rule import (
+from trialq.driver.sampling.args import check_sampler_args
+from trialq.driver.sampling.distinct import DistinctFromRunning
+from trialq.driver.sampling.gp import OneThreadGP, gp_and_tpe
+from trialq.driver.sampling.history import BoundedTPE
+from trialq.driver.sampling.rule import (
     GP_NEEDS,
     LISTED_POINTS_MAX,
     SMALL_BUDGET,
@@ -33,9 +33,9 @@ from trialq.driver.sampler_rule import (
     gp_runs_here,
     too_many_to_list,
 )
-from trialq.driver.spec import CategoricalParam, FloatParam, IntParam, StudySpec, load_spec
 from trialq.errors import SpecError, StorageUnreachable, UsageError
 from trialq.settings import redacted_url
+from trialq.spec import CategoricalParam, FloatParam, IntParam, StudySpec, load_spec
 
 
 def storage_url(spec: StudySpec, override: str | None, from_env: str | None) -> str:
@@ -215,7 +215,7 @@ def tpe_defaults(spec: StudySpec) -> dict[str, Any]:
 def make_sampler(
     spec: StudySpec, gp_available: bool | None = None, started: bool = False
 ) -> optuna.samplers.BaseSampler:
-    """The spec's sampler (`auto`: the one `sampler_rule.chosen_sampler` picks), built with
+    """The spec's sampler (`auto`: the one `sampling.rule.chosen_sampler` picks), built with
     the spec's arguments (over `tpe_defaults` for TPE). TPE or GP with trials in flight on
     a declared space never proposes a running trial's parameters again
     (`DistinctFromRunning`), and starts from Halton points rather than random ones until

@@ -18,11 +18,16 @@ from trialq.driver.failure_streak import FailureStreak
 from trialq.driver.fate import Stopped, Tell
 from trialq.driver.in_flight import InFlight
 from trialq.driver.ledger import Ledger
-from trialq.driver.oom_constraint import OOM_CONSTRAINT, OomTelling, oom_telling, sampler_kind
 from trialq.driver.progress import ProgressSink
 from trialq.driver.relay import ReportRelay
-from trialq.driver.spec import StudySpec
+from trialq.driver.sampling.oom_constraint import (
+    OOM_CONSTRAINT,
+    OomTelling,
+    oom_telling,
+    sampler_kind,
+)
 from trialq.oom_stand_ins import has_stand_in_values
+from trialq.spec import StudySpec
 from trialq.tracking import ToldTrial, Tracking
 from trialq.wire.failures import failure_line
 from trialq.wire.messages import Outcome

@@ -12,8 +12,8 @@ from trialq.driver import fate
 from trialq.driver._storage.store import TrialStore
 from trialq.driver.fate import Known
 from trialq.driver.in_flight import InFlight
-from trialq.driver.oom_constraint import OomTelling
 from trialq.driver.pacing import Periodic
+from trialq.driver.sampling.oom_constraint import OomTelling
 from trialq.driver.study_lock import StudyLock
 from trialq.wire.dispatch import Dispatcher, TaskPhase, TaskStatus, TrialReports
 

@@ -31,9 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from trialq.examples.digits import load_digits
+from trialq.gpu.share import GpuShare
 from trialq.trial.context import TrialContext
 from trialq.trial.frameworks.pytorch import cap_this_process, cuda_built
-from trialq.trial.gpu_share import GpuShare
 
 CPU_RANKS = 2
 SEED = 0

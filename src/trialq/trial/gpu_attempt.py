@@ -16,12 +16,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from trialq.trial.gpu_attribution import ProcessView
+from trialq.gpu.attribution import ProcessView
+from trialq.gpu.inventory import Nvml
+from trialq.gpu.once_per_worker import OncePerWorker
+from trialq.gpu.share import GpuShare
+from trialq.gpu.telemetry import MIB, NeighbourCheck, StartCheck
 from trialq.trial.gpu_guard import GpuGuard, GpuOverrun
-from trialq.trial.gpu_inventory import Nvml
-from trialq.trial.gpu_share import GpuShare
-from trialq.trial.once_per_worker import OncePerWorker
-from trialq.trial.telemetry import MIB, NeighbourCheck, StartCheck
 from trialq.wire.messages import Outcome, TrialRequest, TrialResult
 
 logger = logging.getLogger("trialq.worker")  # the name log lines show; kept when the code moved

@@ -8,7 +8,7 @@ cannot.
 
 What the trial holds is NVML's figure for its process tree where NVML names the worker's
 processes with their memory, else its framework allocator's figure plus one CUDA context
-(`trialq.trial.gpu_attribution`, which also says what each NVML family leaves out); with
+(`trialq.gpu.attribution`, which also says what each NVML family leaves out); with
 neither, the GPU is unguarded, and the trial's result says so (`accounting_note`).
 
 It also tells a trial's own out-of-memory error from one a neighbour caused: while sampling
@@ -33,8 +33,7 @@ from typing import TypeVar
 
 import psutil
 
-from trialq.trial.frameworks.session import allocator_peaks
-from trialq.trial.gpu_attribution import (
+from trialq.gpu.attribution import (
     Own,
     ProcessView,
     Reading,
@@ -43,9 +42,10 @@ from trialq.trial.gpu_attribution import (
     others_memory,
     own_memory,
 )
-from trialq.trial.gpu_inventory import Nvml
-from trialq.trial.gpu_share import GpuShare
-from trialq.trial.once_per_worker import OncePerWorker
+from trialq.gpu.inventory import Nvml
+from trialq.gpu.once_per_worker import OncePerWorker
+from trialq.gpu.share import GpuShare
+from trialq.trial.frameworks.session import allocator_peaks
 
 SAMPLE_INTERVAL_S = 0.05
 CROWDED_WINDOW_S = 10.0

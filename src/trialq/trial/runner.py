@@ -21,18 +21,18 @@ from typing import Any
 
 from trialq import logs
 from trialq.errors import EntrypointError, EntrypointRefused, TrialPruned
+from trialq.gpu.device import Device
+from trialq.gpu.share import GpuShare
+from trialq.gpu.telemetry import DeviceBaseline, Sampler
 from trialq.trial import checkpoints, output_cap, process_group
 from trialq.trial.artifacts import Saver, artifact_saver
 from trialq.trial.context import Reports, TrialContext
-from trialq.trial.device import Device
 from trialq.trial.frameworks.session import FrameworkRecord, FrameworkSession
-from trialq.trial.gpu_share import GpuShare
 from trialq.trial.memory_guard import MemoryGuard
 from trialq.trial.metric_value import NotOneNumber, describe, one_number
 from trialq.trial.mlflow_run import mlflow_run_id
 from trialq.trial.report_sender import ReportSender
 from trialq.trial.soft_limit import SoftLimitPassed, soft_limit
-from trialq.trial.telemetry import DeviceBaseline, Sampler
 from trialq.wire import failures
 from trialq.wire.channel import ReportChannel, TrialAddress
 from trialq.wire.entrypoint import Entrypoint, importable_from

@@ -50,7 +50,7 @@ class GpuBeat:
     """What one trial may hold on each of its GPUs; None: the whole GPU."""
     processes: str | None = None
     """What NVML's process list can be trusted for on the worker's host, as its start probe
-    found (`trialq.trial.gpu_attribution.ProcessView`'s value); None: not probed."""
+    found (`trialq.gpu.attribution.ProcessView`'s value); None: not probed."""
 
     def describe(self) -> str:
         """`2 x NVIDIA H100 80GB HBM3 (79.6 GiB), 8 slots of 1 GPU x 19.4 GiB, NVML

@@ -230,7 +230,7 @@ class TrialResult(_Message):
     """Files the trial stored with `trial.save_artifact`: the meta the driver links to the
     trial as `optuna.artifacts.upload_artifact` does (workers never touch the storage)."""
     log_file: str | None = None
-    """The attempt's own log on its worker's host (`trial/attempt_log.py`), where the
+    """The attempt's own log on its worker's host (`worker/attempt_log.py`), where the
     worker writes one (`TRIALQ_TRIAL_LOG_DIR`; `--local` does)."""
 
     @classmethod

@@ -21,23 +21,23 @@ from collections.abc import Callable, Sequence
 import redis
 
 from trialq.errors import TrialqError, UsageError
+from trialq.gpu.attribution import ProcessView
+from trialq.gpu.context_probe import Measures, measure_all
+from trialq.gpu.device import TensorFlowDevice
+from trialq.gpu.inventory import Nvml
+from trialq.gpu.nvml_probe import ProbeResult, probe
+from trialq.gpu.plan import GpuPlan
+from trialq.gpu.share import VISIBLE, GpuShare
+from trialq.gpu.telemetry import MIB, DeviceBaseline
 from trialq.settings import Settings, redacted_url
-from trialq.trial.context_probe import Measures, measure_all
-from trialq.trial.device import TensorFlowDevice
-from trialq.trial.gpu_attribution import ProcessView
-from trialq.trial.gpu_inventory import Nvml
-from trialq.trial.gpu_plan import GpuPlan
-from trialq.trial.gpu_share import VISIBLE, GpuShare
-from trialq.trial.nvml_probe import ProbeResult, probe
-from trialq.trial.prewarm import Preloaded, device_in_use, preload_for
-from trialq.trial.slots import TrialSlots
-from trialq.trial.telemetry import MIB, DeviceBaseline
-from trialq.trial.threads import threads_per_trial, usable_cores
-from trialq.trial.worker_child import WorkerChild
 from trialq.wire.eviction import eviction_warning
 from trialq.wire.heartbeat import GpuBeat, Heartbeat, WorkerBeat
 from trialq.wire.messages import TrialRequest
 from trialq.worker import preemption
+from trialq.worker.child import WorkerChild
+from trialq.worker.prewarm import Preloaded, device_in_use, preload_for
+from trialq.worker.slots import TrialSlots
+from trialq.worker.threads import threads_per_trial, usable_cores
 
 logger = logging.getLogger("trialq.worker")  # the name log lines show; kept when the code moved
 pool_logger = logging.getLogger("trialq.pool")
@@ -125,7 +125,7 @@ class WorkerState:
 
     def probe_gpus(self) -> None:
         """Find out once, before the pool forks, what NVML's process list can be trusted for
-        on this host (`trialq.trial.nvml_probe`: a short-lived process holds memory on the
+        on this host (`trialq.gpu.nvml_probe`: a short-lived process holds memory on the
         first GPU; this one opens no context)."""
         shares = self.plan_gpus()
         if not shares or self.probe is not None:

@@ -1,6 +1,7 @@
 """Which trials of a study changed since the last look: the new ones, and those seen
 unfinished whose state or params moved since. O(trials in flight) a look, as
-`trialq.driver.history.TrialIndex` is: a trial's number is its place in the storage's list."""
+`trialq.driver.sampling.history.TrialIndex` is: a trial's number is its place in the
+storage's list."""
 
 from __future__ import annotations
 

@@ -31,7 +31,7 @@ import optuna
 
 from trialq.driver.asking.changes import ChangeFeed
 from trialq.driver.asking.protocol import Asked, AskFor, Changes, Failed, Start
-from trialq.driver.spec import StudySpec
+from trialq.spec import StudySpec
 
 _log = logging.getLogger("trialq.driver")
 

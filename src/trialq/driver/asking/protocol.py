@@ -9,7 +9,7 @@ from typing import Any
 from optuna.distributions import BaseDistribution
 from optuna.trial import FrozenTrial, TrialState
 
-from trialq.driver.spec import StudySpec
+from trialq.spec import StudySpec
 
 
 @dataclass(frozen=True)

@@ -18,10 +18,10 @@ from optuna.storages import InMemoryStorage
 from optuna.trial import FrozenTrial, TrialState
 
 from trialq.driver.asking.protocol import Asked
-from trialq.driver.history import KEPT_BEST, KEPT_RECENT, TrialIndex
+from trialq.driver.sampling.history import KEPT_BEST, KEPT_RECENT, TrialIndex
 from trialq.driver.search_space import ask_new, load_search_space
-from trialq.driver.spec import StudySpec
 from trialq.driver.study import make_sampler
+from trialq.spec import StudySpec
 
 REBUILD_PAST = 4 * (KEPT_BEST + KEPT_RECENT)
 """Trials in the copy past which it is made again from what TPE reads (`Replica._rebuild`)."""

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from trialq.trial.gpu_share import GpuShare
+from trialq.gpu.share import GpuShare
 from trialq.wire.frameworks import BY_NAME, NAMES
 
 MIB = 2**20

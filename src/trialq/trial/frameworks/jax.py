@@ -23,8 +23,8 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+from trialq.gpu.share import GpuShare
 from trialq.trial.frameworks import Cap
-from trialq.trial.gpu_share import GpuShare
 
 PREALLOCATE = "XLA_PYTHON_CLIENT_PREALLOCATE"
 FRACTION = "XLA_CLIENT_MEM_FRACTION"

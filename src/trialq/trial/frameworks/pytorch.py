@@ -24,8 +24,8 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
+from trialq.gpu.share import GpuShare
 from trialq.trial.frameworks import Cap
-from trialq.trial.gpu_share import GpuShare
 
 ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
 """The allocator's settings: read by every PyTorch 2 (2.13 reads `PYTORCH_ALLOC_CONF` too)."""

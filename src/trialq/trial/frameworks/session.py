@@ -13,8 +13,8 @@ import os
 from collections.abc import MutableMapping, Set
 from dataclasses import dataclass
 
+from trialq.gpu.share import GpuShare
 from trialq.trial.frameworks import Adapter, Cap, adapter, detect
-from trialq.trial.gpu_share import GpuShare
 from trialq.wire.frameworks import AUTO
 
 _log = logging.getLogger("trialq.frameworks")
@@ -28,7 +28,7 @@ _chosen: Adapter | None = None
 def allocator_peaks() -> tuple[int, ...] | None:
     """The allocator's peak on each visible GPU of this process's trial now, or None (no
     framework chosen, or none to read): the GPU memory guard's figure of the trial's own
-    memory where NVML gives none (`trialq.trial.gpu_attribution`)."""
+    memory where NVML gives none (`trialq.gpu.attribution`)."""
     return _peaks(_chosen)
 
 

@@ -17,8 +17,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from trialq.gpu.share import GpuShare
 from trialq.trial.frameworks import MIB, Cap
-from trialq.trial.gpu_share import GpuShare
 
 GROWTH = "TF_FORCE_GPU_ALLOW_GROWTH"
 """Memory taken as it is needed, up to the logical device's limit where one is set."""

@@ -4,7 +4,7 @@ The worker's parent (`trialq.worker`) builds one `WorkerChild` in each process i
 forks, from its settings, its device baseline and its trial slots. The child refuses device
 state it inherited, connects to Redis while it waits idle, takes a slot (whose GPU share it
 puts into its environment, once, before anything imports CUDA), runs the attempt (guarded on
-shared GPUs: `trialq.trial.gpu_attempt`) and leaves its result (`trialq.trial.result_store`).
+shared GPUs: `trialq.trial.gpu_attempt`) and leaves its result (`trialq.worker.result_store`).
 No Celery here: the task and the signals that call these steps are the Celery edge's.
 """
 
@@ -24,26 +24,26 @@ from typing import Any
 import redis
 
 from trialq import logs
+from trialq.gpu.attribution import ProcessView
+from trialq.gpu.device import TensorFlowDevice
+from trialq.gpu.share import GpuShare
+from trialq.gpu.telemetry import DeviceBaseline
 from trialq.lifeline import die_with_parent
 from trialq.settings import Settings
 from trialq.trial import checkpoints, process_group
-from trialq.trial.attempt_log import AttemptLog
-from trialq.trial.device import TensorFlowDevice
 from trialq.trial.gpu_attempt import GpuLimits, run_on_share
-from trialq.trial.gpu_attribution import ProcessView
-from trialq.trial.gpu_share import GpuShare
-from trialq.trial.prewarm import device_in_use
-from trialq.trial.result_store import ResultStore
 from trialq.trial.runner import run_trial
-from trialq.trial.slots import TrialSlots, claim_for_trial
-from trialq.trial.telemetry import DeviceBaseline
-from trialq.trial.threads import hold_threads
 from trialq.wire.channel import ReportChannel
 from trialq.wire.heartbeat import RunningTrial, TrialBeacon
 from trialq.wire.keys import result_key, withdrawn_key
 from trialq.wire.messages import TrialRequest, TrialResult
 from trialq.wire.queue_running import QueueClaim
 from trialq.wire.signing import stored_result_refusal
+from trialq.worker.attempt_log import AttemptLog
+from trialq.worker.prewarm import device_in_use
+from trialq.worker.result_store import ResultStore
+from trialq.worker.slots import TrialSlots, claim_for_trial
+from trialq.worker.threads import hold_threads
 
 EX_SOFTWARE = 70
 """Exit status of a pool child that refuses to go on (os.EX_SOFTWARE)."""
@@ -69,7 +69,7 @@ class WorkerChild:
     ) -> None:
         self.settings = settings
         self.cpus = cpus
-        """The trial's library threads unless its request says (`trial/threads.py`)."""
+        """The trial's library threads unless its request says (`worker/threads.py`)."""
         self.slots = slots
         self.baseline = baseline
         self.view = view

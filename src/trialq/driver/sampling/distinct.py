@@ -33,7 +33,7 @@ from optuna.distributions import (
 from optuna.samplers import BaseSampler, RandomSampler
 from optuna.trial import FrozenTrial, TrialState
 
-from trialq.driver.history import TrialIndex
+from trialq.driver.sampling.history import TrialIndex
 
 DRAWS = 16  # from each sampler; a collision past the first draw is already rare
 

@@ -5,10 +5,10 @@ runs `trials_per_gpu` trials on each group at once, so it has `len(gpus) / gpus_
 trials_per_gpu` slots. Each trial's budget on each of its GPUs is `--gpu-memory-mb` where
 given, else the card shared evenly after every trial's CUDA context is set aside (a context
 takes memory no framework cap counts). Where the worker measured its GPUs when it started
-(`trialq.trial.context_probe`), the card is what CUDA lets its processes have, and the
+(`trialq.gpu.context_probe`), the card is what CUDA lets its processes have, and the
 context the measured one where it is larger than assumed; elsewhere a context is assumed
 (`context_reserve_mb`) and the card is NVML's total. A worker that is an MPS client with a
-pinned memory limit plans within the limit, not the card (`trialq.trial.mps`).
+pinned memory limit plans within the limit, not the card (`trialq.gpu.mps`).
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from trialq.errors import UsageError
-from trialq.trial.context_probe import ContextMeasure
-from trialq.trial.gpu_inventory import Gpu
-from trialq.trial.gpu_share import GpuShare
-from trialq.trial.mps import limited, pinned_limits
+from trialq.gpu.context_probe import ContextMeasure
+from trialq.gpu.inventory import Gpu
+from trialq.gpu.mps import limited, pinned_limits
+from trialq.gpu.share import GpuShare
 
 MIB = 2**20
 

@@ -13,7 +13,7 @@ before every fork, and in every new child.
 that is installed; where several are, those safe to import together without a device
 (`TOGETHER`: PyTorch and JAX), never TensorFlow beside another (one line says so: name the
 modules in `TRIALQ_PRELOAD`, as `submit-study --local` does from the spec). Besides, what an
-entrypoint module imports at its top (`trialq.trial.preload_from`: scikit-learn, pandas...)
+entrypoint module imports at its top (`trialq.worker.preload_from`: scikit-learn, pandas...)
 is preloaded as `optional` modules: one that fails to import is left out, not fatal.
 `preload` returns what it imported and what it left out, for the worker's ready line.
 
@@ -37,8 +37,8 @@ from pathlib import Path
 from trialq.errors import DeviceInParent, PreloadError
 from trialq.trial.frameworks import adapters
 from trialq.trial.frameworks.tensorflow import TF_CONTEXT_MODULE
-from trialq.trial.preload_from import PreloadFrom, preload_from
 from trialq.wire.frameworks import NAMES, PRELOAD
+from trialq.worker.preload_from import PreloadFrom, preload_from
 
 AUTO = "auto"
 """Preload the framework installed here, when exactly one of them is (the default)."""

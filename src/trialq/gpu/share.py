@@ -1,7 +1,7 @@
 """`GpuShare`: the GPUs one trial process gets, and how much memory of each it may use.
 
 The contract between the worker, which owns a host's GPUs and cuts them into trial slots
-(`trialq.trial.slots`), and the framework adapters (`trialq.trial.frameworks`), which turn a
+(`trialq.worker.slots`), and the framework adapters (`trialq.trial.frameworks`), which turn a
 share into each framework's settings before its import and its cap after it. A share is
 decided in the worker's parent and handed to the trial process, which sets
 `CUDA_VISIBLE_DEVICES` from it before anything imports CUDA.
@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from trialq.trial.mps import PINNED_LIMIT, limit_text, pinned_limits
+from trialq.gpu.mps import PINNED_LIMIT, limit_text, pinned_limits
 
 VISIBLE = "CUDA_VISIBLE_DEVICES"
 BUDGET = "TRIALQ_GPU_BUDGET_BYTES"
@@ -35,11 +35,11 @@ class GpuShare:
     """Each GPU's memory as NVML counts it (or MPS's pinned limit, lower), where known."""
     mps_limit_bytes: int | None = None
     """MPS's pinned limit on each of the GPUs, where the worker is an MPS client with one
-    (`trialq.trial.mps`): carried as `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` counted from the
+    (`trialq.gpu.mps`): carried as `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` counted from the
     trial's own first device, since its ordinals are not the worker's."""
     context_bytes: int | None = None
     """One process's CUDA context on these GPUs, as the worker measured it when it started
-    (`trialq.trial.context_probe`); None: not measured (a context is then assumed)."""
+    (`trialq.gpu.context_probe`); None: not measured (a context is then assumed)."""
 
     @property
     def visible(self) -> str:

@@ -254,7 +254,7 @@ class TrialSection(_Frozen):
     process uses (docs/frameworks.md); `auto` finds it from the entrypoint's imports."""
     cpus: Count | None = Field(default=None, ge=1)
     """CPU threads each trial's libraries use (PyTorch, OpenMP, MKL, TensorFlow, XLA); unset:
-    its worker's cores divided among its slots (`trialq.trial.threads`)."""
+    its worker's cores divided among its slots (`trialq.worker.threads`)."""
 
     @property
     def hard_limit_s(self) -> float:

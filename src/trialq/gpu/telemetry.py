@@ -30,11 +30,11 @@ from typing import TypeVar
 
 import psutil
 
-from trialq.trial.device import Device
-from trialq.trial.gpu_attribution import ProcessView, Reading, Stranger, shortfall, strangers
-from trialq.trial.gpu_inventory import Nvml
-from trialq.trial.gpu_share import GpuShare
-from trialq.trial.once_per_worker import OncePerWorker
+from trialq.gpu.attribution import ProcessView, Reading, Stranger, shortfall, strangers
+from trialq.gpu.device import Device
+from trialq.gpu.inventory import Nvml
+from trialq.gpu.once_per_worker import OncePerWorker
+from trialq.gpu.share import GpuShare
 
 SAMPLE_INTERVAL_S = 0.5
 """How often the trial process reads its device; NVML's own utilisation window is ~1/6 s
@@ -162,7 +162,7 @@ class StartCheck:
 @dataclass(frozen=True)
 class NeighbourCheck:
     """Whether a trial's GPUs are clean to start on, per GPU, knowing its neighbours
-    (`trialq.trial.gpu_attribution`, docs/oom.md): a process of this container that is none
+    (`trialq.gpu.attribution`, docs/oom.md): a process of this container that is none
     of this worker's live trial processes or their children (`worker_tree`, read in the trial
     process) and holds more than `tolerance_bytes` is refused for, where NVML names this
     namespace's processes; memory that no one can be named for is waited on, then noted."""

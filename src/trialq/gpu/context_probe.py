@@ -7,7 +7,7 @@ GPU memory guard (budget plus one context) kill a trial that kept within its fra
 before the framework's own OOM, which `fit_batch_size` and the trial could have caught.
 
 So a worker measures, once when it starts, in a short-lived process of its own
-(`python -m trialq.trial.context_probe GPU`, which sees only that GPU): never in its parent,
+(`python -m trialq.gpu.context_probe GPU`, which sees only that GPU): never in its parent,
 whose forks a CUDA context would not survive (docs/design.md). The probe reads NVML's memory
 in use on its GPU, makes CUDA's primary context through the driver API (libcuda, by ctypes:
 no framework needed), asks CUDA what it can still allocate (`cuMemGetInfo`), reads NVML
@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
-from trialq.trial.gpu_inventory import Nvml
+from trialq.gpu.inventory import Nvml
 
 MIB = 2**20
 NVML_MODULE = "TRIALQ_NVML_MODULE"

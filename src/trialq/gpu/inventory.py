@@ -17,8 +17,8 @@ device of a card in MIG mode that this process can see (a pod given one MIG devi
 that one; NVML answers the others Not Found or No Permission).
 
 Process ids are the ones NVML reports, which depend on the driver and the container: what
-they can be trusted for is found out at the worker's start (`trialq.trial.nvml_probe`) and
-judged by `trialq.trial.gpu_attribution`.
+they can be trusted for is found out at the worker's start (`trialq.gpu.nvml_probe`) and
+judged by `trialq.gpu.attribution`.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ class Gpu:
     total_bytes: int
     index: int | None = None
     """NVML's index of the card (a MIG device's parent): CUDA's ordinal for it where
-    `CUDA_DEVICE_ORDER=PCI_BUS_ID`, as MPS's per-device limits count (`trialq.trial.mps`)."""
+    `CUDA_DEVICE_ORDER=PCI_BUS_ID`, as MPS's per-device limits count (`trialq.gpu.mps`)."""
 
 
 class Nvml:

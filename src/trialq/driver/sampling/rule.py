@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import importlib.util
 
-from trialq.driver.spec import FloatParam, StudySpec
+from trialq.spec import FloatParam, StudySpec
 
 SMALL_BUDGET = 100
 """Below this many trials, a study with trials in flight is small: joint models pay."""

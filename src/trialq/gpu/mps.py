@@ -23,7 +23,7 @@ import dataclasses
 import re
 
 from trialq.errors import UsageError
-from trialq.trial.gpu_inventory import Gpu
+from trialq.gpu.inventory import Gpu
 
 PINNED_LIMIT = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
 

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from optuna.samplers import BaseSampler, GPSampler, NSGAIISampler, TPESampler
 from optuna.trial import TrialState
 
-from trialq.driver.distinct import DistinctFromRunning
-from trialq.driver.taking_turns import TakingTurns
+from trialq.driver.sampling.distinct import DistinctFromRunning
+from trialq.driver.sampling.taking_turns import TakingTurns
 
 # Re-exported until trialq.driver.loop imports it from trialq.oom_stand_ins (issue 25).
 

@@ -4,11 +4,11 @@ At its start, a worker that owns GPUs starts one short-lived process that opens 
 context on its first GPU and allocates `PROBE_BYTES` there (through the driver's own library,
 no framework: a few hundred milliseconds), then looks at NVML's processes on that GPU from the
 worker's parent, which never opens a context itself: does NVML name the probe by its pid, and
-with its memory? The answer (`ProcessView`, `trialq.trial.gpu_attribution.classify`) goes
+with its memory? The answer (`ProcessView`, `trialq.gpu.attribution.classify`) goes
 into the ready line, the worker's heartbeat and every trial's checks. A fake NVML
 (tests/fake_nvml.py) stands in for the device as well: the probe holds its memory there.
 
-Run as `python -m trialq.trial.nvml_probe MODULE BYTES` it is the probe process itself.
+Run as `python -m trialq.gpu.nvml_probe MODULE BYTES` it is the probe process itself.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ import sys
 import time
 from dataclasses import dataclass
 
-from trialq.trial.gpu_attribution import ProcessView, classify
-from trialq.trial.gpu_inventory import Nvml
+from trialq.gpu.attribution import ProcessView, classify
+from trialq.gpu.inventory import Nvml
 
 PROBE_BYTES = 64 * 2**20
 """What the probe allocates past its context: NVML must count at least this for it."""

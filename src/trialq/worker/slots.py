@@ -8,7 +8,7 @@ device is clean when it starts and no two trials of a worker ever share it.
 The protocol is a lock file per slot, created by the worker's parent before it forks and held
 by a trial process for its whole life. No Celery here: the worker's parent
 (`trialq.worker.WorkerState`) opens them as its pool starts and removes them as it stops, and
-each trial process claims one (`trialq.trial.worker_child`). A slot is a small value
+each trial process claims one (`trialq.worker.child`). A slot is a small value
 (`TrialSlot`): what it gives its trial, a share of the worker's GPUs (`GpuShare`: which GPUs,
 the memory budget on each), rides on it, so whichever process claims the slot runs its trial
 on that share.
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import psutil
 
-from trialq.trial.gpu_share import GpuShare
+from trialq.gpu.share import GpuShare
 
 logger = logging.getLogger("trialq.pool")  # the name log lines show; kept when the module moved
 

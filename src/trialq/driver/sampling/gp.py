@@ -17,7 +17,7 @@ import optuna
 from optuna.distributions import BaseDistribution
 from optuna.trial import FrozenTrial, TrialState
 
-from trialq.driver.taking_turns import TakingTurns
+from trialq.driver.sampling.taking_turns import TakingTurns
 
 
 class _NoGreenletNotice(logging.Filter):

@@ -6,7 +6,7 @@ namespace, it names this worker's trial processes with their memory; in a contai
 that do not translate pids name processes by the host's pids (none is the worker's), those that
 do leave out other namespaces' processes, and some report no per-process memory (0, or
 NVML_VALUE_NOT_AVAILABLE, which pynvml reads as None); a query may also fail. The worker finds
-out which at start (`ProcessView`, `trialq.trial.nvml_probe`), and every decision here takes it.
+out which at start (`ProcessView`, `trialq.gpu.nvml_probe`), and every decision here takes it.
 
 Pure: the GPU memory guard, the start check and the own-or-neighbour OOM rule read NVML and
 the framework, then ask these functions; the tests ask them as a table.
