@@ -1,6 +1,11 @@
 """A real GPU worker for `python -m benchmarks.gpu`: an embedded Redis, one
-`trialq worker --gpus all --trials-per-gpu N` process, studies run against it from this
-process, and NVML sampled beside them."""
+`trialq worker --gpus all --trials-per-gpu N` process (or a second on the first's Redis, in a
+PID namespace of its own if asked), studies run against it from this process, and NVML
+sampled beside them.
+
+Each worker is started in a process session of its own and ended by that session's id, never
+by name; where `TRIALQ_BENCH_PIDFILE` names a file, its id is added there, so a command that
+cut this process short ends the workers it left, and no one else's."""
 
 from __future__ import annotations
 
@@ -12,6 +17,7 @@ import tempfile
 import textwrap
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -31,6 +37,8 @@ METRIC = {
     "hog_or_train": ("val_accuracy", "maximize"),
     "jax_over_budget": ("value", "maximize"),
     "tiny_torch": ("value", "maximize"),
+    "resnet": ("loss", "minimize"),
+    "keras_digits": ("val_accuracy", "maximize"),
 }
 """Each benchmark trial's objective, as its spec names it."""
 
@@ -38,18 +46,26 @@ METRIC = {
 class GpuWorker:
     """An embedded Redis and one worker owning every GPU with `per_gpu` trial slots each."""
 
-    def __init__(self, per_gpu: int, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, per_gpu: int, env: dict[str, str] | None = None, beside: GpuWorker | None = None,
+        wrap: tuple[str, ...] = (),
+    ) -> None:  # fmt: skip
+        """`beside`: share that worker's Redis (and queue) instead of starting one; `wrap`: a
+        command the worker runs under, e.g. `unshare --pid --fork --mount-proc`."""
         self.per_gpu = per_gpu
         self.folder = Path(tempfile.mkdtemp(prefix="trialq-gpu-bench-"))
+        self._beside = beside
         self._redis = LocalCluster(0, "gpu", (), log_dir=self.folder / "logs")
         self._env = env or {}
+        self._wrap = wrap
         self._process: subprocess.Popen[bytes] | None = None
         self.gpu_count = _gpu_count()
 
     def __enter__(self) -> GpuWorker:
-        self._redis.__enter__()
+        if self._beside is None:
+            self._redis.__enter__()
         command = [
-            sys.executable, "-m", "trialq", "worker", "--queue", "gpu",
+            *self._wrap, sys.executable, "-m", "trialq", "worker", "--queue", "gpu",
             "--gpus", "all", "--trials-per-gpu", str(self.per_gpu), "--loglevel", "INFO",
         ]  # fmt: skip
         with (self.folder / "worker.log").open("wb") as log:
@@ -57,6 +73,10 @@ class GpuWorker:
                 command, stdout=log, stderr=subprocess.STDOUT, env=self._environment(),
                 cwd=ROOT, start_new_session=True,
             )  # fmt: skip
+        pidfile = os.environ.get("TRIALQ_BENCH_PIDFILE")
+        if pidfile:
+            with open(pidfile, "a", encoding="utf-8") as ids:
+                ids.write(f"{self._process.pid}\n")
         self._wait_until_live()
         return self
 
@@ -70,11 +90,12 @@ class GpuWorker:
                 self._process.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 os.killpg(self._process.pid, signal.SIGKILL)
-        self._redis.stop()
+        if self._beside is None:
+            self._redis.stop()
 
     @property
     def broker_url(self) -> str:
-        return self._redis.broker_url
+        return self._redis.broker_url if self._beside is None else self._beside.broker_url
 
     def _environment(self) -> dict[str, str]:
         return {
@@ -97,36 +118,51 @@ class GpuWorker:
             time.sleep(0.2)
 
 
+@dataclass(frozen=True)
+class StudyShape:
+    """How a benchmark study runs beyond its trials: at most `in_flight` at once (default
+    every slot of the worker), the framework named (default found), the pruner."""
+
+    in_flight: int | None = None
+    framework: str | None = None
+    pruner: str = "none"
+
+
 def run_study(
-    worker: GpuWorker, entry: str, trials: int, space: dict[str, tuple[float, float]]
-) -> dict[str, Any]:
+    worker: GpuWorker, entry: str, trials: int, space: dict[str, tuple[float, float]],
+    shape: StudyShape = StudyShape(),
+) -> dict[str, Any]:  # fmt: skip
     """A study of `trials` trials of `benchmarks.gpu_trials:<entry>` on the worker, all its
     slots busy; `submit-study --json`'s summary, with the wall time as `wall_s`."""
     spec = worker.folder / f"{entry}-{time.monotonic_ns()}.toml"
-    spec.write_text(_spec(worker, entry, trials, space, spec.stem))
+    spec.write_text(_spec(worker, entry, trials, space, spec.stem, shape))
     started = time.monotonic()
     summary = submit_study(spec, Settings(broker_url=worker.broker_url), None, None, None, False)
     return {**summary, "wall_s": time.monotonic() - started}
 
 
 def _spec(
-    worker: GpuWorker, entry: str, trials: int, space: dict[str, tuple[float, float]], name: str
-) -> str:
+    worker: GpuWorker, entry: str, trials: int, space: dict[str, tuple[float, float]], name: str,
+    shape: StudyShape = StudyShape(),
+) -> str:  # fmt: skip
     metric, direction = METRIC[entry]
+    in_flight = shape.in_flight or worker.per_gpu * worker.gpu_count
     text = textwrap.dedent(f"""
         [study]
         name = "{name}"
         direction = "{direction}"
         metric = "{metric}"
         n_trials = {trials}
-        max_in_flight = {worker.per_gpu * worker.gpu_count}
+        max_in_flight = {in_flight}
         sampler = "random"
-        pruner = "none"
+        pruner = "{shape.pruner}"
         storage = "sqlite:///{worker.folder / name}.db"
         [trial]
         entrypoint = "benchmarks.gpu_trials:{entry}"
         timeout_s = 900
         """)
+    if shape.framework:
+        text += f'framework = "{shape.framework}"\n'
     for key, (low, high) in space.items():
         kind = "int" if isinstance(low, int) and isinstance(high, int) else "float"
         text += f'[space.{key}]\ntype = "{kind}"\nlow = {low}\nhigh = {high}\n'

@@ -13,6 +13,9 @@ from trialq import TrialPruned
 
 MiB = 1024 * 1024
 CHUNK = 64 * MiB
+RESNET_STEPS = 30
+RESNET_BATCH = 64
+KERAS_EPOCHS = 6
 
 
 class NoTrial:
@@ -67,6 +70,54 @@ def mid(params: dict[str, Any], trial: Any) -> dict[str, float]:
             if trial.should_prune():
                 raise TrialPruned()
     return {"loss": float(loss), "device_used_at_start_bytes": float(at_start)}
+
+
+def resnet(params: dict[str, Any], trial: Any) -> dict[str, float]:
+    """A torchvision ResNet-18 (no downloaded weights) on synthetic 224 x 224 images, bf16
+    autocast, `cudnn.benchmark` on: a real model's convolutions through cuDNN's autotuner."""
+    import torch
+    import torchvision
+
+    at_start = device_used_bytes()
+    torch.backends.cudnn.benchmark = True
+    model = torchvision.models.resnet18(weights=None, num_classes=10)
+    model = model.cuda().to(memory_format=torch.channels_last)
+    rate = float(params.get("learning_rate", 0.05))
+    optimizer = torch.optim.SGD(model.parameters(), lr=rate, momentum=0.9)
+    generator = torch.Generator(device="cuda").manual_seed(int(trial.number))
+    shape = (RESNET_BATCH, 3, 224, 224)
+    x = torch.randn(shape, device="cuda", generator=generator)
+    x = x.to(memory_format=torch.channels_last)
+    y = torch.randint(0, 10, (RESNET_BATCH,), device="cuda", generator=generator)
+    for step in range(RESNET_STEPS):
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss: Any = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        optimizer.step()
+        if step % 10 == 9:
+            trial.report(float(loss.detach()), step)
+            if trial.should_prune():
+                raise TrialPruned()
+    return {"loss": float(loss), "device_used_at_start_bytes": float(at_start)}
+
+
+def keras_digits(params: dict[str, Any], trial: Any) -> dict[str, float]:
+    """The digits example's Keras model on whatever backend `KERAS_BACKEND` names (torch or
+    jax here: no TensorFlow), fitted with `trialq.keras.TrialCallback`, which reports every
+    epoch and stops the fit when the driver's pruner says so."""
+    import keras
+
+    from trialq.examples.digits import build_model, load_digits
+    from trialq.keras import TrialCallback
+
+    keras.utils.set_random_seed(int(trial.number))
+    (x_train, y_train), (x_val, y_val) = load_digits()
+    history = build_model(params).fit(
+        x_train, y_train, validation_data=(x_val, y_val), epochs=KERAS_EPOCHS, batch_size=64,
+        callbacks=[TrialCallback(trial, monitor="val_accuracy")], verbose=0,
+    )  # fmt: skip
+    return {"val_accuracy": float(history.history["val_accuracy"][-1])}
 
 
 def hog_or_train(params: dict[str, Any], trial: Any) -> dict[str, float]:
