@@ -84,7 +84,8 @@ def _memory_rows(memory: dict[str, Any]) -> list[tuple[str, str]]:
         if key in memory:
             part = memory[key]
             rows.append((
-                f"(a) memory at each start, {len(part['used_at_start'])} trials, one process, {label}",
+                f"(a) memory at each start, {len(part['used_at_start'])} trials in one process, "
+                f"{label}",
                 f"{span(part['used_at_start'])}; after the last: allocated "
                 f"{_mib(part['allocated_after'][-1])}, reserved {_mib(part['reserved_after'][-1])}",
             ))  # fmt: skip

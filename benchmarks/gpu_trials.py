@@ -105,13 +105,12 @@ def resnet(params: dict[str, Any], trial: Any) -> dict[str, float]:
 def keras_digits(params: dict[str, Any], trial: Any) -> dict[str, float]:
     """The digits example's Keras model on whatever backend `KERAS_BACKEND` names (torch or
     jax here: no TensorFlow), fitted with `trialq.keras.TrialCallback`, which reports every
-    epoch and stops the fit when the driver's pruner says so."""
-    import keras
-
+    epoch and stops the fit when the driver's pruner says so. Its spec names the framework:
+    `auto` would read `trialq.keras` as TensorFlow's."""
     from trialq.examples.digits import build_model, load_digits
     from trialq.keras import TrialCallback
 
-    keras.utils.set_random_seed(int(trial.number))
+    # no keras.utils.set_random_seed: it imports TensorFlow wherever TensorFlow is installed
     (x_train, y_train), (x_val, y_val) = load_digits()
     history = build_model(params).fit(
         x_train, y_train, validation_data=(x_val, y_val), epochs=KERAS_EPOCHS, batch_size=64,
