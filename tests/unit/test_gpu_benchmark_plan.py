@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import gpu, gpu_packing, gpu_plan, gpu_report
+from benchmarks import gpu, gpu_cluster, gpu_packing, gpu_plan, gpu_report
+from trialq.spec import load_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -200,3 +201,39 @@ def test_the_keras_trial_learns_and_is_pruned_on_keras_torch_backend(tmp_path: P
     assert (ok, epochs) == ("ok", 6), error
     assert accuracy > 0.5, "ten classes: chance is 0.1"
     assert not tensorflow, "Keras on torch: TensorFlow never imported"
+
+
+class FakeGpuWorker:
+    """What a benchmark study's spec reads of its worker, on a host with no GPU to start one."""
+
+    per_gpu, gpu_count = 8, 1
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+
+@pytest.mark.parametrize(
+    ("entry", "shape", "in_flight", "framework", "pruner"),
+    [
+        (
+            "keras_digits",
+            gpu_cluster.StudyShape(framework="jax", pruner="median"),
+            8,
+            "jax",
+            "median",
+        ),
+        ("resnet", gpu_cluster.StudyShape(in_flight=4), 4, "auto", "none"),
+    ],
+)
+def test_a_benchmark_study_spec_loads_as_trialq_reads_it(
+    tmp_path: Path, entry: str, shape: gpu_cluster.StudyShape, in_flight: int, framework: str,
+    pruner: str,
+) -> None:  # fmt: skip
+    worker = FakeGpuWorker(tmp_path)
+    path = tmp_path / "study.toml"
+    space = {"learning_rate": (1e-4, 3e-2)}
+    path.write_text(gpu_cluster._spec(worker, entry, 16, space, "s", shape))  # type: ignore[arg-type]
+    spec = load_spec(path)
+    assert spec.study.max_in_flight == in_flight and spec.study.pruner == pruner
+    assert spec.trial.framework == framework
+    assert str(spec.trial.entrypoint).endswith(f"gpu_trials:{entry}")
