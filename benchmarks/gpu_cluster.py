@@ -55,7 +55,10 @@ class GpuWorker:
         self.per_gpu = per_gpu
         self.folder = Path(tempfile.mkdtemp(prefix="trialq-gpu-bench-"))
         self._beside = beside
-        self._redis = LocalCluster(0, "gpu", (), log_dir=self.folder / "logs")
+        self._redis = (
+            LocalCluster(0, "gpu", (), log_dir=self.folder / "logs") if beside is None
+            else beside._redis
+        )  # fmt: skip
         self._env = env or {}
         self._wrap = wrap
         self._process: subprocess.Popen[bytes] | None = None
@@ -64,6 +67,7 @@ class GpuWorker:
     def __enter__(self) -> GpuWorker:
         if self._beside is None:
             self._redis.__enter__()
+        live_before = len(heartbeat.live_workers(redis.Redis.from_url(self.broker_url)))
         command = [
             *self._wrap, sys.executable, "-m", "trialq", "worker", "--queue", "gpu",
             "--gpus", "all", "--trials-per-gpu", str(self.per_gpu), "--loglevel", "INFO",
@@ -77,7 +81,7 @@ class GpuWorker:
         if pidfile:
             with open(pidfile, "a", encoding="utf-8") as ids:
                 ids.write(f"{self._process.pid}\n")
-        self._wait_until_live()
+        self._wait_until_live(live_before)
         return self
 
     def __exit__(
@@ -95,7 +99,7 @@ class GpuWorker:
 
     @property
     def broker_url(self) -> str:
-        return self._redis.broker_url if self._beside is None else self._beside.broker_url
+        return self._redis.broker_url
 
     def _environment(self) -> dict[str, str]:
         return {
@@ -105,10 +109,12 @@ class GpuWorker:
             "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
         }  # fmt: skip
 
-    def _wait_until_live(self) -> None:
+    def _wait_until_live(self, live_before: int) -> None:
+        """Until one more worker beats than before it started (a second worker on the
+        first's Redis is not live because the first is)."""
         client = redis.Redis.from_url(self.broker_url)
         deadline = time.monotonic() + STARTUP_S
-        while not heartbeat.live_workers(client):
+        while len(heartbeat.live_workers(client)) <= live_before:
             if self._process is None or self._process.poll() is not None:
                 raise RuntimeError(f"the GPU worker exited; see {self.folder / 'worker.log'}")
             if time.monotonic() > deadline:
