@@ -55,7 +55,7 @@ class GpuWorker:
         self.per_gpu = per_gpu
         self.folder = Path(tempfile.mkdtemp(prefix="trialq-gpu-bench-"))
         self._beside = beside
-        self._redis = (
+        self._redis: LocalCluster = (
             LocalCluster(0, "gpu", (), log_dir=self.folder / "logs") if beside is None
             else beside._redis
         )  # fmt: skip
