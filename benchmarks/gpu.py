@@ -316,6 +316,19 @@ class Choices:
     repeats: int = 3
 
 
+def workloads() -> dict[str, str]:
+    """What each benchmark trial does, as its sizes stand in this call."""
+    from benchmarks import gpu_trials as t
+
+    return {
+        "small": f"the digits CNN (trialq.examples.torch_digits), {t.SMALL_EPOCHS} epochs",
+        "mid": "an MLP of width 1024-4096 ((a): 1024-8192), 60 steps of 4096 x 1024",
+        "resnet": f"torchvision ResNet-18, weights=None, {t.RESNET_STEPS} steps of "
+        f"{t.RESNET_BATCH} synthetic 224 x 224 images, bf16 autocast, cudnn.benchmark",
+        "keras_digits": f"the digits example's Keras model, {t.KERAS_EPOCHS} epochs",
+    }
+
+
 def head(found: list[dict[str, Any]], quick: bool, choices: Choices) -> dict[str, Any]:
     """What the record says before any figure: the machine, date, versions, fix values."""
     return {
@@ -323,6 +336,7 @@ def head(found: list[dict[str, Any]], quick: bool, choices: Choices) -> dict[str
         "device": {**found[0], "count": len(found)},
         "versions": versions(),
         "fixes": fixes(),
+        "workloads": workloads(),
         "quick": quick,
         "choices": {
             "packings": None if choices.packings is None else list(choices.packings),

@@ -6,8 +6,8 @@
 #   bash benchmarks/gpu_machine.sh figures  # one call under 9 minutes in a 15-minute lease:
 #       the probes, then `benchmarks.gpu --quick` sections SECTIONS (default w,b,g,f,a: the
 #       warm-up, packing for MODELS (default small,resnet), Keras, two workers on one GPU,
-#       memory), no run started after DEADLINE_S (default 330) seconds, the whole step cut at
-#       FIG_LIMIT (default 400); three files come back: machine.txt, bench.log, gpu.json
+#       memory), no run started after DEADLINE_S (default 420) seconds, the whole step cut at
+#       FIG_LIMIT (default 480); three files come back: machine.txt, bench.log, gpu.json
 #   bash benchmarks/gpu_machine.sh 1   # tests/gpu, then benchmark sections a, c, d
 #   bash benchmarks/gpu_machine.sh 2   # benchmark sections e, b
 #   bash benchmarks/gpu_machine.sh all # both, one after the other (a machine of your own)
@@ -90,9 +90,9 @@ fi
 } >"$out/machine.txt" 2>&1
 
 if [ "$part" = figures ]; then
-  step "${FIG_LIMIT:-400}" "$out/bench.log" python3 -m benchmarks.gpu --quick \
+  step "${FIG_LIMIT:-480}" "$out/bench.log" python3 -m benchmarks.gpu --quick \
     --sections "${SECTIONS:-w,b,g,f,a}" --models "${MODELS:-small,resnet}" \
-    --deadline-s "${DEADLINE_S:-330}" --out "$out/gpu.json"
+    --deadline-s "${DEADLINE_S:-420}" --out "$out/gpu.json"
   leftovers
   workers_ends
   exit 0

@@ -13,6 +13,8 @@ from trialq import TrialPruned
 
 MiB = 1024 * 1024
 CHUNK = 64 * MiB
+SMALL_EPOCHS = 3
+"""Few epochs: a run of 16 trials at one a GPU, three times over, fits a 9-minute call."""
 RESNET_STEPS = 30
 RESNET_BATCH = 64
 KERAS_EPOCHS = 6
@@ -39,11 +41,11 @@ def device_used_bytes(index: int = 0) -> int:
 
 
 def small(params: dict[str, Any], trial: Any) -> dict[str, float]:
-    """The digits CNN of `trialq.examples.torch_digits` (a few MiB)."""
+    """The digits CNN of `trialq.examples.torch_digits` (a few MiB), `SMALL_EPOCHS` epochs."""
     from trialq.examples import torch_digits
 
     at_start = device_used_bytes()
-    metrics = torch_digits.train({"epochs": 8, **params}, trial)
+    metrics = torch_digits.train({"epochs": SMALL_EPOCHS, **params}, trial)
     return {**metrics, "device_used_at_start_bytes": float(at_start)}
 
 
