@@ -132,6 +132,8 @@ class StudyShape:
     in_flight: int | None = None
     framework: str | None = None
     pruner: str = "none"
+    pruner_startup: int | None = None
+    """The median pruner's `n_startup_trials`: how many trials end before any is pruned."""
 
 
 def run_study(
@@ -153,6 +155,8 @@ def _spec(
 ) -> str:  # fmt: skip
     metric, direction = METRIC[entry]
     in_flight = shape.in_flight or worker.per_gpu * worker.gpu_count
+    startup = shape.pruner_startup
+    pruner_args = "" if startup is None else f"pruner_args = {{ n_startup_trials = {startup} }}"
     text = textwrap.dedent(f"""
         [study]
         name = "{name}"
@@ -162,6 +166,7 @@ def _spec(
         max_in_flight = {in_flight}
         sampler = "random"
         pruner = "{shape.pruner}"
+        {pruner_args}
         storage = "sqlite:///{worker.folder / name}.db"
         [trial]
         entrypoint = "benchmarks.gpu_trials:{entry}"

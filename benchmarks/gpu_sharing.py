@@ -83,7 +83,10 @@ def _ready_lines(worker: GpuWorker) -> list[str]:
 def keras_on_gpu(
     trials: int, deadline: Deadline, on_part: Callable[[dict[str, Any]], None]
 ) -> dict[str, Any]:
-    """(g): each backend's study at 4 a GPU, each as it ends handed to `on_part`."""
+    """(g): each backend's study at 4 a GPU (at least 16 trials: four waves, the first
+    four trials unpruned, then the median pruner's verdicts through the callback), each as it
+    ends handed to `on_part`."""
+    trials = max(trials, 16)
     found: dict[str, Any] = {}
     for backend in KERAS_BACKENDS:
         missing = [m for m in ("keras", backend) if importlib.util.find_spec(m) is None]
@@ -97,7 +100,7 @@ def keras_on_gpu(
 
 
 def keras_study(backend: str, trials: int) -> dict[str, Any]:
-    shape = StudyShape(framework=backend, pruner="median")
+    shape = StudyShape(framework=backend, pruner="median", pruner_startup=4)
     with GpuWorker(4, {"KERAS_BACKEND": backend}) as worker, NvmlSampler() as sampler:
         result = run_study(worker, "keras_digits", trials, KERAS_SPACE, shape)
     attrs = [t["user_attrs"] for t in result["trials"]]

@@ -217,7 +217,7 @@ class FakeGpuWorker:
     [
         (
             "keras_digits",
-            gpu_cluster.StudyShape(framework="jax", pruner="median"),
+            gpu_cluster.StudyShape(framework="jax", pruner="median", pruner_startup=4),
             8,
             "jax",
             "median",
@@ -237,3 +237,5 @@ def test_a_benchmark_study_spec_loads_as_trialq_reads_it(
     assert spec.study.max_in_flight == in_flight and spec.study.pruner == pruner
     assert spec.trial.framework == framework
     assert str(spec.trial.entrypoint).endswith(f"gpu_trials:{entry}")
+    startup = shape.pruner_startup
+    assert spec.study.pruner_args == ({} if startup is None else {"n_startup_trials": startup})
