@@ -9,6 +9,7 @@ cut this process short ends the workers it left, and no one else's."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -24,6 +25,7 @@ from typing import Any
 
 import redis
 
+from benchmarks.gpu_trials import nvml
 from trialq.local import LocalCluster
 from trialq.settings import Settings
 from trialq.submit import submit_study
@@ -31,6 +33,7 @@ from trialq.wire import heartbeat
 
 ROOT = Path(__file__).resolve().parents[1]
 STARTUP_S = 120.0
+GONE_S = 10.0
 METRIC = {
     "small": ("val_accuracy", "maximize"),
     "mid": ("loss", "minimize"),
@@ -39,6 +42,7 @@ METRIC = {
     "tiny_torch": ("value", "maximize"),
     "resnet": ("loss", "minimize"),
     "keras_digits": ("val_accuracy", "maximize"),
+    "stand_in": ("loss", "minimize"),
 }
 """Each benchmark trial's objective, as its spec names it."""
 
@@ -87,15 +91,27 @@ class GpuWorker:
     def __exit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        if self._process is not None and self._process.poll() is None:
-            # cut short, its trials may still hold the GPU: the next section must find it free
-            os.killpg(self._process.pid, signal.SIGQUIT if exc is None else signal.SIGKILL)
-            try:
-                self._process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self._process.pid, signal.SIGKILL)
+        if self._process is not None:
+            self._end(graceful=exc is None)
         if self._beside is None:
             self._redis.stop()
+
+    def _end(self, graceful: bool) -> None:
+        """End the worker's session: a warm shutdown first when it ran to the end, then
+        SIGKILL to whatever of the session is left. Under `unshare` the worker is its PID
+        namespace's init, which ignores SIGQUIT sent from outside, and `unshare` itself exits
+        at it: the group's SIGKILL is what ends it, and the next section finds the GPU free."""
+        assert self._process is not None
+        if self._process.poll() is None:
+            os.killpg(self._process.pid, signal.SIGQUIT if graceful else signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._process.wait(timeout=30)
+        with contextlib.suppress(ProcessLookupError):  # else nothing of the session was left
+            os.killpg(self._process.pid, signal.SIGKILL)
+        self._process.wait()
+        deadline = time.monotonic() + GONE_S  # a SIGKILL lands when it lands: wait for it
+        while live_in_session(self._process.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
 
     @property
     def broker_url(self) -> str:
@@ -198,8 +214,7 @@ class NvmlSampler(threading.Thread):
         self.join()
 
     def run(self) -> None:
-        import pynvml
-
+        pynvml = nvml()
         pynvml.nvmlInit()
         handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(_gpu_count())]
         while not self._done.wait(0.05):
@@ -212,8 +227,20 @@ class NvmlSampler(threading.Thread):
         return 0 < self.max_used < self.total
 
 
-def _gpu_count() -> int:
-    import pynvml
+def live_in_session(session: int) -> list[int]:
+    """The live processes of a process session, zombies left out (Linux's /proc)."""
+    alive = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # gone while read
+        if int(fields[3]) == session and fields[0] != "Z":
+            alive.append(int(stat.parent.name))
+    return alive
 
+
+def _gpu_count() -> int:
+    pynvml = nvml()
     pynvml.nvmlInit()
     return int(pynvml.nvmlDeviceGetCount())

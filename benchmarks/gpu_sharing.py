@@ -26,6 +26,7 @@ from benchmarks.gpu_packing import trial_facts
 from benchmarks.gpu_plan import Deadline
 
 UNSHARE = ("unshare", "--pid", "--fork", "--mount-proc")
+SHARED_ENTRY = "mid"
 SHARED_SPACE: dict[str, tuple[float, float]] = {"width": (1024, 8192)}
 KERAS_SPACE: dict[str, tuple[float, float]] = {"learning_rate": (1e-4, 3e-2)}
 KERAS_BACKENDS = ("torch", "jax")
@@ -63,7 +64,7 @@ def _two_workers(trials: int, wrap: tuple[str, ...]) -> dict[str, Any]:
     first = GpuWorker(1, TORCH_PRELOADED, wrap=wrap)
     second = GpuWorker(1, TORCH_PRELOADED, beside=first, wrap=wrap)
     with first, second, NvmlSampler() as sampler:
-        result = run_study(first, "mid", trials, SHARED_SPACE, StudyShape(in_flight=2))
+        result = run_study(first, SHARED_ENTRY, trials, SHARED_SPACE, StudyShape(in_flight=2))
         ready = [_ready_lines(worker) for worker in (first, second)]
     attrs = [t["user_attrs"] for t in sorted(result["trials"], key=lambda t: t["number"])]
     return {

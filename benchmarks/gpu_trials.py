@@ -32,10 +32,18 @@ class NoTrial:
         return False
 
 
+def nvml() -> Any:
+    """NVML's binding: `pynvml`, or the module `TRIALQ_NVML_MODULE` names as trialq's
+    workers read it (a CPU rehearsal's fake, tests/fake_nvml.py)."""
+    import importlib
+    import os
+
+    return importlib.import_module(os.environ.get("TRIALQ_NVML_MODULE") or "pynvml")
+
+
 def device_used_bytes(index: int = 0) -> int:
     """NVML's memory in use on the trial's first GPU (no CUDA context made)."""
-    import pynvml
-
+    pynvml = nvml()
     pynvml.nvmlInit()
     return int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(index)).used)
 
@@ -149,6 +157,16 @@ def jax_over_budget(params: dict[str, Any], trial: Any) -> dict[str, float]:
     held = []
     while True:
         held.append(jnp.ones(CHUNK // 4, dtype=jnp.float32).block_until_ready())
+
+
+def stand_in(params: dict[str, Any], trial: Any) -> dict[str, float]:
+    """No device work: two reports a tenth of a second apart. The CPU rehearsal's trial
+    (tests/integration/test_gpu_benchmark_rehearsal.py), for the benchmark's plumbing; it
+    never makes a figure."""
+    for step in range(2):
+        time.sleep(0.1)
+        trial.report(float(step), step)
+    return {"loss": float(params.get("learning_rate", 0.0))}
 
 
 def tiny_torch(params: dict[str, Any], trial: Any) -> dict[str, float]:
