@@ -4,9 +4,9 @@
 # 9 minutes, everything it measures written as it goes.
 #
 #   bash benchmarks/gpu_machine.sh figures  # one call under 9 minutes in a 15-minute lease:
-#       the probes, then `benchmarks.gpu --quick` sections SECTIONS (default w,b,g,f,a: the
-#       warm-up, packing for MODELS (default small,resnet), Keras, two workers on one GPU,
-#       memory), no run started after DEADLINE_S (default 420) seconds, the whole step cut at
+#       the probes, then `benchmarks.gpu --quick` sections FIG_SECTIONS (default w,b,g,f,a: the
+#       warm-up, packing for FIG_MODELS (default small,resnet), Keras, two workers on one GPU,
+#       memory), no run started after FIG_DEADLINE_S (default 420) seconds, the whole step cut at
 #       FIG_LIMIT (default 480); three files come back: machine.txt, bench.log, gpu.json
 #   bash benchmarks/gpu_machine.sh 1   # tests/gpu, then benchmark sections a, c, d
 #   bash benchmarks/gpu_machine.sh 2   # benchmark sections e, b
@@ -91,8 +91,8 @@ fi
 
 if [ "$part" = figures ]; then
   step "${FIG_LIMIT:-480}" "$out/bench.log" python3 -m benchmarks.gpu --quick \
-    --sections "${SECTIONS:-w,b,g,f,a}" --models "${MODELS:-small,resnet}" \
-    --deadline-s "${DEADLINE_S:-420}" --out "$out/gpu.json"
+    --sections "${FIG_SECTIONS:-w,b,g,f,a}" --models "${FIG_MODELS:-small,resnet}" \
+    --deadline-s "${FIG_DEADLINE_S:-420}" --out "$out/gpu.json"
   leftovers
   workers_ends
   exit 0
