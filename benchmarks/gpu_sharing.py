@@ -100,8 +100,13 @@ def keras_on_gpu(
     return found
 
 
+def keras_shape(backend: str) -> StudyShape:
+    """The Keras study names its framework: `auto` reads `trialq.keras` as TensorFlow's."""
+    return StudyShape(framework=backend, pruner="median", pruner_startup=4)
+
+
 def keras_study(backend: str, trials: int) -> dict[str, Any]:
-    shape = StudyShape(framework=backend, pruner="median", pruner_startup=4)
+    shape = keras_shape(backend)
     with GpuWorker(4, {"KERAS_BACKEND": backend}) as worker, NvmlSampler() as sampler:
         result = run_study(worker, "keras_digits", trials, KERAS_SPACE, shape)
     attrs = [t["user_attrs"] for t in result["trials"]]

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import gpu, gpu_cluster, gpu_packing, gpu_plan, gpu_report
+from benchmarks import gpu, gpu_cluster, gpu_packing, gpu_plan, gpu_report, gpu_sharing
 from trialq.spec import load_spec
+from trialq.wire.frameworks import framework_in_source
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -239,3 +240,12 @@ def test_a_benchmark_study_spec_loads_as_trialq_reads_it(
     assert str(spec.trial.entrypoint).endswith(f"gpu_trials:{entry}")
     startup = shape.pruner_startup
     assert spec.study.pruner_args == ({} if startup is None else {"n_startup_trials": startup})
+
+
+def test_the_resnet_trial_is_found_torchs_and_the_keras_trial_must_name_its_framework() -> None:
+    """`auto` finds the ResNet trial's framework; it reads the Keras trial's import of
+    `trialq.keras` as TensorFlow's, which is why (g)'s spec names the backend."""
+    source = (ROOT / "benchmarks" / "gpu_trials.py").read_text(encoding="utf-8")
+    assert framework_in_source(source, function="resnet") == "torch"
+    assert framework_in_source(source, function="keras_digits") == "tensorflow"
+    assert gpu_sharing.keras_shape("jax").framework == "jax"
