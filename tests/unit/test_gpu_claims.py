@@ -36,7 +36,7 @@ def test_the_readme_shows_no_gpu_number_without_its_record() -> None:
 
 def test_every_cited_figure_in_the_benchmarks_readme_is_its_records() -> None:
     text = benchmark_figures()
-    assert len(gpu_claims.citations(text)) >= 20
+    assert len(gpu_claims.citations(text)) >= 40
     assert gpu_claims.mismatches(text, BENCHMARKS) == []
 
 
