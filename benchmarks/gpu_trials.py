@@ -13,6 +13,11 @@ from trialq import TrialPruned
 
 MiB = 1024 * 1024
 CHUNK = 64 * MiB
+SMALL_EPOCHS = 3
+"""Few epochs: a run of 16 trials at one a GPU, three times over, fits a 9-minute call."""
+RESNET_STEPS = 30
+RESNET_BATCH = 64
+KERAS_EPOCHS = 6
 
 
 class NoTrial:
@@ -27,20 +32,28 @@ class NoTrial:
         return False
 
 
+def nvml() -> Any:
+    """NVML's binding: `pynvml`, or the module `TRIALQ_NVML_MODULE` names as trialq's
+    workers read it (a CPU rehearsal's fake, tests/fake_nvml.py)."""
+    import importlib
+    import os
+
+    return importlib.import_module(os.environ.get("TRIALQ_NVML_MODULE") or "pynvml")
+
+
 def device_used_bytes(index: int = 0) -> int:
     """NVML's memory in use on the trial's first GPU (no CUDA context made)."""
-    import pynvml
-
+    pynvml = nvml()
     pynvml.nvmlInit()
     return int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(index)).used)
 
 
 def small(params: dict[str, Any], trial: Any) -> dict[str, float]:
-    """The digits CNN of `trialq.examples.torch_digits` (a few MiB)."""
+    """The digits CNN of `trialq.examples.torch_digits` (a few MiB), `SMALL_EPOCHS` epochs."""
     from trialq.examples import torch_digits
 
     at_start = device_used_bytes()
-    metrics = torch_digits.train({"epochs": 8, **params}, trial)
+    metrics = torch_digits.train({"epochs": SMALL_EPOCHS, **params}, trial)
     return {**metrics, "device_used_at_start_bytes": float(at_start)}
 
 
@@ -67,6 +80,53 @@ def mid(params: dict[str, Any], trial: Any) -> dict[str, float]:
             if trial.should_prune():
                 raise TrialPruned()
     return {"loss": float(loss), "device_used_at_start_bytes": float(at_start)}
+
+
+def resnet(params: dict[str, Any], trial: Any) -> dict[str, float]:
+    """A torchvision ResNet-18 (no downloaded weights) on synthetic 224 x 224 images, bf16
+    autocast, `cudnn.benchmark` on: a real model's convolutions through cuDNN's autotuner."""
+    import torch
+    import torchvision
+
+    at_start = device_used_bytes()
+    torch.backends.cudnn.benchmark = True
+    model = torchvision.models.resnet18(weights=None, num_classes=10)
+    model = model.cuda().to(memory_format=torch.channels_last)
+    rate = float(params.get("learning_rate", 0.05))
+    optimizer = torch.optim.SGD(model.parameters(), lr=rate, momentum=0.9)
+    generator = torch.Generator(device="cuda").manual_seed(int(trial.number))
+    shape = (RESNET_BATCH, 3, 224, 224)
+    x = torch.randn(shape, device="cuda", generator=generator)
+    x = x.to(memory_format=torch.channels_last)
+    y = torch.randint(0, 10, (RESNET_BATCH,), device="cuda", generator=generator)
+    for step in range(RESNET_STEPS):
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss: Any = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        optimizer.step()
+        if step % 10 == 9:
+            trial.report(float(loss.detach()), step)
+            if trial.should_prune():
+                raise TrialPruned()
+    return {"loss": float(loss), "device_used_at_start_bytes": float(at_start)}
+
+
+def keras_digits(params: dict[str, Any], trial: Any) -> dict[str, float]:
+    """The digits example's Keras model on whatever backend `KERAS_BACKEND` names (torch or
+    jax here: no TensorFlow), fitted with `trialq.keras.TrialCallback`, which reports every
+    epoch and stops the fit when the driver's pruner says so. Its spec names the framework:
+    `auto` would read `trialq.keras` as TensorFlow's."""
+    from trialq.examples.digits import build_model, load_digits
+    from trialq.keras import TrialCallback
+
+    # no keras.utils.set_random_seed: it imports TensorFlow wherever TensorFlow is installed
+    (x_train, y_train), (x_val, y_val) = load_digits()
+    history = build_model(params).fit(
+        x_train, y_train, validation_data=(x_val, y_val), epochs=KERAS_EPOCHS, batch_size=64,
+        callbacks=[TrialCallback(trial, monitor="val_accuracy")], verbose=0,
+    )  # fmt: skip
+    return {"val_accuracy": float(history.history["val_accuracy"][-1])}
 
 
 def hog_or_train(params: dict[str, Any], trial: Any) -> dict[str, float]:
@@ -97,6 +157,16 @@ def jax_over_budget(params: dict[str, Any], trial: Any) -> dict[str, float]:
     held = []
     while True:
         held.append(jnp.ones(CHUNK // 4, dtype=jnp.float32).block_until_ready())
+
+
+def stand_in(params: dict[str, Any], trial: Any) -> dict[str, float]:
+    """No device work: two reports a tenth of a second apart. The CPU rehearsal's trial
+    (tests/integration/test_gpu_benchmark_rehearsal.py), for the benchmark's plumbing; it
+    never makes a figure."""
+    for step in range(2):
+        time.sleep(0.1)
+        trial.report(float(step), step)
+    return {"loss": float(params.get("learning_rate", 0.0))}
 
 
 def tiny_torch(params: dict[str, Any], trial: Any) -> dict[str, float]:

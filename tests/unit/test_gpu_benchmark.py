@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import gpu, gpu_report
+from benchmarks.gpu_plan import Deadline
 
 MADE_UP = 999  # every figure below is invented for the writer's test; none was measured
 
@@ -34,16 +35,29 @@ def _made_up_record() -> dict[str, object]:
         "device": {"name": "MADE-UP GPU", "driver": "0.0", "memory_mib": MADE_UP, "count": 1},
         "versions": {"torch": "0.0-made-up", "jax": None},
         "quick": True,
-        "memory_over_trials": {"in_process": [1 * mib, 5 * mib, 9 * mib], "trialq": [1 * mib] * 3},
-        "throughput": [
-            {
-                "model": "small",
-                "per_gpu": 4,
-                "trials_per_hour_per_gpu": 1234.5,
-                "peaks_within_budget": True,
-                "device_never_over": False,
+        "memory_over_trials": {
+            "in_process": {
+                "used_at_start": [1 * mib, 5 * mib, 9 * mib],
+                "allocated_after": [0, 0, 2 * mib],
+                "reserved_after": [4 * mib, 8 * mib, 8 * mib],
             },
-        ],
+            "trialq": [1 * mib] * 3,
+        },
+        "throughput": {
+            "not_run": [],
+            "small": {
+                "summary": {
+                    "trials_per_hour_per_gpu": {
+                        "4": {"runs": 3, "median": 1234.5, "min": 1100.0, "max": 1300.0}
+                    },
+                    "ratio_of_medians": {"4/1": 3.5},
+                    "all_ok": True,
+                    "all_within_budget": True,
+                    "device_never_at_total": False,
+                    "notes": 0,
+                }
+            },
+        },
         "overrun": {"hog": "oom", "others": ["ok", "ok", "ok"]},
         "contexts": {
             "cost": {"torch": 500 * mib, "jax": None},
@@ -61,9 +75,12 @@ def test_the_writer_keeps_the_record_and_the_table_names_every_figure(tmp_path: 
     text = gpu_report.table(record)
     assert text.startswith("2000-01-01, 1 x MADE-UP GPU (999 MiB), driver 0.0, torch 0.0-made-up\n")
     for expected in [
-        "| (a) GPU memory in use over 3 trials, one process (Optuna) | 1 MiB -> 9 MiB (last 9 MiB) |",
-        "| (a) GPU memory in use over 3 trials, trialq | 1 MiB -> 1 MiB (last 1 MiB) |",
-        "| (b) small, 4 trials per GPU | 1,234 trials/h per GPU; all within budget; DEVICE OVER ITS MEMORY |",
+        "| (a) memory at each start, 3 trials in one process, no empty_cache | 1 MiB -> 9 MiB"
+        " (last 9 MiB); after the last: allocated 2 MiB, reserved 8 MiB |",
+        "| (a) the same, trialq | 1 MiB -> 1 MiB (last 1 MiB) |",
+        "| (b) small, 4 a GPU, trials/h per GPU | median 1,234 of 3 runs (1,100-1,300) |",
+        "| (b) small, ratios of medians | 4/1: 3.5x; all ok; within budget; DEVICE AT TOTAL;"
+        " 0 notes |",
         "| (c) one trial at 2x its budget beside 3 | it: oom; the 3: ok, ok, ok |",
         "| (d) CUDA context, torch | 500 MiB |",
         "| (d) CUDA context, jax | n/a |",
@@ -81,19 +98,17 @@ def test_each_section_is_written_as_it_ends_so_a_cut_run_keeps_its_figures(
     monkeypatch.setattr(gpu, "versions", lambda: {"torch": "0.0-made-up"})
     monkeypatch.setattr(gpu, "memory_over_trials", lambda trials, on_part: {"made_up": MADE_UP})
 
-    def throughput(trials: int, on_run: object, *choices: object) -> list[dict[str, int]]:
-        runs = [{"made_up_run": 1}]
-        on_run(runs)  # type: ignore[operator]
+    def throughput(models: object, repeats: int, deadline: object, on_part: object, *rest: object):  # type: ignore[no-untyped-def]
+        on_part({"small": {"runs": [{"made_up_run": 1}]}})  # type: ignore[operator]
         raise TimeoutError("cut at the limit, in (b)'s second run")
 
-    monkeypatch.setattr(gpu, "throughput", throughput)
-    device = {"name": "MADE-UP GPU", "driver": "0.0", "memory_mib": MADE_UP}
+    monkeypatch.setattr(gpu.gpu_packing, "throughput", throughput)
     with pytest.raises(TimeoutError):
-        gpu.measure([device], True, ("a", "b", "c"), lambda r: gpu_report.write_json(r, out))
+        gpu.measure(_record(out), True, ("a", "b", "c"), gpu.Choices(), Deadline(600.0))
     kept = json.loads(out.read_text())
     assert kept["sections_done"] == ["a"] and kept["complete"] is False
     assert kept["memory_over_trials"] == {"made_up": MADE_UP}
-    assert kept["throughput"] == [{"made_up_run": 1}], "(b)'s finished run is kept"
+    assert kept["throughput"] == {"small": {"runs": [{"made_up_run": 1}]}}, "(b)'s run is kept"
     assert "overrun" not in kept
 
 
@@ -110,12 +125,16 @@ def test_a_memory_section_cut_in_trialqs_half_keeps_the_in_process_half(
         raise TimeoutError("cut at the limit, in trialq's half")
 
     monkeypatch.setattr(gpu, "memory_over_trials", memory_over_trials)
-    device = {"name": "MADE-UP GPU", "driver": "0.0", "memory_mib": MADE_UP}
     with pytest.raises(TimeoutError):
-        gpu.measure([device], True, ("a",), lambda r: gpu_report.write_json(r, out))
+        gpu.measure(_record(out), True, ("a",), gpu.Choices(), Deadline(600.0))
     kept = json.loads(out.read_text())
     assert kept["memory_over_trials"] == {"in_process": [MADE_UP] * 8}
     assert kept["sections_done"] == [] and kept["complete"] is False
+
+
+def _record(out: Path) -> gpu_report.Record:
+    device = {"name": "MADE-UP GPU", "driver": "0.0", "memory_mib": MADE_UP}
+    return gpu_report.Record(gpu.head([device], True, gpu.Choices()), out)
 
 
 def test_the_jax_context_probe_asks_jax_not_to_preallocate(monkeypatch: pytest.MonkeyPatch) -> None:
