@@ -28,8 +28,13 @@ BBOB_FUNCTIONS = {8: "rosenbrock", 15: "rastrigin", 21: "gallagher"}
 multi-modal without (Gallagher's 101 peaks); a wide spread at a few dimensions."""
 BBOB_DIMS = (2, 5)
 HELD_OUT_2D = {
-    1: "sphere", 3: "separable rastrigin", 6: "attractive sector", 10: "ellipsoid",
-    17: "schaffer f7", 20: "schwefel", 24: "lunacek bi-rastrigin",
+    1: "sphere",
+    3: "separable rastrigin",
+    6: "attractive sector",
+    10: "ellipsoid",
+    17: "schaffer f7",
+    20: "schwefel",
+    24: "lunacek bi-rastrigin",
 }
 """2-D bbob landscapes outside the suite, one or two from each of bbob's five groups: a rule
 shaped on the suite's 2-D rows is checked on these (`--objectives bbob-f1-d2 ...`), not in
@@ -232,11 +237,12 @@ _LOG_INT_SPACE: dict[str, dict[str, Any]] = {
     "batch": {"type": "int", "low": 8, "high": 1024, "log": True},
     "width": {"type": "int", "low": 16, "high": 512, "step": 16},
     "dropout": {"type": "float", "low": 0.0, "high": 0.5},
+    "layers": {"type": "int", "low": 1, "high": 8},
 }
 
 
 def _log_int(params: Params, rng: np.random.Generator) -> Simulated:
-    """Log-scale floats and ints and a stepped int, mapped onto bbob's 4-D ellipsoid (f10):
+    """Log-scale floats and ints and stepped ints, mapped onto bbob's 5-D ellipsoid (f10):
     the best values sit inside the ranges, off their centres."""
     x = np.array(
         [
@@ -244,6 +250,7 @@ def _log_int(params: Params, rng: np.random.Generator) -> Simulated:
             math.log2(float(params["batch"])) - 6.5,  # 3..10 -> -3.5..3.5
             (float(params["width"]) - 264) / 62,  # 16..512 -> -4..4
             float(params["dropout"]) * 16 - 4,  # 0..0.5 -> -4..4
+            float(params["layers"]) - 4.5,  # 1..8 -> -3.5..3.5
         ]
     )
     value = _lifted(10, x)
