@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
 import random
 
 import optuna
 import pytest
 from optuna.distributions import FloatDistribution, IntDistribution
+from optuna.samplers._tpe.sampler import _split_trials
 from optuna.trial import TrialState
 
 from trialq.driver.sampling.history import BoundedTPE, TrialIndex
@@ -107,8 +109,9 @@ def _ranks(losses: dict[int, tuple[float, ...]]) -> dict[int, int]:
 
 def test_with_several_objectives_the_index_keeps_the_first_whole_fronts() -> None:
     """The kept best hold the study's first non-dominated fronts, whole, at least `best`
-    trials in them, whatever order the trials came in; a trial dropped is dominated by one
-    kept; and they are a bounded share of the study."""
+    trials in them and a tenth of the finished ones (what TPE calls good), whatever order the
+    trials came in; a trial dropped is dominated by one kept; and they are a bounded share of
+    the study."""
     study = optuna.create_study(directions=["minimize", "maximize"])
     rng = random.Random(4)
     index = TrialIndex(study.directions, best=6, recent=0)
@@ -120,7 +123,7 @@ def test_with_several_objectives_the_index_keeps_the_first_whole_fronts() -> Non
     kept = index.kept()
     losses = {t.number: (t.values[0], -t.values[1]) for t in study.trials}
     ranks = _ranks(losses)
-    first = sorted(ranks.values())[6 - 1]
+    first = sorted(ranks.values())[12 - 1]  # a tenth of the 120 finished: more than 6
     assert {n for n, rank in ranks.items() if rank <= first} <= {t.number for t in kept}
     assert len(kept) < 60, len(kept)
     dropped = set(losses) - {t.number for t in kept}
@@ -144,3 +147,22 @@ def test_several_objectives_are_bounded_past_the_bound_and_exact_below_it() -> N
     bounded = _asked_two(BoundedTPE(**args, kept_best=5, kept_recent=10), 40)
     assert bounded[:16] == plain[:16], "the same until more than 15 trials finished"
     assert bounded != plain
+
+
+def test_past_the_bound_several_objectives_call_the_same_trials_good() -> None:
+    """TPE's split into good and bad trials, on what the bound shows it, puts the same
+    trials in "good" as on the whole study: a tenth of every finished trial, by front."""
+    study = optuna.create_study(
+        directions=["minimize", "minimize"], sampler=optuna.samplers.RandomSampler(seed=2)
+    )
+    for _ in range(150):
+        trial = study.ask(SPACE)
+        study.tell(trial, _two_objectives(trial))
+    sampler = BoundedTPE(seed=0, kept_best=6, kept_recent=10)
+    seen = sampler._seen(study)
+    shown = seen._get_trials(deepcopy=False)
+    assert len(shown) < 60
+    whole = study.get_trials(deepcopy=False)
+    good_whole, _ = _split_trials(study, whole, math.ceil(0.1 * len(whole)))
+    good_shown, _ = _split_trials(seen, shown, sampler._gamma(len(shown)))
+    assert sorted(t.number for t in good_shown) == sorted(t.number for t in good_whole)

@@ -16,12 +16,15 @@ trial at the start of a 10,000-trial study, 132 ms at its end). Two things keep 
   old, mediocre trials (which TPE's default weights already count least). Below the bound
   TPE reads the study itself: a study of up to `KEPT_BEST + KEPT_RECENT` trials is sampled
   exactly as without it. Measured: benchmarks/README.md, "Scale".
-- With several objectives the best are whole non-dominated fronts, the first ones, holding
-  at least `KEPT_BEST` trials (a trial dropped from them is dominated by one kept, so no
-  later trial it dominates can rise into them). Here TPE calls good its best `ceil(n / 10)`
-  trials, with no cap: past the bound that is 50 of the ~500 kept (the best 50 by front),
-  where unbounded it grows with the study (300 of 3,000). What that changes in
-  hypervolume: benchmarks/README.md, "Several objectives, bounded".
+- With several objectives TPE calls good its best `ceil(n / 10)` finished trials by
+  non-dominated front, with no cap. Past the bound it is still told that share of every
+  finished trial, not of those it reads, and the best kept are the first whole fronts
+  holding at least that many (and `KEPT_BEST`): its "good" trials are the ones it would pick
+  unbounded (a trial dropped from the fronts is dominated by one kept, so no later trial it
+  dominates can rise into them), save one dropped while the share was smaller; its "bad"
+  density reads the rest of those fronts and the `KEPT_RECENT` latest. Telling it a tenth
+  of what it reads instead cost hypervolume beyond noise (benchmarks/README.md, "Several
+  objectives, bounded").
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ import numpy as np
 import optuna
 from optuna.distributions import BaseDistribution
 from optuna.samplers import TPESampler
+from optuna.samplers._tpe.sampler import default_gamma_multiobjective
 from optuna.search_space import IntersectionSearchSpace
 from optuna.search_space.group_decomposed import _GroupDecomposedSearchSpace
 from optuna.study import StudyDirection
@@ -118,8 +122,9 @@ class TrialIndex:
         are cut back to the first whole fronts holding `best` trials or more."""
         losses = tuple(sign * value for sign, value in zip(self._signs, trial.values, strict=True))
         self._fronts.append((losses, trial.number))
-        if self._best_size and len(self._fronts) > 2 * self._best_size:
-            self._fronts = first_fronts(self._fronts, self._best_size)
+        held = max(self._best_size, default_gamma_multiobjective(self.learnt))
+        if self._best_size and len(self._fronts) > 2 * held:
+            self._fronts = first_fronts(self._fronts, held)
 
 
 def first_fronts(
@@ -174,6 +179,7 @@ class BoundedTPE(TPESampler):
     ) -> None:
         super().__init__(*args, **kwargs)
         self._kept_best, self._kept_recent = kept_best, kept_recent
+        self._gamma_given = self._gamma is not None
         self._index: TrialIndex | None = None
         self._index_of = -1  # the study id the index is of
         self._space_of = -1  # the study id the multivariate search space is of
@@ -216,4 +222,12 @@ class BoundedTPE(TPESampler):
         self._index.refresh(study)
         if self._index.learnt <= self._kept_best + self._kept_recent:
             return study
+        if len(study.directions) > 1 and not self._gamma_given:
+            self._gamma = self._good_of_every_trial
         return cast(optuna.Study, _BoundedStudy(study, self._index.kept()))
+
+    def _good_of_every_trial(self, n: int) -> int:
+        """How many trials TPE calls good with several objectives: Optuna's share of every
+        finished trial, not of the `n` it reads past the bound."""
+        learnt = self._index.learnt if self._index is not None else n
+        return default_gamma_multiobjective(max(n, learnt))
