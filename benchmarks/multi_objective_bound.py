@@ -73,8 +73,9 @@ def values(params: dict[str, Any]) -> list[float]:
     return [math.log10(max(v, 1.0)) for v in raw - _floors()]
 
 
-def ask_time(sampler: optuna.samplers.BaseSampler, history: int) -> float:
-    """Median seconds of 16 asks after `history` random finished trials, each left running."""
+def ask_time(sampler: optuna.samplers.BaseSampler, history: int) -> tuple[float, int]:
+    """Median seconds of 16 asks after `history` random finished trials, each left running,
+    and how many trials the sampler read at its last ask."""
     study = optuna.create_study(
         directions=["minimize", "minimize"], sampler=optuna.samplers.RandomSampler(seed=0)
     )
@@ -87,7 +88,8 @@ def ask_time(sampler: optuna.samplers.BaseSampler, history: int) -> float:
         started = time.perf_counter()
         study.ask(SPACE)
         seconds.append(time.perf_counter() - started)
-    return statistics.median(seconds)
+    read = sampler._seen(study) if isinstance(sampler, BoundedTPE) else study
+    return statistics.median(seconds), len(read._get_trials(deepcopy=False))
 
 
 def hypervolume(sampler: optuna.samplers.BaseSampler, n_trials: int) -> float:
@@ -108,20 +110,27 @@ def hypervolume(sampler: optuna.samplers.BaseSampler, n_trials: int) -> float:
 
 
 def ask_times(histories: list[int], repeats: int) -> dict[str, dict[str, float]]:
-    """Per history, each sampler's ask time: the least of `repeats` medians, the two
-    measured by turns (a shared machine's load falls on both alike)."""
-    found = {}
+    """Per history, each sampler's ask time (the least of `repeats` medians, the two
+    measured by turns: a shared machine's load falls on both alike) and the trials it read."""
+    found: dict[str, dict[str, float]] = {}
     for history in histories:
         plain, bounded = [], []
         for _ in range(repeats):
-            plain.append(ask_time(optuna.samplers.TPESampler(seed=0), history))
-            bounded.append(ask_time(BoundedTPE(seed=0), history))
+            seconds, read_plain = ask_time(optuna.samplers.TPESampler(seed=0), history)
+            plain.append(seconds)
+            seconds, read_bounded = ask_time(BoundedTPE(seed=0), history)
+            bounded.append(seconds)
         found[str(history)] = {
             "optuna_tpe_ms": 1000 * min(plain),
             "bounded_ms": 1000 * min(bounded),
+            "optuna_tpe_reads": read_plain,
+            "bounded_reads": read_bounded,
         }
-        print(f"  {history:>6}: TPESampler {1000 * min(plain):7.1f}   bounded "
-              f"{1000 * min(bounded):7.1f}", flush=True)  # fmt: skip
+        print(
+            f"  {history:>6}: TPESampler {1000 * min(plain):7.1f} ms, {read_plain} trials "
+            f"read; bounded {1000 * min(bounded):7.1f} ms, {read_bounded}",
+            flush=True,
+        )
     return found
 
 
