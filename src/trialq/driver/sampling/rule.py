@@ -5,16 +5,15 @@
 random trials first), with nothing tuned by trialq: at every budget and every number of
 trials in flight, so a 100-trial study's first 50 trials are drawn as a 50-trial study's
 are. With trials in flight `make_sampler` puts it behind `DistinctFromRunning`, which only
-ever redraws a proposal equal to a running trial's (on a continuous space it never does, and
-the study is the installed TPE's, trial for trial).
+ever redraws a proposal equal to a running trial's (where a parameter is continuous it never
+does, and the study is the installed TPE's, trial for trial).
 
-Why nothing more: the GP/TPE rule, the Halton start and the switch at 100 trials that stood
-here were tuned against Optuna 4's independent TPE without the liar; against the installed
-`TPESampler(seed)` on landscapes the rule was never tuned on they lost beyond noise in 8
-cells of 93 at 16 in flight, and the start alone made TPE worse in 7 of 36 and better in
-none (docs/spec.md, "The default sampler"; benchmarks/README.md, "Search quality with trials
-in flight", names the suite, seeds and records). A candidate comes back only by beating it
-on the held-out part of the suite (`benchmarks.coco_objectives.HELD_OUT`).
+Why nothing of trialq's own: GP and TPE taking turns, a Halton start and a switch by
+budget, tuned against Optuna 4's independent TPE, lost to the installed `TPESampler(seed)`
+beyond noise on landscapes they were not tuned on (docs/spec.md, "The default sampler";
+benchmarks/README.md, "Search quality with trials in flight", names the suite, seeds and
+records). A candidate comes into `auto` only by beating it on the held-out part of the
+suite (`benchmarks.coco_objectives.HELD_OUT`).
 """
 
 from __future__ import annotations
