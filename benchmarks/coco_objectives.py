@@ -28,8 +28,13 @@ BBOB_FUNCTIONS = {8: "rosenbrock", 15: "rastrigin", 21: "gallagher"}
 multi-modal without (Gallagher's 101 peaks); a wide spread at a few dimensions."""
 BBOB_DIMS = (2, 5)
 HELD_OUT_2D = {
-    1: "sphere", 3: "separable rastrigin", 6: "attractive sector", 10: "ellipsoid",
-    17: "schaffer f7", 20: "schwefel", 24: "lunacek bi-rastrigin",
+    1: "sphere",
+    3: "separable rastrigin",
+    6: "attractive sector",
+    10: "ellipsoid",
+    17: "schaffer f7",
+    20: "schwefel",
+    24: "lunacek bi-rastrigin",
 }
 """2-D bbob landscapes outside the suite, one or two from each of bbob's five groups: a rule
 shaped on the suite's 2-D rows is checked on these (`--objectives bbob-f1-d2 ...`), not in
@@ -190,8 +195,9 @@ def _suite() -> dict[str, Objective]:
 
 
 def coco_objectives() -> dict[str, Objective]:
-    """The suite's own objectives (cocoex imported here: only a run that asks for them)."""
-    return _suite()
+    """The tuning suite's and the held-out part's objectives (cocoex imported here: only a
+    run that asks for them)."""
+    return {**_suite(), **_held_out()}
 
 
 SUITE_FROM_PROJECT = ("train",)
@@ -203,3 +209,114 @@ def suite_names() -> tuple[str, ...]:
     bbob = [f"bbob-f{f}-d{d}" for d in BBOB_DIMS for f in BBOB_FUNCTIONS]
     mixint = [f"bbob-mixint-f{f}-d{MIXINT_DIM}" for f in MIXINT_FUNCTIONS]
     return (*bbob, *mixint, "cat-select", "cat-shift", "cat-branch", *SUITE_FROM_PROJECT)
+
+
+# --- the held-out part: chosen before any tuning, never tuned on -------------------------
+
+HELD_OUT_BBOB = {
+    1: "sphere", 2: "separable ellipsoid", 12: "bent cigar", 16: "weierstrass",
+    20: "schwefel", 23: "katsuura",
+}  # fmt: skip
+"""bbob functions outside the tuning suite, from four of its five groups (separable,
+ill-conditioned, multi-modal with and without structure), at `HELD_OUT_DIMS`."""
+HELD_OUT_MIXINT = {1: "sphere", 20: "schwefel"}
+HELD_OUT_DIMS = (5, 10)
+NOISE_SD = 0.05
+"""The noise on `noisy-rastrigin-d5`'s observed value, on its log scale (`_lifted`)."""
+
+
+def _noisy_rastrigin(params: Params, rng: np.random.Generator) -> Simulated:
+    """bbob's Rastrigin at 5-D, observed with noise: the study sees the noisy value, its best
+    trial is scored without it."""
+    true = _lifted(15, np.array([float(params[f"x{i}"]) for i in range(5)]))
+    return Simulated((true + float(rng.normal(0, NOISE_SD)),), (true,))
+
+
+_LOG_INT_SPACE: dict[str, dict[str, Any]] = {
+    "lr": {"type": "float", "low": 1e-5, "high": 1.0, "log": True},
+    "batch": {"type": "int", "low": 8, "high": 1024, "log": True},
+    "width": {"type": "int", "low": 16, "high": 512, "step": 16},
+    "dropout": {"type": "float", "low": 0.0, "high": 0.5},
+    "layers": {"type": "int", "low": 1, "high": 8},
+}
+
+
+def _log_int(params: Params, rng: np.random.Generator) -> Simulated:
+    """Log-scale floats and ints and stepped ints, mapped onto bbob's 5-D ellipsoid (f10):
+    the best values sit inside the ranges, off their centres."""
+    x = np.array(
+        [
+            math.log10(float(params["lr"])) + 2.5,  # -5..0 -> -2.5..2.5
+            math.log2(float(params["batch"])) - 6.5,  # 3..10 -> -3.5..3.5
+            (float(params["width"]) - 264) / 62,  # 16..512 -> -4..4
+            float(params["dropout"]) * 16 - 4,  # 0..0.5 -> -4..4
+            float(params["layers"]) - 4.5,  # 1..8 -> -3.5..3.5
+        ]
+    )
+    value = _lifted(10, x)
+    return Simulated((value,), (value,))
+
+
+def optimizer_space(trial: optuna.Trial) -> None:
+    """`study.search_space` of `cond-optimizer`: each optimiser has parameters of its own."""
+    optimizer = trial.suggest_categorical("optimizer", ["sgd", "adam", "rmsprop"])
+    trial.suggest_float("lr", 1e-5, 1.0, log=True)
+    if optimizer == "sgd":
+        trial.suggest_float("momentum", 0.0, 0.99)
+        trial.suggest_categorical("nesterov", [False, True])
+    elif optimizer == "adam":
+        trial.suggest_float("beta2", 0.9, 0.9999, log=True)
+        trial.suggest_int("warmup", 0, 2000, step=100)
+    else:
+        trial.suggest_float("alpha", 0.8, 0.999)
+
+
+_OPTIMIZER_OFFSET = {"sgd": 0.3, "adam": 0.0, "rmsprop": 0.5}
+
+
+def _optimizer(params: Params, rng: np.random.Generator) -> Simulated:
+    """A landscape per optimiser (bbob's Rosenbrock, Gallagher, sphere-like Rastrigin), each
+    over the shared `lr` and its own parameters; `adam` holds the best region."""
+    optimizer, lr = str(params["optimizer"]), math.log10(float(params["lr"])) + 2.5
+    if optimizer == "sgd":
+        momentum = float(params["momentum"]) * 8 - 4
+        x, function = [lr, momentum, 1.0 if params["nesterov"] else -1.0], 8
+    elif optimizer == "adam":
+        beta = -math.log10(1 - float(params["beta2"])) * 2 - 5  # 1..4 -> -3..3
+        x, function = [lr, beta, float(params["warmup"]) / 250 - 4], 21
+    else:
+        x, function = [lr, float(params["alpha"]) * 40 - 36], 15
+    value = _lifted(function, np.array(x)) + _OPTIMIZER_OFFSET[optimizer]
+    return Simulated((value,), (value,))
+
+
+def _held_out() -> dict[str, Objective]:
+    found: dict[str, Objective] = {}
+    for dimension in HELD_OUT_DIMS:
+        for function in HELD_OUT_BBOB:
+            objective = _coco("bbob", function, dimension)
+            found[objective.name] = objective
+        for function in HELD_OUT_MIXINT:
+            objective = _coco("bbob-mixint", function, dimension)
+            found[objective.name] = objective
+    noisy = {f"x{i}": {"type": "float", "low": -5.0, "high": 5.0} for i in range(5)}
+    found["noisy-rastrigin-d5"] = Objective("noisy-rastrigin-d5", _noisy_rastrigin, space=noisy)
+    found["log-int"] = Objective("log-int", _log_int, space=_LOG_INT_SPACE)
+    found["cond-optimizer"] = Objective(
+        "cond-optimizer", _optimizer, search_space="benchmarks.coco_objectives:optimizer_space"
+    )
+    return found
+
+
+HELD_OUT = (
+    *(f"bbob-f{f}-d{d}" for d in HELD_OUT_DIMS for f in HELD_OUT_BBOB),
+    *(f"bbob-mixint-f{f}-d{d}" for d in HELD_OUT_DIMS for f in HELD_OUT_MIXINT),
+    "cat-raw",
+    "noisy-rastrigin-d5",
+    "log-int",
+    "cond-optimizer",
+)
+"""The held-out part, fixed before the default was chosen (2026-12-06) and never tuned on:
+what `--suite heldout` runs and every claim about `auto` is reported on. The tuning part is
+`suite_names()` (`--suite coco`), the project's own objectives and `HELD_OUT_2D`, on which
+earlier rules were shaped."""

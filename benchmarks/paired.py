@@ -1,7 +1,7 @@
 """Two samplers compared seed by seed from `parallel_search`'s records.
 
     python -m benchmarks.paired RECORD.json [RECORD.json ...] --a gp --b default [--k 16]
-        [--budget 50] [--gap-from tpe-optuna4]
+        [--budget 50] [--gap-from tpe-installed]
 
 For each objective the records hold both for, at `--k` in flight and `--budget` trials: the
 medians of each, and the median of the per-seed differences a - b with its 90% bootstrap

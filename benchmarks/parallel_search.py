@@ -16,17 +16,20 @@ For each sampler, k in flight and seed it runs one study of 200 trials; the firs
 trials of that study are exactly the studies of budget 50 and 100 (the driver asks the same
 trials in the same order up to there). Prints, per objective, the median over seeds of the
 score after 50/100/200 trials and after two virtual hours; then how much of the gap between
-Optuna 4's TPE at k=16 and at k=1 each sampler closes at k=16, per budget; the driver's ask
-time per sampler at 200 and 1,000 trials; writes JSON (default
+the baseline (the installed Optuna's `TPESampler(seed)`) at k=16 and at k=1 each sampler
+closes at k=16, per budget; the driver's ask time per sampler at 200 and 1,000 trials;
+writes JSON (default
 benchmarks/last_parallel_search.json). The last line is `gap closed at k=16: <fraction>` for
 trialq's default sampler: per budget the median over objectives (each objective's gap taken
 on medians over seeds), and of the budgets the worst.
 
-`--suite coco` runs objectives the project did not write (`coco_objectives`: COCO's bbob and
-bbob-mixint, categorical and conditional spaces on them, and the project's `train`), Optuna's
-default TPE and trialq's default at k = 1 and 16, 20 seeds; it adds, per objective and budget,
-the default's median minus Optuna's TPE's at the same k with a 90% bootstrap interval
-(`versus_optuna`), and ends `suite: worse than Optuna's TPE beyond noise: <cells>`.
+`--suite coco` (the tuning part) and `--suite heldout` (the part never tuned on,
+`coco_objectives.HELD_OUT`) run objectives the project did not write (`coco_objectives`:
+COCO's bbob and bbob-mixint, categorical, log/int, conditional and noisy spaces), the
+baseline, trialq's default and random at k = 1 and 16, 20 seeds; they add, per objective and
+budget, the median over seeds of the default's score minus the baseline's on the same seed,
+with a 90% bootstrap interval (`versus_optuna`), and end `suite: worse than Optuna's TPE
+beyond noise: <cells>`.
 """
 
 from __future__ import annotations
@@ -53,7 +56,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from benchmarks.coco_objectives import coco_objectives, suite_names
+from benchmarks.coco_objectives import HELD_OUT, coco_objectives, suite_names
 from benchmarks.search_objectives import DEFAULT_RUN, OBJECTIVES, Objective, hypervolume_2d
 from benchmarks.virtual_cluster import (
     MEDIAN_TRIAL_S,
@@ -79,7 +82,9 @@ KS = (1, 4, 16, 64)
 WALL_S = 2 * 3600.0
 """The virtual wall time the second score is taken at: twelve median trials."""
 HV_REFERENCE = (1.2, 5.0)
-BASELINE = "tpe-optuna4"
+BASELINE = "tpe-installed"
+"""What a user would run instead of trialq: the installed Optuna's `TPESampler(seed=s)`,
+exactly as constructed (`baseline_sampler`; tests/unit/test_search_baseline.py)."""
 DEFAULT = "default"
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "benchmarks" / "last_parallel_search.json"
@@ -94,24 +99,28 @@ class Variant:
     multivariate: bool = False
     """Add `group = true` on a define-by-run space (multivariate TPE needs it there)."""
     wrapped: bool = False
-    """Keep trialq's wrapper (distinct draws, Halton start) though `args` are given."""
+    """Keep trialq's wrapper (distinct draws) though `args` are given."""
+    installed: bool = False
+    """Optuna's `TPESampler(seed=s)` itself, not through the spec (`baseline_sampler`)."""
 
 
 VARIANTS: dict[str, Variant] = {
-    BASELINE: Variant("tpe", {"multivariate": False, "constant_liar": False}),
+    BASELINE: Variant("tpe", installed=True),
+    # Optuna 4's defaults (independent, no liar): the baseline of records before 2026-12-06.
+    "tpe-optuna4": Variant("tpe", {"multivariate": False, "constant_liar": False}),
     "tpe+liar": Variant("tpe", {"multivariate": False, "constant_liar": True}),
     "tpe+mv": Variant("tpe", {"multivariate": True, "constant_liar": False}, multivariate=True),
     "tpe+mv+liar": Variant("tpe", {"multivariate": True, "constant_liar": True}, multivariate=True),
     DEFAULT: Variant("auto"),  # whatever the default, `sampler = "auto"`, builds
-    "tpe": Variant("tpe"),  # what `sampler = "tpe"` builds: the default before issue 29's GP
+    "tpe": Variant("tpe"),  # what `sampler = "tpe"` builds: the same as `auto`
     "random": Variant("random"),
     # What `tpe` builds with its history bounded at 50 (25 best + 25 latest) instead of 500:
     # how much the bound costs, at a size the search benchmark runs (issue 42).
     "tpe-bounded50": Variant("tpe", {"kept_best": 25, "kept_recent": 25}, wrapped=True),
     "cmaes": Variant("cmaes", {"warn_independent_sampling": False}),
     "nsga2": Variant("nsga2"),
-    "gp": Variant("gp"),  # what `sampler = "gp"` builds: behind the same start as the default
-    "gp+tpe": Variant("gp+tpe"),  # GP and independent TPE taking turns: `auto` at 50 trials
+    "gp": Variant("gp"),  # what `sampler = "gp"` builds, behind the distinct draws
+    "gp+tpe": Variant("gp+tpe"),  # GP and independent TPE taking turns: `auto` until 12-06
 }
 MULTI_ONLY = {"nsga2"}
 SINGLE_ONLY = {"cmaes", "gp", "gp+tpe"}
@@ -168,9 +177,16 @@ def spec_for(case: Case) -> StudySpec:
     return StudySpec.model_validate(raw)
 
 
+def baseline_sampler(seed: int) -> optuna.samplers.BaseSampler:
+    """The baseline: the installed Optuna's default TPE, as a user constructs it."""
+    return optuna.samplers.TPESampler(seed=seed)
+
+
 def build_sampler(case: Case, spec: StudySpec) -> optuna.samplers.BaseSampler:
-    sampler = make_sampler(spec)
     variant = VARIANTS[case.variant]
+    if variant.installed:
+        return baseline_sampler(case.seed)
+    sampler = make_sampler(spec)
     if variant.args and not variant.wrapped and isinstance(sampler, DistinctFromRunning):
         return sampler.sampler  # TPE with Optuna's arguments: as Optuna builds it
     return sampler
@@ -274,10 +290,9 @@ def summarise(case: Case) -> dict[str, Any]:
 
 
 def budgets_of(case: Case) -> list[int]:
-    """The budgets a study stands for: a study of 200 trials holds those of 50 and 100 too,
-    except for the default, whose configuration depends on `n_trials` (one study each)."""
-    if case.variant == DEFAULT:
-        return [case.n_trials]
+    """The budgets a study stands for: a study of 200 trials holds those of 50 and 100 too
+    (no sampler here depends on `n_trials`; tests/unit/test_sampler_default.py holds the
+    default to that)."""
     return [b for b in BUDGETS if b <= case.n_trials]
 
 
@@ -309,7 +324,7 @@ def cases(
                 label in SINGLE_ONLY and objective.multi
             ):
                 continue
-            lengths = budgets if label == DEFAULT else (max(budgets),)
+            lengths = (max(budgets),)
             for pruner in pruners.get(name, ("none",)) if objective.has_curves else ("none",):
                 found.extend(
                     Case(name, label, k, seed, pruner, n)
@@ -433,7 +448,7 @@ def print_gaps(
     objectives: list[str],
     budgets: list[str],
 ) -> None:
-    print("\ngap closed at k=16 (share of Optuna-4 TPE's k=1→16 loss won back; median over")
+    print("\ngap closed at k=16 (share of installed TPE's k=1→16 loss won back; median over")
     print("objectives; the default per objective below)")
     print(f"{'sampler':<26}" + "".join(f"{'budget ' + b:>12}" for b in budgets))
     for variant, by_budget in closed.items():
@@ -513,47 +528,61 @@ def print_spread(spread: dict[str, dict[str, dict[str, float] | None]], budgets:
 def versus_optuna(
     results: list[dict[str, Any]], objectives: list[str], budgets: list[str], ks: Iterable[int]
 ) -> dict[str, dict[str, dict[str, float] | None]]:
-    """Per objective, k and budget: the default's median score minus Optuna's TPE's at the
-    same k (positive: the default is worse), with its 90% bootstrap interval (the seeds drawn
-    again with replacement, the same draw for both, which share their seeds; 1,000 times).
-    "Worse beyond noise" is an interval wholly above 0."""
+    """Per objective, k and budget: the median over seeds of the default's score minus the
+    baseline's on the same seed, at the same k (positive: the default is worse), with its
+    90% bootstrap interval (the seeds drawn again with replacement, 1,000 times). "Worse
+    beyond noise" is an interval wholly above 0."""
     by_cell: dict[tuple[str, str, int, str], dict[int, float]] = defaultdict(dict)
     for row in results:
         if row["pruner"] == "none":
             for budget, value in row["scores"].items():
                 by_cell[(row["objective"], row["variant"], row["k"], budget)][row["seed"]] = value
-    rng = random.Random(0)
     found: dict[str, dict[str, dict[str, float] | None]] = {}
     for objective in objectives:
         for k in ks:
             for budget in budgets:
-                cells = [
-                    by_cell.get((objective, DEFAULT, k, budget), {}),
-                    by_cell.get((objective, BASELINE, k, budget), {}),
-                ]
-                seeds = sorted(set(cells[0]) & set(cells[1]))
+                ours = by_cell.get((objective, DEFAULT, k, budget), {})
+                theirs = by_cell.get((objective, BASELINE, k, budget), {})
+                seeds = sorted(set(ours) & set(theirs))
                 key = f"k={k} budget={budget}"
-                if not seeds:
-                    found.setdefault(objective, {})[key] = None
-                    continue
-                draws = sorted(
-                    _difference(cells, rng.choices(seeds, k=len(seeds)))
-                    for _ in range(BOOTSTRAP_DRAWS)
+                found.setdefault(objective, {})[key] = (
+                    paired_cell([ours[s] for s in seeds], [theirs[s] for s in seeds])
+                    if seeds
+                    else None
                 )
-                found.setdefault(objective, {})[key] = {
-                    "difference": _difference(cells, seeds),
-                    "p05": draws[int(0.05 * len(draws))],
-                    "p95": draws[int(0.95 * len(draws)) - 1],
-                    "default": statistics.median(cells[0][s] for s in seeds),
-                    "optuna_tpe": statistics.median(cells[1][s] for s in seeds),
-                    "seeds": len(seeds),
-                }
     return found
 
 
-def _difference(cells: list[dict[int, float]], seeds: list[int]) -> float:
-    ours, theirs = (statistics.median(c[s] for s in seeds) for c in cells)
-    return ours - theirs if math.isfinite(ours - theirs) else math.inf
+def paired_cell(ours: list[float], theirs: list[float]) -> dict[str, float]:
+    """The median per-seed difference `ours - theirs` (seeds in the same order) and its 90%
+    bootstrap interval, with both medians."""
+    differences = [_paired(a, b) for a, b in zip(ours, theirs, strict=True)]
+    low, high = bootstrap_interval(differences)
+    return {
+        "difference": statistics.median(differences),
+        "p05": low,
+        "p95": high,
+        "default": statistics.median(ours),
+        "optuna_tpe": statistics.median(theirs),
+        "seeds": len(differences),
+    }
+
+
+def bootstrap_interval(values: list[float], seed: int = 0) -> tuple[float, float]:
+    """The 5th and 95th percentiles of the median of `values` drawn again with replacement
+    (`BOOTSTRAP_DRAWS` times, seeded: the same interval every run)."""
+    rng = random.Random(seed)
+    medians = sorted(
+        statistics.median(rng.choices(values, k=len(values))) for _ in range(BOOTSTRAP_DRAWS)
+    )
+    return medians[BOOTSTRAP_DRAWS // 20], medians[BOOTSTRAP_DRAWS - BOOTSTRAP_DRAWS // 20 - 1]
+
+
+def _paired(ours: float, theirs: float) -> float:
+    if ours == theirs:  # both inf: neither found a scored trial
+        return 0.0
+    difference = ours - theirs
+    return difference if not math.isnan(difference) else math.inf
 
 
 def worse_beyond_noise(versus: dict[str, dict[str, dict[str, float] | None]]) -> list[str]:
@@ -635,9 +664,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--suite",
-        choices=["coco"],
-        help="objectives the project did not write (coco_objectives): the baseline and the "
-        f"default at k=1 and 16, {SUITE_SEEDS} seeds",
+        choices=["coco", "heldout"],
+        help="objectives the project did not write (coco_objectives): `coco`, the tuning "
+        "part; `heldout`, the part never tuned on; the baseline, the default and random at "
+        f"k=1 and 16, {SUITE_SEEDS} seeds",
     )
     parser.add_argument(
         "--seeds", type=int, help=f"seeds per cell (default 10; --quick 5; --suite {SUITE_SEEDS})"
@@ -661,8 +691,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def plan(args: argparse.Namespace) -> tuple[list[Case], tuple[int, ...], list[str], list[str]]:
     if args.suite:
-        objectives = args.objectives or list(suite_names())
-        variants = args.variants or [BASELINE, DEFAULT]
+        part = HELD_OUT if args.suite == "heldout" else suite_names()
+        objectives = args.objectives or list(part)
+        variants = args.variants or [BASELINE, DEFAULT, "random"]
         ks, seeds, pruners = tuple(args.ks or (1, 16)), args.seeds or SUITE_SEEDS, {}
     elif args.quick:
         objectives = args.objectives or ["branin", "hartmann6", "train", "conditional"]
@@ -797,10 +828,7 @@ def describe_default() -> dict[str, str]:
             distinct = isinstance(sampler, DistinctFromRunning)
             inner = sampler.sampler if distinct else sampler
             model = _model_of(inner)
-            found[f"k={k} n_trials={n}"] = (
-                f"{model} distinct_from_running={distinct} "
-                f"halton_until_finished={sampler.start if distinct else 0}"
-            )
+            found[f"k={k} n_trials={n}"] = f"{model} distinct_from_running={distinct}"
     return found
 
 

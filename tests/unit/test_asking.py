@@ -169,15 +169,15 @@ def test_ask_processes_are_refused_for_every_sampler_but_tpe(tmp_path: Path, sam
     spec = _spec(tmp_path, sampler=sampler)
 
     with pytest.raises(SpecError, match=r"study\.ask_processes: only TPE") as raised:
-        make_sampler(spec, gp_available=True)
+        make_sampler(spec)
 
     assert repr(sampler) in str(raised.value) and "\n" not in str(raised.value)
 
 
-def test_auto_past_a_small_budget_is_tpe_and_takes_ask_processes(tmp_path: Path) -> None:
+def test_auto_is_tpe_and_takes_ask_processes(tmp_path: Path) -> None:
     spec = _spec(tmp_path, sampler="auto")
 
-    make_sampler(spec, gp_available=True)  # 500 trials: TPE, accepted
+    make_sampler(spec)  # TPE: accepted
 
 
 def test_the_copy_is_made_again_from_what_tpe_reads_once_it_holds_too_many(

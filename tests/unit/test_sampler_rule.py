@@ -1,5 +1,5 @@
-"""What the default, `sampler = "auto"`, builds (issue 29), and how an out-of-memory trial is
-told to the GP sampler it may pick."""
+"""Which sampler a spec names (`auto`: TPE), and how an out-of-memory trial is told to the GP
+sampler a spec may name."""
 
 from __future__ import annotations
 
@@ -47,65 +47,43 @@ def spec(
 
 
 @pytest.mark.parametrize(
-    ("max_in_flight", "n_trials", "fields", "gp_available", "expected"),
+    ("max_in_flight", "n_trials", "fields", "expected"),
     [
-        # Short and wide, one objective, a declared space, torch installed: GP and TPE.
-        (16, 50, {}, True, "gp+tpe"),
-        (4, 99, {}, True, "gp+tpe"),
-        (None, 50, {}, True, "gp+tpe"),  # unset: the workers seen, taken as several
-        (16, 50, {"sampler_args": {"seed": 3}}, True, "gp+tpe"),
-        # The same, over one or two floats and nothing else: GP alone.
-        (16, 50, {"space": TWO_FLOATS}, True, "gp"),
-        (16, 50, {"space": {"lr": TWO_FLOATS["lr"]}}, True, "gp"),
-        (16, 50, {"space": {**TWO_FLOATS, "wd": TWO_FLOATS["lr"]}}, True, "gp+tpe"),  # three
-        (16, 50, {"space": {"lr": TWO_FLOATS["lr"], "n": {"type": "int", "low": 1, "high": 9}}},
-         True, "gp+tpe"),  # an int beside it
-        (1, 50, {"space": TWO_FLOATS}, True, "tpe"),  # one in flight
-        (16, 100, {"space": TWO_FLOATS}, True, "tpe"),  # long
-        # Anything else: TPE.
-        (16, 50, {}, False, "tpe"),  # no torch
-        (1, 50, {}, True, "tpe"),  # one in flight
-        (16, 100, {}, True, "tpe"),  # 100 trials or more
-        (16, 50, {"directions": ["minimize", "minimize"], "metrics": ["a", "b"]}, True, "tpe"),
-        (16, 50, {"search_space": "mod:space"}, True, "tpe"),  # define-by-run
-        (16, 50, {"sampler_args": {"n_startup_trials": 5}}, True, "tpe"),  # TPE's own args
+        # `auto` is TPE whatever the study: no rule by budget, flight, space or objectives.
+        (16, 50, {}, "tpe"),
+        (16, 50, {"space": TWO_FLOATS}, "tpe"),
+        (4, 99, {}, "tpe"),
+        (None, 50, {}, "tpe"),
+        (1, 50, {}, "tpe"),
+        (16, 100, {}, "tpe"),
+        (16, 50, {"directions": ["minimize", "minimize"], "metrics": ["a", "b"]}, "tpe"),
+        (16, 50, {"search_space": "mod:space"}, "tpe"),
         # A named sampler is that sampler.
-        (16, 50, {"sampler": "tpe"}, True, "tpe"),
-        (1, 500, {"sampler": "gp"}, False, "gp"),
-        (1, 500, {"sampler": "gp+tpe"}, False, "gp+tpe"),
-        (16, 50, {"sampler": "random"}, True, "random"),
+        (16, 50, {"sampler": "tpe"}, "tpe"),
+        (1, 500, {"sampler": "gp"}, "gp"),
+        (1, 500, {"sampler": "gp+tpe"}, "gp+tpe"),
+        (16, 50, {"sampler": "random"}, "random"),
     ],
 )  # fmt: skip
-def test_auto_picks_gp_only_for_short_wide_declared_single_objective_studies(
-    max_in_flight: int | None,
-    n_trials: int,
-    fields: dict[str, Any],
-    gp_available: bool,
-    expected: str,
+def test_auto_is_tpe_and_a_named_sampler_is_that_sampler(
+    max_in_flight: int | None, n_trials: int, fields: dict[str, Any], expected: str
 ) -> None:
-    assert chosen_sampler(spec(max_in_flight, n_trials, **fields), gp_available) == expected
+    assert chosen_sampler(spec(max_in_flight, n_trials, **fields)) == expected
 
 
-def test_auto_builds_gp_alone_over_two_floats_behind_the_start_and_the_distinct_draws() -> None:
+def test_gp_and_tpe_named_is_built_behind_the_distinct_draws() -> None:
     pytest.importorskip("torch")
-    built = make_sampler(spec(16, 50, TWO_FLOATS, sampler_args={"seed": 1}), gp_available=True)
-    assert isinstance(built, DistinctFromRunning) and built.start == 16
-    assert isinstance(built.sampler, optuna.samplers.GPSampler)
-
-
-def test_auto_builds_gp_and_tpe_behind_the_start_and_the_distinct_draws_where_torch_is() -> None:
-    pytest.importorskip("torch")
-    built = make_sampler(spec(16, 50, sampler_args={"seed": 1}), gp_available=True)
-    assert isinstance(built, DistinctFromRunning) and built.start == 16
+    built = make_sampler(spec(16, 50, sampler="gp+tpe", sampler_args={"seed": 1}))
+    assert isinstance(built, DistinctFromRunning)
     assert isinstance(built.sampler, TakingTurns)
     gp, tpe = built.sampler.members
     assert isinstance(gp, optuna.samplers.GPSampler) and isinstance(tpe, TPESampler)
     assert not tpe._multivariate and not tpe._constant_liar  # Optuna 4's: a model a parameter
     assert sampler_kind(built) == "gp"  # an OOM trial is told as GP needs it
-    without = make_sampler(spec(16, 50), gp_available=False)
-    assert isinstance(without, DistinctFromRunning)
-    assert isinstance(without.sampler, optuna.samplers.TPESampler)
-    assert sampler_kind(without) == "tpe"
+    auto = make_sampler(spec(16, 50))
+    assert isinstance(auto, DistinctFromRunning)
+    assert isinstance(auto.sampler, optuna.samplers.TPESampler)
+    assert sampler_kind(auto) == "tpe"
 
 
 def test_gp_without_torch_is_refused_and_auto_builds_tpe(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -198,18 +176,3 @@ def test_the_drivers_gp_fits_on_one_thread_and_loads_torch_only_to_fit() -> None
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
-
-
-def test_auto_leaves_gp_out_where_a_stepped_param_has_more_values_than_it_lists() -> None:
-    """GP holds every value of a stepped parameter at each ask (2**53 asked for 64 PiB and
-    ended the driver at its first ask, issue 38, row 5): `auto` builds TPE there."""
-    wide = StudySpec.model_validate(
-        {
-            "path": Path("spec.toml"),
-            "study": {"name": "s", "n_trials": 50, "max_in_flight": 4},
-            "trial": {"entrypoint": "mod:train"},
-            "space": {"n": {"type": "int", "low": 0, "high": 100_000_000}},
-        }
-    )
-    assert chosen_sampler(wide, gp_available=True) == "tpe"
-    assert chosen_sampler(spec(4, 50), gp_available=True) == "gp+tpe"

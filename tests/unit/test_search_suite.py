@@ -1,30 +1,29 @@
-"""A short `python -m benchmarks.parallel_search --suite coco` (issue 40): trialq's default
-sampler at 16 trials in flight against Optuna's own default TPE at the same 16, on objectives
-the project did not write, 50 trials.
+"""A short `python -m benchmarks.parallel_search --suite heldout`: trialq's default sampler at
+16 trials in flight against the baseline (the installed Optuna's `TPESampler(seed)`) at the
+same 16, on objectives of the held-out part (never tuned on), 50 trials, a few seeds.
 
-It fails only on a clear regression: on some objective the default's median over the seeds
-is worse than Optuna's TPE's worst seed. The studies are seeded (the same scores every run
-with the same libraries), and the margin is wide: the figures with their intervals are the
-benchmark's (benchmarks/README.md, "Objectives the project did not write").
+It fails when the default falls behind beyond noise: the 90% bootstrap interval of the
+per-seed differences (default minus baseline, lower is better) lies wholly above 0, the
+benchmark's own test (`versus_optuna`). The studies are seeded: the same scores every run
+with the same libraries. The full figures: benchmarks/README.md, "Search quality with
+trials in flight".
 """
 
 from __future__ import annotations
-
-import statistics
 
 import pytest
 
 pytest.importorskip("cocoex")
 
-from benchmarks.parallel_search import BASELINE, DEFAULT, Case, summarise
+from benchmarks.coco_objectives import HELD_OUT
+from benchmarks.parallel_search import BASELINE, DEFAULT, Case, paired_cell, summarise
 
 pytestmark = pytest.mark.slow
 
-OBJECTIVES = ("cat-select", "cat-shift", "bbob-mixint-f15-d5")
-"""Where the outside report saw the default lose most (a categorical that selects or moves a
-landscape) and integers of COCO's mixint."""
-SEEDS = range(3)
-"""Few: GP proposes on all three (a study of 50 trials takes it about 5 s on an idle core)."""
+OBJECTIVES = ("bbob-mixint-f20-d5", "cat-raw", "log-int", "bbob-f12-d5")
+"""Integers with a float (COCO's mixint Schwefel), a categorical that picks the landscape,
+log-scale floats and ints, and bent cigar (where the rule `auto` had lost beyond noise)."""
+SEEDS = range(4)
 
 
 def _scores(objective: str, variant: str) -> list[float]:
@@ -32,7 +31,11 @@ def _scores(objective: str, variant: str) -> list[float]:
     return [summarise(case)["scores"]["50"] for case in cases]
 
 
+def test_the_objectives_are_held_out() -> None:
+    assert set(OBJECTIVES) <= set(HELD_OUT)
+
+
 @pytest.mark.parametrize("objective", OBJECTIVES)
-def test_default_is_not_clearly_below_optuna_tpe_at_16_in_flight(objective: str) -> None:
-    ours, theirs = _scores(objective, DEFAULT), _scores(objective, BASELINE)
-    assert statistics.median(ours) <= max(theirs), (objective, sorted(ours), sorted(theirs))
+def test_default_is_not_behind_optunas_default_tpe_at_16_in_flight(objective: str) -> None:
+    cell = paired_cell(_scores(objective, DEFAULT), _scores(objective, BASELINE))
+    assert cell["p05"] <= 0, (objective, cell)

@@ -43,7 +43,6 @@ from trialq.driver.progress import Counts, ProgressSink
 from trialq.driver.relay import ReportRelay
 from trialq.driver.search_space import DefineSpace, load_search_space
 from trialq.driver.sending import Sender
-from trialq.driver.study import space_filling_start
 from trialq.driver.study_lock import StudyLock
 from trialq.driver.telling import Teller
 from trialq.driver.watch import OutsideCheck, Watch
@@ -252,16 +251,13 @@ class StudyDriver:
             self.sender.asking.close()
 
     def _sync_asking(self, n_trials: int) -> None:
-        """The ask processes told what changed, and asked for draws once the study is past
-        the start the driver makes itself (`space_filling_start`: Halton points, numbered by
-        trial, which only one asker can hand out without repeats)."""
+        """The ask processes told what changed, and asked for the draws still wanted."""
         pool = self.sender.asking
         if pool is None:
             return
         finished = self.counts.finished
         left = n_trials - finished - self.sender.outstanding - len(self.sender.spares)
-        started = finished >= space_filling_start(self.spec)
-        pool.sync(self.study, left if started else 0)
+        pool.sync(self.study, left)
 
     def _give_back_spares(self) -> None:
         """Trials asked ahead and not sent go back to the study (`Sender.give_back_spares`);

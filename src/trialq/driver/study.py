@@ -28,9 +28,7 @@ from trialq.driver.sampling.history import BoundedTPE
 from trialq.driver.sampling.rule import (
     GP_NEEDS,
     LISTED_POINTS_MAX,
-    SMALL_BUDGET,
     chosen_sampler,
-    gp_runs_here,
     too_many_to_list,
 )
 from trialq.errors import SpecError, StorageUnreachable, UsageError
@@ -187,46 +185,17 @@ def storage_errors(url: str) -> Iterator[None]:
         raise
 
 
-def tpe_defaults(spec: StudySpec) -> dict[str, Any]:
-    """What `sampler = "tpe"` (and `auto` where it picks TPE) means, pinned (Optuna 4 and 5
-    default differently), chosen by `benchmarks.parallel_search` (benchmarks/README.md,
-    "Search quality with trials in flight").
-
-    The constant liar always: trials in flight count as bad ones, so the next ask avoids
-    them (with one in flight it changes nothing). Multivariate with one trial in flight,
-    or with more below `SMALL_BUDGET` trials; with more trials and several in flight it
-    cost more than it won. `group` on a define-by-run space, where multivariate needs it.
-    `max_in_flight` unset means "the workers seen", taken as several. `sampler_args`
-    override each argument.
-    """
-    study = spec.study
-    multivariate = study.max_in_flight == 1 or study.n_trials < SMALL_BUDGET
-    args: dict[str, Any] = {
-        "multivariate": multivariate,
-        "constant_liar": True,
-        "n_startup_trials": 10,
-        **study.sampler_args,
-    }
-    if args["multivariate"] and study.search_space is not None:
-        args.setdefault("group", True)
-    return args
-
-
-def make_sampler(
-    spec: StudySpec, gp_available: bool | None = None, started: bool = False
-) -> optuna.samplers.BaseSampler:
-    """The spec's sampler (`auto`: the one `sampling.rule.chosen_sampler` picks), built with
-    the spec's arguments (over `tpe_defaults` for TPE). TPE or GP with trials in flight on
-    a declared space never proposes a running trial's parameters again
-    (`DistinctFromRunning`), and starts from Halton points rather than random ones until
-    `space_filling_start` trials have finished. `gp_available`: whether GP runs here
-    (looked up when not given: torch and scipy installed). `started`: for an ask process
-    (`trialq.driver.asking`), which asks only once the driver has made the start itself.
-    `ask_processes` is for TPE alone: each of its asks is a draw from the study as it stands,
-    where the grid, CMA-ES and NSGA-II keep state across asks that copies in several processes
-    would repeat, random needs no help, and GP serves short studies the driver keeps up with."""
-    gp_here = gp_runs_here() if gp_available is None else gp_available
-    name, args = chosen_sampler(spec, gp_here), dict(spec.study.sampler_args)
+def make_sampler(spec: StudySpec) -> optuna.samplers.BaseSampler:
+    """The spec's sampler (`auto`: Optuna's default TPE, `sampling.rule`), built with the
+    spec's `sampler_args` and nothing else: `tpe` is the installed Optuna's
+    `TPESampler(**sampler_args)` (its history bounded past 500 finished trials,
+    `BoundedTPE`). TPE or GP with trials in flight on a declared space never proposes a
+    running trial's parameters again (`DistinctFromRunning`); every other draw is the wrapped
+    sampler's own. `ask_processes` is for TPE alone: each of its asks is a draw from the
+    study as it stands, where the grid, CMA-ES and NSGA-II keep state across asks that copies
+    in several processes would repeat, random needs no help, and GP serves short studies the
+    driver keeps up with."""
+    name, args = chosen_sampler(spec), dict(spec.study.sampler_args)
     if spec.study.ask_processes and name != "tpe":
         raise SpecError(
             f"{spec.where}: study.ask_processes: only TPE's asks are spread over processes, "
@@ -237,8 +206,6 @@ def make_sampler(
         # Optuna imports them at the first ask or fit, after the study exists: refuse before.
         raise SpecError(f"{spec.where}: study.sampler: {name!r} needs {fix}")
     _check_listable(spec, name)
-    if name == "tpe":
-        args = tpe_defaults(spec)
     if name == "grid":
         args.setdefault("search_space", _grid_space(spec))
     classes: dict[str, Any] = {
@@ -259,8 +226,7 @@ def make_sampler(
     )
     modelled = name in ("tpe", "gp", "gp+tpe") and spec.study.search_space is None
     if modelled and spec.study.max_in_flight != 1:
-        start = 0 if started else space_filling_start(spec)
-        return DistinctFromRunning(sampler, distributions(spec), seed=args.get("seed"), start=start)
+        return DistinctFromRunning(sampler, distributions(spec), seed=args.get("seed"))
     return sampler
 
 
@@ -286,29 +252,6 @@ _NEEDS: dict[str, tuple[tuple[str, ...], str]] = {
     "gp+tpe": (GP_NEEDS, _GP_FIX),
 }
 """A sampler's modules, looked up before the study exists, and the line that says so."""
-
-
-def space_filling_start(spec: StudySpec) -> int:
-    """How many trials must finish before TPE models the study, with trials in flight:
-    max(`n_startup_trials`, `max_in_flight`). Until then each ask gets the next point of a
-    seeded Halton sequence (`distinct.HaltonStart`) instead of a random draw.
-
-    Why (issue 29; `benchmarks.parallel_search`, k = 16, gap closed between Optuna 4's TPE
-    at k = 16 and at k = 1, median over seeds): TPE's start is random until 10 trials have
-    finished, which at k in flight is 10 + k - 1 asks (25 of a 50-trial study at k = 16),
-    and random draws clump. At 50 trials (60 seeds) the start closed 0.16 of the gap on the
-    training objective, where TPE's random start lost 0.60 more than the gap (the only
-    objective below 0, its 90% interval too), 0.83 on Hartmann-6 (was 0.62), 0.20 on
-    Branin (was 0.61; the two 90% intervals overlap widely) and beat Optuna 4 on the two-objective
-    run, where the random start lost to it. At 100 and 200 trials (30 seeds) every
-    objective is at or above 0 (the two-objective run was -0.15 at 100); the median went
-    0.69 -> 0.89 at 100 and 0.94 -> 0.92 at 200.
-    Waiting for 10 alone (not k) kept Branin at 0.69 but left training at -0.29. The median
-    at 50 stays 0.35: the goal of 0.5 there is not met (the README's sampler table).
-    `max_in_flight` unset counts as `n_startup_trials`; one in flight is not wrapped.
-    """
-    n_startup = int(tpe_defaults(spec)["n_startup_trials"])
-    return max(n_startup, spec.study.max_in_flight or 0)
 
 
 class DriverGridSampler(optuna.samplers.GridSampler):

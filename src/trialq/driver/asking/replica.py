@@ -37,7 +37,7 @@ class Replica:
         self.study = optuna.create_study(
             study_name="copy-0",
             storage=InMemoryStorage(),
-            sampler=make_sampler(self._spec, started=True),
+            sampler=make_sampler(self._spec),
             directions=list(spec.study.objective_directions),
         )
         self._ids: dict[int, int] = {}  # the driver's unfinished trials -> the copy's trial id

@@ -6,11 +6,9 @@ running trial teaches the study nothing and costs a GPU for a whole trial (docs/
 "The default sampler"). This wrapper draws the whole parameter set at once (as
 `sample_relative`, so Optuna takes it for every parameter), and draws again while it equals
 a running trial's: first from the wrapped sampler, then at random, and gives up only when
-every draw collides (a space smaller than the trials in flight).
-
-It also starts the study space-filling: until `start` trials have finished, each ask gets
-the next point of a seeded Halton sequence (`HaltonStart`) instead of the wrapped sampler's
-random start (issue 29; `study.space_filling_start` says how many and why).
+every draw collides (a space smaller than the trials in flight). A first draw that collides
+with no running trial is returned as it is: on a continuous space the study is the wrapped
+sampler's, trial for trial (tests/unit/test_sampler_default.py holds it to that).
 
 It needs the whole space up front, so it wraps only a spec's declared `[space]`; a
 define-by-run space (`study.search_space`) gets the wrapped sampler alone.
@@ -18,18 +16,11 @@ define-by-run space (`study.search_space`) gets the wrapped sampler alone.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
 import optuna
-from optuna.distributions import (
-    BaseDistribution,
-    CategoricalDistribution,
-    FloatDistribution,
-    IntDistribution,
-)
+from optuna.distributions import BaseDistribution
 from optuna.samplers import BaseSampler, RandomSampler
 from optuna.trial import FrozenTrial, TrialState
 
@@ -44,15 +35,10 @@ class DistinctFromRunning(BaseSampler):
         sampler: BaseSampler,
         space: dict[str, BaseDistribution],
         seed: int | None = None,
-        start: int = 0,
     ) -> None:
         self.sampler = sampler
         self.space = space
-        self.start = start
-        """Until this many trials have finished (complete or pruned), draw space-filling
-        points (`HaltonStart`) instead of the wrapped sampler's own random start."""
         self._random = RandomSampler(seed=seed)
-        self._halton = HaltonStart(space, seed)
         self._index: TrialIndex | None = None
         self._index_of = -1  # the study id the index is of
 
@@ -67,20 +53,12 @@ class DistinctFromRunning(BaseSampler):
         index = self._indexed(study)
         running = [t.params for t in index.running() if t.number != trial.number and t.params]
         params: dict[str, Any] = {}
-        if self.start and self._starting(study):
-            params = self._halton.point(trial.number)
-            if params not in running:
-                return params
         for sampler in (self.sampler, self._random):
             for _ in range(DRAWS):
                 params = _draw(sampler, study, trial, search_space)
                 if params not in running:
                     return params
         return params  # every draw is running already: the space is smaller than the flight
-
-    def _starting(self, study: optuna.Study) -> bool:
-        """Whether fewer than `start` trials have finished (complete or pruned)."""
-        return self._indexed(study).learnt < self.start
 
     def _indexed(self, study: optuna.Study) -> TrialIndex:
         """The study's trials as they are now, learnt from those that changed (issue 42: a
@@ -131,62 +109,3 @@ def _draw(
         if name not in params:
             params[name] = sampler.sample_independent(study, trial, name, distribution)
     return {name: params[name] for name in space}
-
-
-PRIMES = (2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47, 53, 59, 61, 67, 71)
-
-
-class HaltonStart:
-    """Space-filling points for the start of a study: the Halton sequence (a prime base per
-    parameter) shifted at random, mod 1 (a Cranley-Patterson rotation, seeded), mapped onto
-    each distribution. Point `i` depends on `i` alone, so trials asked in any order and any
-    number at once still cover the space evenly, where independent random draws clump. NumPy
-    only (Optuna's QMCSampler needs SciPy, which trialq does not require). Past the 20th
-    parameter, plain random values."""
-
-    def __init__(self, space: dict[str, BaseDistribution], seed: int | None) -> None:
-        self.space = space
-        self._rng = np.random.default_rng(seed)
-        self._shift = self._rng.random(len(PRIMES))
-
-    def point(self, index: int) -> dict[str, Any]:
-        params = {}
-        for d, (name, distribution) in enumerate(self.space.items()):
-            if d < len(PRIMES):
-                u = (_radical_inverse(index + 1, PRIMES[d]) + self._shift[d]) % 1.0
-            else:
-                u = float(self._rng.random())
-            params[name] = _value(distribution, u)
-        return params
-
-
-def _radical_inverse(index: int, base: int) -> float:
-    inverse, scale = 0.0, 1.0 / base
-    while index:
-        index, digit = divmod(index, base)
-        inverse += digit * scale
-        scale /= base
-    return inverse
-
-
-def _value(distribution: BaseDistribution, u: float) -> Any:
-    """The value at quantile `u` of a uniform (or log-uniform) draw from `distribution`."""
-    if isinstance(distribution, CategoricalDistribution):
-        choices = distribution.choices
-        return choices[min(int(u * len(choices)), len(choices) - 1)]
-    if isinstance(distribution, (FloatDistribution, IntDistribution)):
-        low, high, step = float(distribution.low), float(distribution.high), distribution.step
-        integer = isinstance(distribution, IntDistribution)
-        if distribution.log:
-            if integer:  # as Optuna draws a log int: over [low - 0.5, high + 0.5], rounded
-                low, high = low - 0.5, high + 0.5
-            value = math.exp(math.log(low) + u * (math.log(high) - math.log(low)))
-            if integer:
-                return int(min(max(round(value), distribution.low), distribution.high))
-            return min(max(value, low), high)
-        if step is None:
-            return low + u * (high - low)
-        count = round((high - low) / step) + 1
-        value = low + min(int(u * count), count - 1) * step
-        return round(value) if integer else min(value, high)  # 0.1 * 6: 0.600...01
-    raise TypeError(f"no space-filling start for {distribution!r}")

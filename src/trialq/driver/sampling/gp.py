@@ -1,7 +1,7 @@
 """Optuna's Gaussian-process sampler as the driver runs it: on one CPU thread.
 
 torch, which the sampler fits its models with, starts a thread per core. The driver's models
-are small (GP is picked below 100 trials, `sampler_rule`), and under `--local` the trials run
+are small (GP serves short studies), and under `--local` the trials run
 on the same cores: a thread per core there takes CPU from the trials (Optuna holds torch to
 one thread inside its fit and its optimiser only; 16 GP studies two at a time on 2 cores took
 34.3 s without this hold and 11.5 s with it, benchmarks/README.md). torch is imported at the
@@ -57,9 +57,10 @@ class OneThreadGP(optuna.samplers.GPSampler):
 
 
 def gp_and_tpe(seed: int | None = None) -> TakingTurns:
-    """`sampler = "gp+tpe"`, what `auto` builds for a short, wide study: GP and Optuna's
-    independent TPE (Optuna 4's `TPESampler()`, a model per parameter) taking turns,
-    trial by trial (`taking_turns` says why)."""
+    """`sampler = "gp+tpe"`: GP and Optuna's independent TPE (Optuna 4's `TPESampler()`, a
+    model per parameter) taking turns, trial by trial (`taking_turns` says why). Never
+    built by `auto`: against the installed `TPESampler(seed)` it lost beyond noise on
+    landscapes it was not tuned on (`sampling.rule`)."""
     tpe = optuna.samplers.TPESampler(
         seed=seed, multivariate=False, constant_liar=False, n_startup_trials=10
     )

@@ -15,8 +15,16 @@ trial at the start of a 10,000-trial study, 132 ms at its end). Two things keep 
   least 25 those are the same trials as without the bound; only the "bad" density forgets
   old, mediocre trials (which TPE's default weights already count least). Below the bound
   TPE reads the study itself: a study of up to `KEPT_BEST + KEPT_RECENT` trials is sampled
-  exactly as without it. Several objectives are never bounded (their "good" trials are a
-  Pareto front, not a best few). Measured: benchmarks/README.md, "Scale".
+  exactly as without it. Measured: benchmarks/README.md, "Scale".
+- With several objectives TPE calls good its best `ceil(n / 10)` finished trials by
+  non-dominated front, with no cap. Past the bound it is still told that share of every
+  finished trial, not of those it reads, and the best kept are the first whole fronts
+  holding at least that many (and `KEPT_BEST`): its "good" trials are the ones it would pick
+  unbounded (a trial dropped from the fronts is dominated by one kept, so no later trial it
+  dominates can rise into them), save one dropped while the share was smaller; its "bad"
+  density reads the rest of those fronts and the `KEPT_RECENT` latest. Telling it a tenth
+  of what it reads instead cost hypervolume beyond noise (benchmarks/README.md, "Several
+  objectives, bounded").
 """
 
 from __future__ import annotations
@@ -27,14 +35,20 @@ from collections import deque
 from collections.abc import Container, Sequence
 from typing import Any, cast
 
+import numpy as np
 import optuna
 from optuna.distributions import BaseDistribution
 from optuna.samplers import TPESampler
+from optuna.samplers._tpe.sampler import default_gamma_multiobjective
+from optuna.search_space import IntersectionSearchSpace
+from optuna.search_space.group_decomposed import _GroupDecomposedSearchSpace
 from optuna.study import StudyDirection
+from optuna.study._multi_objective import _fast_non_domination_rank
 from optuna.trial import FrozenTrial, TrialState
 
 KEPT_BEST = 50
-"""The best complete trials TPE keeps past the bound: twice the most it calls good (25)."""
+"""The best complete trials TPE keeps past the bound: twice the most it calls good (25) with
+one objective; with several, at least this many, in whole fronts."""
 
 KEPT_RECENT = 450
 """The most recently finished trials TPE keeps past the bound."""
@@ -51,9 +65,10 @@ class TrialIndex:
     ones seen unfinished are looked at again."""
 
     def __init__(self, directions: Sequence[StudyDirection], best: int, recent: int) -> None:
-        self._sign = -1.0 if directions[0] is StudyDirection.MAXIMIZE else 1.0
+        self._signs = [-1.0 if d is StudyDirection.MAXIMIZE else 1.0 for d in directions]
         self._best_size, self._recent = best, deque[int](maxlen=recent)
         self._best: list[tuple[float, int]] = []  # a heap of (-loss, number): worst kept on top
+        self._fronts: list[tuple[tuple[float, ...], int]] = []  # (losses, number), several
         self._unfinished: set[int] = set()
         self._looked_at = 0
         self._trials: list[FrozenTrial] = []
@@ -78,7 +93,8 @@ class TrialIndex:
     def kept(self) -> list[FrozenTrial]:
         """The best and the most recent finished trials, and the running ones, in number
         order (TPE weighs the older trials less)."""
-        numbers = {n for _, n in self._best} | set(self._recent) | self._unfinished
+        best = {n for _, n in self._best} | {n for _, n in self._fronts}
+        numbers = best | set(self._recent) | self._unfinished
         return [self._trials[n] for n in sorted(numbers)]
 
     def _look_at(self, trial: FrozenTrial) -> None:
@@ -90,12 +106,37 @@ class TrialIndex:
             return
         self.learnt += 1
         self._recent.append(trial.number)
-        if trial.state is TrialState.COMPLETE and trial.value is not None:
-            scored = (-self._sign * trial.value, trial.number)
-            if len(self._best) < self._best_size:
-                heapq.heappush(self._best, scored)
-            elif self._best and scored > self._best[0]:
-                heapq.heapreplace(self._best, scored)
+        if trial.state is not TrialState.COMPLETE or trial.values is None:
+            return
+        if len(self._signs) > 1:
+            self._keep_fronts(trial)
+            return
+        scored = (-self._signs[0] * trial.values[0], trial.number)
+        if len(self._best) < self._best_size:
+            heapq.heappush(self._best, scored)
+        elif self._best and scored > self._best[0]:
+            heapq.heapreplace(self._best, scored)
+
+    def _keep_fronts(self, trial: FrozenTrial) -> None:
+        """Several objectives: the trial joins the kept fronts; past twice their size they
+        are cut back to the first whole fronts holding `best` trials or more."""
+        losses = tuple(sign * value for sign, value in zip(self._signs, trial.values, strict=True))
+        self._fronts.append((losses, trial.number))
+        held = max(self._best_size, default_gamma_multiobjective(self.learnt))
+        if self._best_size and len(self._fronts) > 2 * held:
+            self._fronts = first_fronts(self._fronts, held)
+
+
+def first_fronts(
+    scored: list[tuple[tuple[float, ...], int]], at_least: int
+) -> list[tuple[tuple[float, ...], int]]:
+    """The first non-dominated fronts of `scored` ((losses, number) pairs, all minimised),
+    whole, holding `at_least` of them or more (all of them if fewer)."""
+    if len(scored) <= at_least:
+        return list(scored)
+    ranks = _fast_non_domination_rank(np.array([losses for losses, _ in scored]))
+    last = np.sort(ranks)[at_least - 1]
+    return [pair for pair, rank in zip(scored, ranks, strict=True) if rank <= last]
 
 
 def _ends(n: int) -> tuple[int, ...]:
@@ -129,17 +170,32 @@ class _BoundedStudy:
 
 
 class BoundedTPE(TPESampler):
-    """Optuna's TPE reading at most `kept_best + kept_recent` finished trials of a
-    single-objective study, past that many (`KEPT_BEST`, `KEPT_RECENT`); every other
-    argument is TPE's own."""
+    """Optuna's TPE reading, past `kept_best + kept_recent` finished trials, only the best
+    (`KEPT_BEST`; whole fronts with several objectives) and the most recent (`KEPT_RECENT`);
+    every other argument is TPE's own."""
 
     def __init__(
         self, *args: Any, kept_best: int = KEPT_BEST, kept_recent: int = KEPT_RECENT, **kwargs: Any
     ) -> None:
         super().__init__(*args, **kwargs)
         self._kept_best, self._kept_recent = kept_best, kept_recent
+        self._gamma_given = self._gamma is not None
         self._index: TrialIndex | None = None
         self._index_of = -1  # the study id the index is of
+        self._space_of = -1  # the study id the multivariate search space is of
+
+    def infer_relative_search_space(
+        self, study: optuna.Study, trial: FrozenTrial
+    ) -> dict[str, BaseDistribution]:
+        """TPE's, learnt afresh for a new study: an ask process's copy of the study is made
+        again past a size (`asking.replica`), and Optuna's multivariate search space refuses
+        a second study."""
+        if self._space_of != study._study_id:
+            self._search_space = IntersectionSearchSpace(include_pruned=True)
+            if self._group:
+                self._group_decomposed_search_space = _GroupDecomposedSearchSpace(True)
+            self._space_of = study._study_id
+        return super().infer_relative_search_space(study, trial)
 
     def sample_relative(
         self, study: optuna.Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]
@@ -160,12 +216,18 @@ class BoundedTPE(TPESampler):
 
     def _seen(self, study: optuna.Study) -> optuna.Study:
         """The study as TPE reads it now: itself, or bounded past the bound."""
-        if len(study.directions) != 1:
-            return study
         if self._index is None or self._index_of != study._study_id:
             self._index = TrialIndex(study.directions, self._kept_best, self._kept_recent)
             self._index_of = study._study_id
         self._index.refresh(study)
         if self._index.learnt <= self._kept_best + self._kept_recent:
             return study
+        if len(study.directions) > 1 and not self._gamma_given:
+            self._gamma = self._good_of_every_trial
         return cast(optuna.Study, _BoundedStudy(study, self._index.kept()))
+
+    def _good_of_every_trial(self, n: int) -> int:
+        """How many trials TPE calls good with several objectives: Optuna's share of every
+        finished trial, not of the `n` it reads past the bound."""
+        learnt = self._index.learnt if self._index is not None else n
+        return default_gamma_multiobjective(max(n, learnt))
