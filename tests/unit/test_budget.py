@@ -89,8 +89,8 @@ def test_gpu_hours_count_the_trials_that_ran_on_a_gpu_across_runs() -> None:
     for attrs in records:
         study.add_trial(optuna.trial.create_trial(value=1.0, user_attrs=attrs))
 
-    ledger = Ledger(study, lambda: 0.0, None)
-    ledger.open(Budget(10, max_gpu_hours=3))
+    ledger = Ledger(study, lambda: 0.0, Budget(10, max_gpu_hours=3))
+    ledger.open()
 
     assert ledger.gpu_hours == 2.0
-    assert reached(ledger.budget or Budget(10), ledger.spent()) is None
+    assert reached(ledger.budget, ledger.spent()) is None

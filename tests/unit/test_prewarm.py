@@ -253,8 +253,8 @@ def test_local_workers_preload_the_specs_framework(
     """`--local` knows the study: its workers preload its framework, read from the spec or
     from what the entrypoint function uses (never imported in the driver): a framework only
     another function of its module uses is not the study's."""
+    from trialq.local import local_preload
     from trialq.spec import load_spec
-    from trialq.submit import local_preload
 
     if preload is not None and importlib.util.find_spec(preload.split(".")[0]) is None:
         pytest.skip(f"{preload.split('.')[0]} is not installed: it is never preloaded then")
@@ -287,8 +287,8 @@ def _fake_framework(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_local_workers_never_preload_a_framework_not_installed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    from trialq.local import local_preload
     from trialq.spec import load_spec
-    from trialq.submit import local_preload
 
     _fake_framework(monkeypatch)
     monkeypatch.delenv("TRIALQ_PRELOAD", raising=False)

@@ -31,11 +31,11 @@ class Ledger:
         self,
         study: optuna.Study,
         clock: Callable[[], float],
-        budget: Budget | None,
+        budget: Budget,
     ) -> None:
         self._study, self._clock = study, clock
         self.budget = budget
-        """What the run may spend besides `n_trials`; set by `open` where not given."""
+        """What the run may spend: `n_trials` finished trials, and the rest that is set."""
         self.stop: Stop | None = None
         """The budget that ended the run, once one has."""
         self.counts = Counts()
@@ -44,16 +44,18 @@ class Ledger:
         self.gpu_hours = 0.0
         self._started = clock()
 
-    def open(self, budget: Budget) -> int:
-        """Start the run's books: its budget (unless one was given), its clock, and what the
-        study finished in earlier runs. The number of trials to finish."""
-        self.budget = self.budget or budget
+    @property
+    def n_trials(self) -> int:
+        """The finished trials the run is to reach: its budget's alone."""
+        return self.budget.n_trials
+
+    def open(self) -> None:
+        """Start the run's books: its clock, and what the study finished in earlier runs."""
         self._started = self._clock()
         for frozen in self._study.get_trials(deepcopy=False, states=FINISHED_STATES):
             self.counts.record(counted_state(frozen))
             self.best.add_frozen(frozen)
             self.gpu_hours += TrialRecord.read(frozen.user_attrs).gpu_hours
-        return self.budget.n_trials
 
     def record(self, state: TrialState, record: TrialRecord | None = None) -> None:
         """One more finished trial, and the GPU-hours its record says it used."""
@@ -73,7 +75,7 @@ class Ledger:
 
     def reached(self) -> Stop | None:
         """The budget the run just reached, once: None before, and after it is known."""
-        if self.stop is not None or self.budget is None:
+        if self.stop is not None:
             return None
         self.stop = budgets.reached(self.budget, self.spent())
         return self.stop
@@ -89,7 +91,6 @@ class Ledger:
 
     def usage(self) -> dict[str, dict[str, Any]]:
         """Each budget set, its limit and what is used (the summary's `budgets`)."""
-        assert self.budget is not None, "set by open()"
         return budgets.usage(self.budget, self.spent())
 
     def last_run(self, ended_by: str | None = None) -> dict[str, Any]:

@@ -75,7 +75,7 @@ class Teller:
             self.orphan_checkpoint(entry)
         self._ledger.record(fate.told_state(result.outcome), record)
         if verdict.constrained:
-            entry.trial.set_constraint(OOM_CONSTRAINT, 1.0)
+            self._store.set_constraint(entry.trial, OOM_CONSTRAINT, 1.0)
         self._store.tell(entry.trial, state, verdict.values)
         self._ledger.told(entry.request.number, state, verdict.values, not verdict.constrained)
         if self._tracking.active:
