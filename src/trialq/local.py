@@ -26,7 +26,8 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from types import TracebackType
@@ -327,21 +328,47 @@ def _signal_group(process: subprocess.Popen[bytes], sig: signal.Signals) -> None
 # The study's local workers: what `submit-study --local` starts for one spec.
 
 
+@dataclass(frozen=True)
+class LocalGpus:
+    """The GPUs `--local`'s one worker owns and how it cuts them into trial slots
+    (`submit-study --gpus`, `--trials-per-gpu`, `--gpus-per-trial`, `--gpu-memory-mb`: the
+    worker's own settings, as `trialq worker` takes them). None: the worker's default."""
+
+    gpus: str
+    trials_per_gpu: int | None = None
+    gpus_per_trial: int | None = None
+    gpu_memory_mb: int | None = None
+
+    def environment(self) -> dict[str, str]:
+        """The settings' variables the worker reads them from (`trialq.settings`)."""
+        given = {
+            "TRIALQ_GPUS": self.gpus,
+            "TRIALQ_TRIALS_PER_GPU": self.trials_per_gpu,
+            "TRIALQ_GPUS_PER_TRIAL": self.gpus_per_trial,
+            "TRIALQ_GPU_MEMORY_MB": self.gpu_memory_mb,
+        }
+        return {name: str(value) for name, value in given.items() if value}
+
+
 def study_cluster(
     spec: StudySpec,
     settings: Settings,
     workers: int,
     verbose: bool,
-    local_env: Mapping[str, str],
+    gpus: LocalGpus | None = None,
 ) -> LocalCluster:
     """`--local`'s embedded Redis and `workers` workers for `spec`'s study, not started: its
-    folders beside the spec, its framework preloaded, only the spec's modules allowed.
-    `local_env`: more of the workers' environment (`submit-study`'s GPU flags)."""
+    folders beside the spec, its framework preloaded, only the spec's modules allowed, and
+    `gpus` where the worker owns GPUs."""
     return LocalCluster(
         workers,
         spec.trial.queue,
         local_allow_list(spec),
-        extra_env={**local_folders(spec, settings), **local_preload(spec), **local_env},
+        extra_env={
+            **local_folders(spec, settings),
+            **local_preload(spec, settings),
+            **(gpus.environment() if gpus is not None else {}),
+        },
         log_dir=local_logs(spec),
         log_level="DEBUG" if verbose else "INFO",
     )
@@ -407,13 +434,13 @@ def local_folders(spec: StudySpec, settings: Settings) -> dict[str, str]:
     }
 
 
-def local_preload(spec: StudySpec) -> dict[str, str]:
+def local_preload(spec: StudySpec, settings: Settings) -> dict[str, str]:
     """`--local`'s workers preload the spec's framework (`[trial] framework`, or the one its
     entrypoint function uses) and what the entrypoint's module imports at its top
     (`TRIALQ_PRELOAD_FROM`), unless `TRIALQ_PRELOAD` says otherwise: a PyTorch study never
     gets TensorFlow because TensorFlow is installed (docs/frameworks.md, "Preloading"). A
     framework not installed here is never preloaded: one warning line, and the study runs."""
-    if "TRIALQ_PRELOAD" in os.environ:
+    if "preload" in settings.model_fields_set:  # `TRIALQ_PRELOAD` said: the workers read it
         return {}
     entrypoint = spec.trial.entrypoint
     target = (

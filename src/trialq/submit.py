@@ -20,18 +20,18 @@ from trialq._celery.dispatcher import CeleryDispatcher
 from trialq.driver._storage.store import TrialStore, store_for
 from trialq.driver.bounded import within
 from trialq.driver.drift import check_spec_against_study
-from trialq.driver.ledger import budget_for
+from trialq.driver.ledger import LastRun, budget_for
 from trialq.driver.loop import DriverOptions, StudyDriver
 from trialq.driver.progress import NoProgress, ProgressSink, RichProgress
 from trialq.driver.search_space import DefineSpace, load_search_space
 from trialq.driver.study import open_study, release_connections, remember_storage, storage_url
 from trialq.driver.study_lock import StudyLock, holding_study, holding_study_file
 from trialq.errors import SpecError, TrialqError, UsageError
-from trialq.local import LocalCluster, local_folders
+from trialq.local import LocalCluster, LocalGpus, local_folders
 from trialq.settings import Settings, redacted_url
 from trialq.spec import StudySpec, load_spec
 from trialq.tracking import StudyInfo, Tracker, Tracking, trackers_for
-from trialq.views.summary import study_summary
+from trialq.views.summary import StudySummary, study_summary
 from trialq.wire import heartbeat, routing
 from trialq.wire.eviction import eviction_warning
 from trialq.wire.messages import BROKER_ATTR
@@ -50,9 +50,9 @@ def submit_study(
     outage_limit_s: float | None = None,
     budget_overrides: Mapping[str, Any] | None = None,
     verbose: bool = False,
-    local_env: Mapping[str, str] | None = None,
+    local_gpus: LocalGpus | None = None,
 ) -> dict[str, Any]:
-    """`submit-study`: the spec file's study run (`run_study`), and its summary."""
+    """`submit-study`: the spec file's study run (`run_study`), and its summary's JSON."""
     options = RunOptions(
         storage_override=storage_override,
         n_trials=n_trials,
@@ -61,9 +61,9 @@ def submit_study(
         outage_limit_s=outage_limit_s,
         budget_overrides=dict(budget_overrides or {}),
         verbose=verbose,
-        local_env=dict(local_env or {}),
+        local_gpus=local_gpus,
     )
-    return run_study(load_spec(spec_path), settings, options).summary
+    return run_study(load_spec(spec_path), settings, options).summary.to_json()
 
 
 @dataclass(frozen=True)
@@ -83,8 +83,27 @@ class RunOptions:
     budget_overrides: Mapping[str, Any] = field(default_factory=dict)
     """`trialq.driver.budget.Budget` fields set for this run (`--max-wall-s`...)."""
     verbose: bool = False
-    local_env: Mapping[str, str] = field(default_factory=dict)
-    """More of `--local`'s workers' environment (its GPU flags)."""
+    local_gpus: LocalGpus | None = None
+    """The GPUs `--local`'s one worker owns (its GPU flags)."""
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """What a run of a study did: the study as it stands, how the run ended (None where the
+    study had nothing left to do, and no run started), and the trials a failing stop left
+    in flight for the next run."""
+
+    study: StudySummary
+    last_run: LastRun | None = None
+    left_in_flight: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        """As `submit-study --json` prints it: the study's summary, and for a run, its
+        `stopped_by`, `budgets` and `left_in_flight`."""
+        summary = self.study.to_json()
+        if self.last_run is None:
+            return summary
+        return {**summary, **self.last_run.to_json(), "left_in_flight": self.left_in_flight}
 
 
 @dataclass(frozen=True)
@@ -93,7 +112,7 @@ class StudyRun:
 
     storage_url: str
     study_name: str
-    summary: dict[str, Any]
+    summary: RunSummary
 
     def load(self) -> optuna.Study:
         """The study, read afresh from its storage (the driver's copy is closed)."""
@@ -119,7 +138,7 @@ def run_study(spec: StudySpec, settings: Settings, options: RunOptions | None = 
             store = store_for(study)
             _opened(spec, study, store, url, options, cluster is None and settings.seal is None)
             if not _announce_progress(study, options.n_trials or spec.study.n_trials):
-                return StudyRun(url, study.study_name, study_summary(study))
+                return StudyRun(url, study.study_name, RunSummary(study_summary(study)))
             if cluster is not None:
                 settings = _use_local_cluster(stack, cluster, spec, settings)
             driver = _driver(stack, spec, store, settings, cluster, options, trackers,
@@ -199,11 +218,15 @@ def _driven(driver: StudyDriver) -> TrialqError | None:
     return None
 
 
-def _run_summary(study: optuna.Study, driver: StudyDriver) -> dict[str, Any]:
+def _run_summary(study: optuna.Study, driver: StudyDriver) -> RunSummary:
     """The study's summary with what ended this run (`stopped_by`), its budgets, and the
     trials a failing stop left in flight for the next run."""
     ended = driver.ledger.last_run(driver.ended_by)
-    return {**study_summary(study), **ended, "left_in_flight": driver.left_in_flight}
+    return RunSummary(study_summary(study), ended, driver.left_in_flight)
+
+
+def _summary_json(study: optuna.Study, driver: StudyDriver) -> dict[str, Any]:
+    return _run_summary(study, driver).to_json()
 
 
 SUMMARY_AT_AN_END_S = 2.0
@@ -215,7 +238,8 @@ def _summary_at_an_end(study: optuna.Study, driver: StudyDriver) -> dict[str, An
     """The summary of a run an error ended (exit 5, 130, 2...), read from the driver's
     mirror of the study; None where even that cannot be read within `SUMMARY_AT_AN_END_S`."""
     try:  # the error that ended the run is what the user must see
-        return within(SUMMARY_AT_AN_END_S, partial(_run_summary, study, driver), "trialq-summary")
+        summarised = partial(_summary_json, study, driver)
+        return within(SUMMARY_AT_AN_END_S, summarised, "trialq-summary")
     except Exception:
         return None
 
@@ -292,7 +316,7 @@ def _start_local_cluster(
     if options.local_workers is None:
         return None
     cluster = local.study_cluster(
-        spec, settings, options.local_workers, options.verbose, options.local_env
+        spec, settings, options.local_workers, options.verbose, options.local_gpus
     )
     stack.callback(cluster.stop)
     cluster.start()

@@ -79,7 +79,7 @@ def test_the_ledger_counts_what_earlier_runs_finished_and_reports_a_budget_once(
     stop = ledger.reached()
     assert stop is not None and stop.budget == "max_failed_trials" and stop.failing
     assert ledger.reached() is None, "a budget is reported once"
-    assert ledger.gpu_hours == 2.5 and ledger.last_run()["stopped_by"] == "max_failed_trials"
+    assert ledger.gpu_hours == 2.5 and ledger.last_run().stopped_by == "max_failed_trials"
 
 
 def test_the_relay_records_new_values_and_raises_the_prune_flag_once() -> None:

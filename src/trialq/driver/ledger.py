@@ -7,6 +7,7 @@ first (issue 42)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import optuna
@@ -14,13 +15,27 @@ from optuna.trial import FrozenTrial, TrialState
 
 from trialq.driver import budget as budgets
 from trialq.driver.best import BestSoFar
-from trialq.driver.budget import Budget, Spent, Stop
+from trialq.driver.budget import Budget, BudgetUse, Spent, Stop
 from trialq.driver.progress import Counts
 from trialq.oom_stand_ins import counted_state
 from trialq.spec import StudySpec
 from trialq.wire.record import TrialRecord
 
 FINISHED_STATES = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+
+
+@dataclass(frozen=True)
+class LastRun:
+    """How a run ended: what stopped it and each budget's use. Kept on the study as the user
+    attr `LAST_RUN_ATTR` (`trialq status`), and part of the run's summary."""
+
+    stopped_by: str
+    budgets: dict[str, BudgetUse]
+
+    def to_json(self) -> dict[str, Any]:
+        """As the study attr and `submit-study --json` hold it."""
+        use = {name: row.to_json() for name, row in self.budgets.items()}
+        return {"stopped_by": self.stopped_by, "budgets": use}
 
 
 class Ledger:
@@ -89,15 +104,15 @@ class Ledger:
             best=self.best_value(),
         )
 
-    def usage(self) -> dict[str, dict[str, Any]]:
+    def usage(self) -> dict[str, BudgetUse]:
         """Each budget set, its limit and what is used (the summary's `budgets`)."""
         return budgets.usage(self.budget, self.spent())
 
-    def last_run(self, ended_by: str | None = None) -> dict[str, Any]:
+    def last_run(self, ended_by: str | None = None) -> LastRun:
         """What ended the run (`ended_by` where it was no budget: an interrupt, failures in
         a row) and how much of each budget is used (`trialq status`)."""
         stopped_by = ended_by or (self.stop.budget if self.stop is not None else "n_trials")
-        return {"stopped_by": stopped_by, "budgets": self.usage()}
+        return LastRun(stopped_by, self.usage())
 
     def best_value(self) -> float | None:
         """The best objective value so far; None with several objectives or none complete."""

@@ -157,7 +157,7 @@ class StudyDriver:
                 self._pause(self.pacing.pause_s(self.options.clock()), outages)
             self.sender.new_trials.give_back_spares()
             self._write_all(outages)
-            self._store.set_study_attr(LAST_RUN_ATTR, self.ledger.last_run())
+            self._store.set_study_attr(LAST_RUN_ATTR, self.ledger.last_run().to_json())
         except KeyboardInterrupt:
             self.ended_by = "interrupted"
             raise Interrupted(_interrupted(self.sender.withdraw_waiting())) from None
@@ -365,7 +365,7 @@ class StudyDriver:
         `trialq status`; a storage that does not answer leaves the earlier record."""
         if self.ended_by is None:
             return
-        record = self.ledger.last_run(self.ended_by)
+        record = self.ledger.last_run(self.ended_by).to_json()
         try:  # bounded as the last tells are: Ctrl-C while the database hangs ends the run
             write = partial(self._store.set_study_attr, LAST_RUN_ATTR, record)
             within(LAST_WRITE_WAIT_S, write, "trialq-last-run")
