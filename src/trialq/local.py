@@ -365,7 +365,7 @@ def study_cluster(
         spec.trial.queue,
         local_allow_list(spec),
         extra_env={
-            **local_folders(spec, settings),
+            **local_folders(spec, settings).environment(),
             **local_preload(spec, settings),
             **(gpus.environment() if gpus is not None else {}),
         },
@@ -417,21 +417,35 @@ def search_paths_for(spec: StudySpec) -> tuple[str, ...]:
     return tuple(dict.fromkeys(folders))
 
 
-def local_folders(spec: StudySpec, settings: Settings) -> dict[str, str]:
+@dataclass(frozen=True)
+class LocalFolders:
+    """Where `--local`'s workers keep a study's checkpoints and artifacts (a folder, or a
+    store's URL), and the folders they import its entrypoint from."""
+
+    checkpoints: Path | str
+    artifacts: Path | str
+    import_paths: tuple[str, ...]
+
+    def environment(self) -> dict[str, str]:
+        """The settings' variables the workers read them from (`trialq.settings`)."""
+        return {
+            "TRIALQ_CHECKPOINT_ROOT": str(self.checkpoints),
+            "TRIALQ_ARTIFACT_ROOT": str(self.artifacts),
+            "TRIALQ_IMPORT_PATHS": os.pathsep.join(self.import_paths),
+        }
+
+
+def local_folders(spec: StudySpec, settings: Settings) -> LocalFolders:
     """`--local`'s checkpoint and artifact roots, beside the spec (as its logs are) unless
-    the environment names them: kept across runs, so a rerun resumes what was preempted;
-    and its workers' import paths, the spec's folder and this one (never a message's)."""
+    the settings name them: kept across runs, so a rerun resumes what was preempted; and
+    its workers' import paths, the spec's folder and this one (never a message's)."""
     checkpoints = settings.checkpoint_root or spec.directory / f"{spec.study.name}-checkpoints"
     artifacts = settings.artifact_root or spec.directory / f"{spec.study.name}-artifacts"
-    return {
-        "TRIALQ_CHECKPOINT_ROOT": (
-            checkpoints if isinstance(checkpoints, str) else str(checkpoints.resolve())
-        ),
-        "TRIALQ_ARTIFACT_ROOT": (
-            artifacts if isinstance(artifacts, str) else str(artifacts.resolve())
-        ),
-        "TRIALQ_IMPORT_PATHS": os.pathsep.join(search_paths_for(spec)),
-    }
+    return LocalFolders(
+        checkpoints if isinstance(checkpoints, str) else checkpoints.resolve(),
+        artifacts if isinstance(artifacts, str) else artifacts.resolve(),
+        search_paths_for(spec),
+    )
 
 
 def local_preload(spec: StudySpec, settings: Settings) -> dict[str, str]:

@@ -19,6 +19,7 @@ from trialq import local
 from trialq._celery.dispatcher import CeleryDispatcher
 from trialq.driver._storage.store import TrialStore, store_for
 from trialq.driver.bounded import within
+from trialq.driver.budget import Budget
 from trialq.driver.drift import check_spec_against_study
 from trialq.driver.ledger import LastRun, budget_for
 from trialq.driver.loop import DriverOptions, StudyDriver
@@ -86,6 +87,12 @@ class RunOptions:
     local_gpus: LocalGpus | None = None
     """The GPUs `--local`'s one worker owns (its GPU flags)."""
 
+    def budget(self, spec: StudySpec) -> Budget:
+        """The run's budget, its one source of `n_trials`: the spec's, as these options set
+        it."""
+        n_trials = self.n_trials or spec.study.n_trials
+        return replace(budget_for(spec, n_trials), **self.budget_overrides)
+
 
 @dataclass(frozen=True)
 class RunSummary:
@@ -137,11 +144,12 @@ def run_study(spec: StudySpec, settings: Settings, options: RunOptions | None = 
             study_lock = stack.enter_context(holding_study(study))  # before anything is written
             store = store_for(study)
             _opened(spec, study, store, url, options, cluster is None and settings.seal is None)
-            if not _announce_progress(study, options.n_trials or spec.study.n_trials):
+            budget = options.budget(spec)
+            if not _announce_progress(study, budget.n_trials):
                 return StudyRun(url, study.study_name, RunSummary(study_summary(study)))
             if cluster is not None:
                 settings = _use_local_cluster(stack, cluster, spec, settings)
-            driver = _driver(stack, spec, store, settings, cluster, options, trackers,
+            driver = _driver(stack, spec, store, settings, cluster, options, budget, trackers,
                              study_lock, define_space)  # fmt: skip
             ended = _driven(driver)
         if ended is not None:
@@ -184,12 +192,12 @@ def _driver(
     settings: Settings,
     cluster: LocalCluster | None,
     options: RunOptions,
+    budget: Budget,
     trackers: list[Tracker],
     study_lock: StudyLock | None,
     define_space: DefineSpace | None,
 ) -> StudyDriver:
     """The run's driver, its dispatcher, progress and trackers started on `stack`."""
-    target = options.n_trials or spec.study.n_trials
     spec = routed(spec)  # from here, the queue is the trial's GPU class's
     store.set_study_attr(
         BROKER_ATTR, "local" if cluster is not None else redacted_url(settings.broker_url)
@@ -197,13 +205,12 @@ def _driver(
     dispatcher = CeleryDispatcher(settings)
     progress: ProgressSink = NoProgress(show_failures=True)
     if options.show_progress:
-        progress = stack.enter_context(RichProgress(spec.study.name, target))
+        progress = stack.enter_context(RichProgress(spec.study.name, budget.n_trials))
     workers = local.running_slots(cluster) if cluster else _live_workers(dispatcher, spec)
     driver_options = DriverOptions(
         max_in_flight=spec.study.max_in_flight or max(1, workers),
         outage_limit_s=_outage_limit(spec, options),
     )
-    budget = replace(budget_for(spec, target), **options.budget_overrides)
     tracking = _start_tracking(stack, trackers, spec, settings, cluster is not None)
     return StudyDriver(spec, store.study, dispatcher, progress, driver_options, study_lock,
                        define_space, budget=budget, store=store, tracking=tracking)  # fmt: skip
@@ -274,7 +281,7 @@ def _artifact_folder(spec: StudySpec, settings: Settings, local: bool) -> Path |
     """The study's artifact root where it is a folder here: `--local`'s beside the spec, or
     `TRIALQ_ARTIFACT_ROOT`'s (never a bucket)."""
     if local:
-        return Path(local_folders(spec, settings)["TRIALQ_ARTIFACT_ROOT"])
+        return Path(local_folders(spec, settings).artifacts)
     root = settings.artifact_root
     return root if isinstance(root, Path) else None
 
