@@ -29,6 +29,7 @@ import optuna
 
 from benchmarks.overhead import RESULTS, ROOT, environment, tree_path
 from trialq._celery.dispatcher import CeleryDispatcher
+from trialq.driver.ledger import budget_for
 from trialq.driver.loop import DriverOptions, StudyDriver
 from trialq.driver.progress import NoProgress
 from trialq.driver.study import open_study
@@ -81,9 +82,10 @@ def run(args: argparse.Namespace, ahead: int) -> dict[str, Any]:
         with LocalCluster(args.workers, "gpu", ("benchmarks",), extra_env=env) as cluster:
             dispatcher = CeleryDispatcher(Settings(broker_url=cluster.broker_url))
             options = DriverOptions(max_in_flight=args.workers)
-            driver = StudyDriver(spec, study, dispatcher, NoProgress(), options)
+            budget = budget_for(spec, args.trials)
+            driver = StudyDriver(spec, study, dispatcher, NoProgress(), options, budget=budget)
             asks: list[float] = []
-            ask = driver.sender.ask
+            ask = driver.sender.new_trials.ask
 
             def timed_ask() -> optuna.Trial:
                 started = time.perf_counter()
@@ -92,9 +94,9 @@ def run(args: argparse.Namespace, ahead: int) -> dict[str, Any]:
                 finally:
                     asks.append(time.perf_counter() - started)
 
-            driver.sender.ask = timed_ask  # type: ignore[method-assign]
+            driver.sender.new_trials.ask = timed_ask  # type: ignore[method-assign]
             started = time.perf_counter()
-            driver.run(args.trials)
+            driver.run()
             wall_s = time.perf_counter() - started
         trials = study.get_trials(deepcopy=False)
     ran_s = sum(t.user_attrs.get("duration_s") or 0.0 for t in trials)

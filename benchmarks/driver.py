@@ -44,6 +44,7 @@ import trialq.driver._storage.store
 import trialq.driver.loop
 from benchmarks.overhead import RESULTS, ROOT, environment, tree_path
 from trialq._celery.dispatcher import CeleryDispatcher
+from trialq.driver.ledger import budget_for
 from trialq.driver.loop import DriverOptions, StudyDriver
 from trialq.driver.progress import NoProgress
 from trialq.driver.study import distributions, make_pruner, make_sampler, open_study
@@ -391,10 +392,11 @@ def run_study(args: argparse.Namespace, variant: str) -> dict[str, Any]:
             dispatcher = CeleryDispatcher(Settings(broker_url=cluster.broker_url))
             timed_dispatcher(dispatcher, timings)
             options = DriverOptions(max_in_flight=args.workers)
-            driver = StudyDriver(spec, study, dispatcher, NoProgress(), options)
+            budget = budget_for(spec, args.trials)
+            driver = StudyDriver(spec, study, dispatcher, NoProgress(), options, budget=budget)
             with instrumented(study, timings, attrs_one_by_one=plain):
                 started, cpu = time.perf_counter(), time.process_time()
-                driver.run(args.trials)
+                driver.run()
                 wall_s, cpu_s = time.perf_counter() - started, time.process_time() - cpu
         summary = summarise(timings, args.trials, wall_s, cpu_s)
         states = [t.state.name for t in study.get_trials(deepcopy=False)]

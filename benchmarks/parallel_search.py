@@ -64,6 +64,7 @@ from benchmarks.virtual_cluster import (
     VirtualCluster,
     trial_rng,
 )
+from trialq.driver.ledger import budget_for
 from trialq.driver.loop import DriverOptions, StudyDriver
 from trialq.driver.outage import Outages
 from trialq.driver.progress import NoProgress
@@ -217,7 +218,8 @@ def simulate(case: Case) -> StudyRun:
     clock = VirtualClock()
     cluster = VirtualCluster(objective, case.seed, clock)
     options = DriverOptions(max_in_flight=case.k, poll_interval_s=0.0, clock=clock)
-    driver = StudyDriver(spec, study, cluster, NoProgress(), options)
+    budget = budget_for(spec, case.n_trials)
+    driver = StudyDriver(spec, study, cluster, NoProgress(), options, budget=budget)
     ask_s = time_asks(driver)
     started = time.perf_counter()
     drive(driver, cluster, clock, case.n_trials)
@@ -237,7 +239,7 @@ def drive(driver: StudyDriver, cluster: VirtualCluster, clock: VirtualClock, n: 
     no event ahead collects what ended at this instant (a trial the driver just killed)."""
     outages = Outages(driver.options.outage_limit_s, clock)
     idle = 0
-    while driver._step(n, outages):
+    while driver._step(outages):
         upcoming = cluster.next_event(clock.now)
         idle = idle + 1 if upcoming is None else 0
         assert idle < 3, "the driver waits for trials the cluster does not run"
@@ -247,7 +249,7 @@ def drive(driver: StudyDriver, cluster: VirtualCluster, clock: VirtualClock, n: 
 def time_asks(driver: StudyDriver) -> dict[int, float]:
     """Seconds each of the driver's asks took (sampler, storage and define-by-run)."""
     seconds: dict[int, float] = {}
-    ask = driver.sender.ask
+    ask = driver.sender.new_trials.ask
 
     def timed() -> optuna.Trial:
         started = time.perf_counter()
@@ -255,7 +257,7 @@ def time_asks(driver: StudyDriver) -> dict[int, float]:
         seconds[trial.number] = time.perf_counter() - started
         return trial
 
-    driver.sender.ask = timed  # type: ignore[method-assign]
+    driver.sender.new_trials.ask = timed  # type: ignore[method-assign]
     return seconds
 
 
@@ -632,7 +634,7 @@ def ask_time(label: str, history: int, asks: int = 8, objective: str = "hartmann
     options = DriverOptions(max_in_flight=16, poll_interval_s=0.0, clock=clock)
     driver = StudyDriver(spec, study, cluster, NoProgress(), options)
     for _ in range(history):
-        trial = driver.sender.ask()
+        trial = driver.sender.new_trials.ask()
         simulated = cluster.objective.evaluate(trial.params, trial_rng(0, trial.number))
         study.tell(
             trial,
@@ -643,7 +645,8 @@ def ask_time(label: str, history: int, asks: int = 8, objective: str = "hartmann
     seconds = []
     for _ in range(asks):
         started = time.perf_counter()
-        driver.sender.ask()  # left running: the liar's cost is part of what a parallel ask pays
+        # left running: the liar's cost is part of what a parallel ask pays
+        driver.sender.new_trials.ask()
         seconds.append(time.perf_counter() - started)
     return statistics.median(seconds)
 

@@ -162,11 +162,12 @@ def run_trialq(
                 dispatcher = CeleryDispatcher(Settings(broker_url=cluster.broker_url))
                 phases = Phases()
                 driver = StudyDriver(
-                    spec, study, dispatcher, phases, DriverOptions(max_in_flight=in_flight)
-                )
+                    spec, study, dispatcher, phases, DriverOptions(max_in_flight=in_flight),
+                    budget=budget_for(spec, n),
+                )  # fmt: skip
                 started = (time.perf_counter(), time.thread_time())
                 process_cpu, children = time.process_time(), children_cpu()
-                driver.run(n)
+                driver.run()
                 wall_s = time.perf_counter() - started[0]
                 process_cpu = time.process_time() - process_cpu
                 children = children_cpu() - children  # the ask processes: workers still run
@@ -188,18 +189,20 @@ def drive(driver: StudyDriver, cluster: VirtualCluster, clock: VirtualClock, n: 
     then the clock jumps to the next end."""
     outages = Outages(driver.options.outage_limit_s, clock)
     idle = 0
-    driver._start_asking()
+    new_trials = driver.sender.new_trials
+    new_trials.start_asking(driver.spec.study.ask_processes)
     try:
-        while driver._step(n, outages):
+        while driver._step(outages):
             while driver.sender.recording:
                 driver.sender.send_recorded(clock() + 60.0)
-            driver._sync_asking(n)
+            finished = driver.counts.finished
+            new_trials.sync_asking(n - finished - driver.sender.outstanding)
             upcoming = cluster.next_event(clock.now)
             idle = idle + 1 if upcoming is None else 0
             assert idle < 100, "the driver waits for trials the cluster does not run"
             clock.now = clock.now if upcoming is None else upcoming
     finally:
-        driver._stop_asking()
+        new_trials.stop_asking()
 
 
 def with_askers(spec: StudySpec, processes: int) -> StudySpec:
@@ -211,7 +214,7 @@ def with_askers(spec: StudySpec, processes: int) -> StudySpec:
 def asking(driver: StudyDriver, n: int, children_cpu_s: float) -> dict[str, Any]:
     """The ask processes' part: their number, the share of trials whose params they drew,
     and their CPU a trial (`children_cpu_s`: what the run's reaped children used)."""
-    pool = driver.sender.asking
+    pool = driver.sender.new_trials.pool
     return {
         "ask_processes": driver.spec.study.ask_processes,
         "drawn_share": round(pool.drawn / n, 3) if pool else 0.0,
@@ -246,9 +249,9 @@ def run_virtual(n: int, in_flight: int, kind: str, sampler: str, askers: int = 0
         cluster = VirtualCluster(objective, 0, clock)
         phases = Phases()
         options = DriverOptions(max_in_flight=in_flight, poll_interval_s=0.0, clock=clock)
-        driver = StudyDriver(spec, study, cluster, phases, options)
+        driver = StudyDriver(spec, study, cluster, phases, options, budget=budget_for(spec, n))
         try:
-            driver.ledger.open(budget_for(spec, n))
+            driver.ledger.open()
             started = (time.perf_counter(), time.thread_time())
             process_cpu, children = time.process_time(), children_cpu()
             drive(driver, cluster, clock, n)

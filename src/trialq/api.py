@@ -127,8 +127,10 @@ def run(
 
         logs.to_stderr(settings.log_level or "INFO")
     try:
-        study_run = submit.run_study(spec, settings, storage, n_trials, local_workers,
-                                     show_progress=progress, verbose=verbose)  # fmt: skip
+        options = submit.RunOptions(storage_override=storage, n_trials=n_trials,
+                                    local_workers=local_workers, show_progress=progress,
+                                    verbose=verbose)  # fmt: skip
+        study_run = submit.run_study(spec, settings, options)
     except Interrupted as exc:
         print(exc, file=sys.stderr)
         raise KeyboardInterrupt(str(exc)) from None

@@ -17,12 +17,15 @@ import sys
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from trialq.errors import Interrupted, ServiceUnreachable, TrialqError, UsageError
 from trialq.limits import INT32_MAX, SECONDS_MAX
 from trialq.settings import Settings, redacted_url, settings_with_broker
 from trialq.wire.keys import DEFAULT_QUEUE
+
+if TYPE_CHECKING:
+    from trialq.local import LocalGpus
 
 INTERNAL_ERROR_EXIT_CODE = 4
 STUDY_ARGUMENT_HELP = (
@@ -144,21 +147,16 @@ def _add_local_gpu_flags(parser: _Parser) -> None:
                       help="GPU memory each trial may hold (with --gpus)")  # fmt: skip
 
 
-_LOCAL_GPU_FLAGS = {
-    "gpus": "TRIALQ_GPUS",
-    "trials_per_gpu": "TRIALQ_TRIALS_PER_GPU",
-    "gpus_per_trial": "TRIALQ_GPUS_PER_TRIAL",
-    "gpu_memory_mb": "TRIALQ_GPU_MEMORY_MB",
-}
-"""`submit-study --local`'s GPU flags and the variable each one gives its worker."""
+_LOCAL_GPU_FLAGS = ("gpus", "trials_per_gpu", "gpus_per_trial", "gpu_memory_mb")
+"""`submit-study --local`'s GPU flags (`trialq.local.LocalGpus`)."""
 
 
-def _local_gpu_env(args: argparse.Namespace) -> dict[str, str]:
-    """The local worker's GPU settings from the flags; refused (exit 2) without --local, a
-    slot flag without --gpus, or --gpus with --workers (one worker owns the GPUs)."""
-    given = {flag: getattr(args, flag) for flag in _LOCAL_GPU_FLAGS if getattr(args, flag)}
+def _local_gpus(args: argparse.Namespace) -> LocalGpus | None:
+    """The local worker's GPUs from the flags; refused (exit 2) without --local, a slot
+    flag without --gpus, or --gpus with --workers (one worker owns the GPUs)."""
+    given = [flag for flag in _LOCAL_GPU_FLAGS if getattr(args, flag)]
     if not given:
-        return {}
+        return None
     named = ", ".join("--" + flag.replace("_", "-") for flag in given)
     if not args.local:
         raise UsageError(
@@ -172,7 +170,9 @@ def _local_gpu_env(args: argparse.Namespace) -> dict[str, str]:
             "submit-study: --gpus: one local worker owns the GPUs (its trials at once are its "
             "slots: --trials-per-gpu); leave out --workers"
         )
-    return {_LOCAL_GPU_FLAGS[flag]: str(value) for flag, value in given.items()}
+    from trialq.local import LocalGpus
+
+    return LocalGpus(args.gpus, args.trials_per_gpu, args.gpus_per_trial, args.gpu_memory_mb)
 
 
 _BUDGET_FLAGS = {
@@ -247,9 +247,9 @@ def _submit_study(args: argparse.Namespace) -> int:
         raise UsageError("submit-study: --broker and --local exclude each other")
     settings = settings_with_broker(args.broker)
     _log_to_stderr(args.verbose, settings)
-    local_env = _local_gpu_env(args)
+    local_gpus = _local_gpus(args)
     try:
-        summary = _submitted(args, settings, local_env)
+        summary = _submitted(args, settings, local_gpus)
     except TrialqError as exc:
         if exc.summary is not None:  # a run that stopped early still says what it did
             _show_summary(exc.summary, args.json)
@@ -259,11 +259,11 @@ def _submit_study(args: argparse.Namespace) -> int:
 
 
 def _submitted(
-    args: argparse.Namespace, settings: Settings, local_env: dict[str, str]
+    args: argparse.Namespace, settings: Settings, local_gpus: LocalGpus | None
 ) -> dict[str, Any]:
     from trialq import submit
 
-    workers = 1 if local_env else (args.workers or 2)
+    workers = 1 if local_gpus else (args.workers or 2)
     return submit.submit_study(
         spec_path=args.spec,
         settings=settings,
@@ -274,7 +274,7 @@ def _submitted(
         outage_limit_s=args.outage_limit,
         budget_overrides=_budget_overrides(args),
         verbose=args.verbose,
-        local_env=local_env,
+        local_gpus=local_gpus,
     )
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.util
 import os
 import secrets
 import shutil
@@ -26,14 +27,19 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from types import TracebackType
 
 import redis
+from pydantic import SecretStr
 
 from trialq.errors import LocalClusterError, UsageError
 from trialq.lifeline import die_with_parent
-from trialq.wire import heartbeat
+from trialq.settings import Settings
+from trialq.spec import StudySpec
+from trialq.wire import frameworks, heartbeat
 
 STARTUP_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 15.0
@@ -317,3 +323,177 @@ def _signal_group(process: subprocess.Popen[bytes], sig: signal.Signals) -> None
     """Signal the process and everything it started (a worker's trial children too)."""
     with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, sig)
+
+
+# The study's local workers: what `submit-study --local` starts for one spec.
+
+
+@dataclass(frozen=True)
+class LocalGpus:
+    """The GPUs `--local`'s one worker owns and how it cuts them into trial slots
+    (`submit-study --gpus`, `--trials-per-gpu`, `--gpus-per-trial`, `--gpu-memory-mb`: the
+    worker's own settings, as `trialq worker` takes them). None: the worker's default."""
+
+    gpus: str
+    trials_per_gpu: int | None = None
+    gpus_per_trial: int | None = None
+    gpu_memory_mb: int | None = None
+
+    def environment(self) -> dict[str, str]:
+        """The settings' variables the worker reads them from (`trialq.settings`)."""
+        given = {
+            "TRIALQ_GPUS": self.gpus,
+            "TRIALQ_TRIALS_PER_GPU": self.trials_per_gpu,
+            "TRIALQ_GPUS_PER_TRIAL": self.gpus_per_trial,
+            "TRIALQ_GPU_MEMORY_MB": self.gpu_memory_mb,
+        }
+        return {name: str(value) for name, value in given.items() if value}
+
+
+def study_cluster(
+    spec: StudySpec,
+    settings: Settings,
+    workers: int,
+    verbose: bool,
+    gpus: LocalGpus | None = None,
+) -> LocalCluster:
+    """`--local`'s embedded Redis and `workers` workers for `spec`'s study, not started: its
+    folders beside the spec, its framework preloaded, only the spec's modules allowed, and
+    `gpus` where the worker owns GPUs."""
+    return LocalCluster(
+        workers,
+        spec.trial.queue,
+        local_allow_list(spec),
+        extra_env={
+            **local_folders(spec, settings).environment(),
+            **local_preload(spec, settings),
+            **(gpus.environment() if gpus is not None else {}),
+        },
+        log_dir=local_logs(spec),
+        log_level="DEBUG" if verbose else "INFO",
+    )
+
+
+def reaching(cluster: LocalCluster, settings: Settings) -> Settings:
+    """`settings` with the broker, result backend and result secret of `cluster`."""
+    return settings.model_copy(
+        update={
+            "broker_url": cluster.broker_url,
+            "result_backend": cluster.broker_url,
+            "result_secret": SecretStr(cluster.result_secret),
+        }
+    )
+
+
+def running_slots(cluster: LocalCluster) -> int:
+    """Trials `cluster`'s workers run at once: one each, or a GPU worker's slots."""
+    client = redis.Redis.from_url(cluster.broker_url, socket_timeout=10)
+    beats = heartbeat.live_workers(client)
+    return max(cluster.workers, sum(b.gpus.slots if b.gpus else 1 for b in beats))
+
+
+LOCAL_RUNS_KEPT = 5
+"""`--local` runs whose logs are kept beside the spec; older ones are removed."""
+
+
+def local_logs(spec: StudySpec, now: datetime | None = None) -> Path:
+    """A folder of this `--local` run's logs under `<study>-logs/` beside the spec, named by
+    its start time; the newest `LOCAL_RUNS_KEPT` runs are kept, so a failed run's logs
+    survive the next."""
+    root = spec.directory / f"{spec.study.name}-logs"
+    stamp = (now or datetime.now()).strftime("%Y%m%d-%H%M%S-%f")
+    earlier = sorted(p for p in root.glob("*-*-*") if p.is_dir()) if root.is_dir() else []
+    for old in earlier[: max(0, len(earlier) - (LOCAL_RUNS_KEPT - 1))]:
+        shutil.rmtree(old, ignore_errors=True)
+    return root / stamp
+
+
+def search_paths_for(spec: StudySpec) -> tuple[str, ...]:
+    """Folders a local worker imports entrypoints from (its own `TRIALQ_IMPORT_PATHS`, never
+    a message's): the spec's, the current directory, and the one this process found the
+    entrypoint's module in (a notebook's `sys.path` entry is not the workers')."""
+    found = spec.trial.entrypoint.module_folder(spec.directory)
+    folders = (str(spec.directory), str(Path.cwd()), *([str(found)] if found else []))
+    return tuple(dict.fromkeys(folders))
+
+
+@dataclass(frozen=True)
+class LocalFolders:
+    """Where `--local`'s workers keep a study's checkpoints and artifacts (a folder, or a
+    store's URL), and the folders they import its entrypoint from."""
+
+    checkpoints: Path | str
+    artifacts: Path | str
+    import_paths: tuple[str, ...]
+
+    def environment(self) -> dict[str, str]:
+        """The settings' variables the workers read them from (`trialq.settings`)."""
+        return {
+            "TRIALQ_CHECKPOINT_ROOT": str(self.checkpoints),
+            "TRIALQ_ARTIFACT_ROOT": str(self.artifacts),
+            "TRIALQ_IMPORT_PATHS": os.pathsep.join(self.import_paths),
+        }
+
+
+def local_folders(spec: StudySpec, settings: Settings) -> LocalFolders:
+    """`--local`'s checkpoint and artifact roots, beside the spec (as its logs are) unless
+    the settings name them: kept across runs, so a rerun resumes what was preempted; and
+    its workers' import paths, the spec's folder and this one (never a message's)."""
+    checkpoints = settings.checkpoint_root or spec.directory / f"{spec.study.name}-checkpoints"
+    artifacts = settings.artifact_root or spec.directory / f"{spec.study.name}-artifacts"
+    return LocalFolders(
+        checkpoints if isinstance(checkpoints, str) else checkpoints.resolve(),
+        artifacts if isinstance(artifacts, str) else artifacts.resolve(),
+        search_paths_for(spec),
+    )
+
+
+def local_preload(spec: StudySpec, settings: Settings) -> dict[str, str]:
+    """`--local`'s workers preload the spec's framework (`[trial] framework`, or the one its
+    entrypoint function uses) and what the entrypoint's module imports at its top
+    (`TRIALQ_PRELOAD_FROM`), unless `TRIALQ_PRELOAD` says otherwise: a PyTorch study never
+    gets TensorFlow because TensorFlow is installed (docs/frameworks.md, "Preloading"). A
+    framework not installed here is never preloaded: one warning line, and the study runs."""
+    if "preload" in settings.model_fields_set:  # `TRIALQ_PRELOAD` said: the workers read it
+        return {}
+    entrypoint = spec.trial.entrypoint
+    target = (
+        str((spec.directory / entrypoint.target).resolve())
+        if entrypoint.is_file
+        else (entrypoint.target)
+    )
+    chosen = {"TRIALQ_PRELOAD": "none", "TRIALQ_PRELOAD_FROM": target}
+    framework = _study_framework(spec)
+    if framework is None:
+        return chosen
+    if importlib.util.find_spec(framework) is None:
+        print(
+            f"warning: {framework} is not installed here: --local preloads nothing for it",
+            file=sys.stderr,
+        )
+        return chosen
+    return {**chosen, "TRIALQ_PRELOAD": ",".join(frameworks.PRELOAD[framework])}
+
+
+def _study_framework(spec: StudySpec) -> str | None:
+    """`[trial] framework`, or for `auto` the one the entrypoint function uses."""
+    if spec.trial.framework != frameworks.AUTO:
+        return spec.trial.framework
+    entrypoint = spec.trial.entrypoint
+    source = entrypoint.source(spec.directory)
+    keras_backend = os.environ.get("KERAS_BACKEND")
+    return frameworks.framework_in_source(source, keras_backend, entrypoint.function)
+
+
+def local_allow_list(spec: StudySpec) -> tuple[str, ...]:
+    """In --local, workers may import what the spec itself names, and nothing else."""
+    allowed = [_allow_entry(spec, spec.trial.entrypoint.target)]
+    if spec.study.search_space is not None:
+        allowed.append(_allow_entry(spec, spec.study.search_space.target))
+    return tuple(allowed)
+
+
+def _allow_entry(spec: StudySpec, target: str) -> str:
+    if target.endswith(".py") or "/" in target:
+        return str((spec.directory / target).resolve().parent) + "/"
+    return target.split(".")[0]

@@ -4,38 +4,36 @@ the driver, and summarise. Everything that can be refused is refused before a tr
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import shutil
 import sys
 from collections.abc import Mapping
 from contextlib import ExitStack
-from dataclasses import dataclass, replace
-from datetime import datetime
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import optuna
 import redis
-from pydantic import SecretStr
 
+from trialq import local
 from trialq._celery.dispatcher import CeleryDispatcher
+from trialq.driver._storage.store import TrialStore, store_for
 from trialq.driver.bounded import within
+from trialq.driver.budget import Budget
 from trialq.driver.drift import check_spec_against_study
-from trialq.driver.ledger import budget_for
+from trialq.driver.ledger import LastRun, budget_for
 from trialq.driver.loop import DriverOptions, StudyDriver
 from trialq.driver.progress import NoProgress, ProgressSink, RichProgress
 from trialq.driver.search_space import DefineSpace, load_search_space
 from trialq.driver.study import open_study, release_connections, remember_storage, storage_url
-from trialq.driver.study_lock import holding_study, holding_study_file
+from trialq.driver.study_lock import StudyLock, holding_study, holding_study_file
 from trialq.errors import SpecError, TrialqError, UsageError
-from trialq.local import LocalCluster
+from trialq.local import LocalCluster, LocalGpus, local_folders
 from trialq.settings import Settings, redacted_url
 from trialq.spec import StudySpec, load_spec
 from trialq.tracking import StudyInfo, Tracker, Tracking, trackers_for
-from trialq.views.summary import study_summary
-from trialq.wire import frameworks, heartbeat, routing
+from trialq.views.summary import StudySummary, study_summary
+from trialq.wire import heartbeat, routing
 from trialq.wire.eviction import eviction_warning
 from trialq.wire.messages import BROKER_ATTR
 
@@ -53,14 +51,66 @@ def submit_study(
     outage_limit_s: float | None = None,
     budget_overrides: Mapping[str, Any] | None = None,
     verbose: bool = False,
-    local_env: Mapping[str, str] | None = None,
+    local_gpus: LocalGpus | None = None,
 ) -> dict[str, Any]:
-    """`submit-study`: the spec file's study run (`run_study`), and its summary."""
-    run = run_study(
-        load_spec(spec_path), settings, storage_override, n_trials, local_workers,
-        show_progress, outage_limit_s, budget_overrides, verbose, local_env,
-    )  # fmt: skip
-    return run.summary
+    """`submit-study`: the spec file's study run (`run_study`), and its summary's JSON."""
+    options = RunOptions(
+        storage_override=storage_override,
+        n_trials=n_trials,
+        local_workers=local_workers,
+        show_progress=show_progress,
+        outage_limit_s=outage_limit_s,
+        budget_overrides=dict(budget_overrides or {}),
+        verbose=verbose,
+        local_gpus=local_gpus,
+    )
+    return run_study(load_spec(spec_path), settings, options).summary.to_json()
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How one run of a study goes, beyond its spec and settings: what `submit-study`'s
+    flags and `trialq.optimize`'s arguments say, handed whole to `run_study`."""
+
+    storage_override: str | None = None
+    """The study's storage, over the spec's and `TRIALQ_STORAGE` (remembered for status)."""
+    n_trials: int | None = None
+    """Finished trials to reach, over the spec's `[study] n_trials`."""
+    local_workers: int | None = None
+    """`--local`'s workers to start; None: a broker's workers run the trials."""
+    show_progress: bool = True
+    outage_limit_s: float | None = None
+    """Over the spec's `[study] outage_limit_s`."""
+    budget_overrides: Mapping[str, Any] = field(default_factory=dict)
+    """`trialq.driver.budget.Budget` fields set for this run (`--max-wall-s`...)."""
+    verbose: bool = False
+    local_gpus: LocalGpus | None = None
+    """The GPUs `--local`'s one worker owns (its GPU flags)."""
+
+    def budget(self, spec: StudySpec) -> Budget:
+        """The run's budget, its one source of `n_trials`: the spec's, as these options set
+        it."""
+        n_trials = self.n_trials or spec.study.n_trials
+        return replace(budget_for(spec, n_trials), **self.budget_overrides)
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """What a run of a study did: the study as it stands, how the run ended (None where the
+    study had nothing left to do, and no run started), and the trials a failing stop left
+    in flight for the next run."""
+
+    study: StudySummary
+    last_run: LastRun | None = None
+    left_in_flight: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        """As `submit-study --json` prints it: the study's summary, and for a run, its
+        `stopped_by`, `budgets` and `left_in_flight`."""
+        summary = self.study.to_json()
+        if self.last_run is None:
+            return summary
+        return {**summary, **self.last_run.to_json(), "left_in_flight": self.left_in_flight}
 
 
 @dataclass(frozen=True)
@@ -69,82 +119,39 @@ class StudyRun:
 
     storage_url: str
     study_name: str
-    summary: dict[str, Any]
+    summary: RunSummary
 
     def load(self) -> optuna.Study:
         """The study, read afresh from its storage (the driver's copy is closed)."""
         return optuna.load_study(study_name=self.study_name, storage=self.storage_url)
 
 
-def run_study(
-    spec: StudySpec,
-    settings: Settings,
-    storage_override: str | None,
-    n_trials: int | None,
-    local_workers: int | None,
-    show_progress: bool,
-    outage_limit_s: float | None = None,
-    budget_overrides: Mapping[str, Any] | None = None,
-    verbose: bool = False,
-    local_env: Mapping[str, str] | None = None,
-) -> StudyRun:
+def run_study(spec: StudySpec, settings: Settings, options: RunOptions | None = None) -> StudyRun:
     """Run the spec's study to its number of finished trials (or until another budget is
-    reached: `budget_overrides` set `trialq.driver.budget.Budget` fields for this run):
-    what `submit-study` and `trialq.optimize` both do. `local_env`: more of `--local`'s
-    workers' environment (its GPU flags)."""
-    define_space = _checked_before_the_study(spec, settings, local_workers, budget_overrides)
+    reached): what `submit-study` and `trialq.optimize` both do."""
+    options = options or RunOptions()
+    define_space = _checked_before_the_study(spec, settings, options)
     trackers = trackers_for(spec.tracking, spec.where)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    url = storage_url(spec, storage_override, settings.storage)
-    target = n_trials or spec.study.n_trials
-    outage_limit = outage_limit_s or spec.study.outage_limit_s
+    url = storage_url(spec, options.storage_override, settings.storage)
     study: optuna.Study | None = None
     try:
         with ExitStack() as stack:
             # Started first: the workers import and beat while the study is opened.
-            cluster = _start_local_cluster(
-                stack, spec, settings, local_workers, verbose, local_env or {}
-            )
+            cluster = _start_local_cluster(stack, spec, settings, options)
             stack.enter_context(holding_study_file(url, spec.study.name))  # SQLite: before opening
-            study = open_study(spec, url, retry_for_s=outage_limit)
-            if storage_override is not None:  # found there by `trialq status SPEC`
-                remember_storage(spec, url)
+            study = open_study(spec, url, retry_for_s=_outage_limit(spec, options))
             study_lock = stack.enter_context(holding_study(study))  # before anything is written
-            for note in check_spec_against_study(spec, study):
-                _say(f"note: {note}")
-            _say(f"study {study.study_name!r} in {redacted_url(url)}")
-            if cluster is None and settings.seal is None:
-                _say(UNAUTHENTICATED_RESULTS)
-            if not _announce_progress(study, target):
-                return StudyRun(url, study.study_name, study_summary(study))
+            store = store_for(study)
+            _opened(spec, study, store, url, options, cluster is None and settings.seal is None)
+            budget = options.budget(spec)
+            if not _announce_progress(study, budget.n_trials):
+                return StudyRun(url, study.study_name, RunSummary(study_summary(study)))
             if cluster is not None:
                 settings = _use_local_cluster(stack, cluster, spec, settings)
-            spec = routed(spec)  # from here, the queue is the trial's GPU class's
-            study.set_user_attr(
-                BROKER_ATTR, "local" if cluster is not None else redacted_url(settings.broker_url)
-            )
-            dispatcher = CeleryDispatcher(settings)
-            progress: ProgressSink = NoProgress(show_failures=True)
-            if show_progress:
-                progress = stack.enter_context(RichProgress(spec.study.name, target))
-            workers = (
-                _local_slots(cluster) if cluster is not None else _live_workers(dispatcher, spec)
-            )
-            options = DriverOptions(
-                max_in_flight=spec.study.max_in_flight or max(1, workers),
-                outage_limit_s=outage_limit,
-            )
-            budget = replace(budget_for(spec, target), **(budget_overrides or {}))
-            tracking = _start_tracking(stack, trackers, spec, settings, local_workers is not None)
-            driver = StudyDriver(
-                spec, study, dispatcher, progress, options, study_lock, define_space, budget=budget,
-                tracking=tracking,
-            )  # fmt: skip
-            ended: TrialqError | None = None
-            try:
-                driver.run(target)
-            except TrialqError as exc:
-                ended = exc
+            driver = _driver(stack, spec, store, settings, cluster, options, budget, trackers,
+                             study_lock, define_space)  # fmt: skip
+            ended = _driven(driver)
         if ended is not None:
             ended.summary = _summary_at_an_end(study, driver)
             raise ended
@@ -156,11 +163,77 @@ def run_study(
             release_connections(study)
 
 
-def _run_summary(study: optuna.Study, driver: StudyDriver) -> dict[str, Any]:
+def _outage_limit(spec: StudySpec, options: RunOptions) -> float:
+    return options.outage_limit_s or spec.study.outage_limit_s
+
+
+def _opened(
+    spec: StudySpec,
+    study: optuna.Study,
+    store: TrialStore,
+    url: str,
+    options: RunOptions,
+    unsealed: bool,
+) -> None:
+    """What is said and remembered once the study is open and held."""
+    if options.storage_override is not None:  # found there by `trialq status SPEC`
+        remember_storage(spec, url)
+    for note in check_spec_against_study(spec, study, store):
+        _say(f"note: {note}")
+    _say(f"study {study.study_name!r} in {redacted_url(url)}")
+    if unsealed:
+        _say(UNAUTHENTICATED_RESULTS)
+
+
+def _driver(
+    stack: ExitStack,
+    spec: StudySpec,
+    store: TrialStore,
+    settings: Settings,
+    cluster: LocalCluster | None,
+    options: RunOptions,
+    budget: Budget,
+    trackers: list[Tracker],
+    study_lock: StudyLock | None,
+    define_space: DefineSpace | None,
+) -> StudyDriver:
+    """The run's driver, its dispatcher, progress and trackers started on `stack`."""
+    spec = routed(spec)  # from here, the queue is the trial's GPU class's
+    store.set_study_attr(
+        BROKER_ATTR, "local" if cluster is not None else redacted_url(settings.broker_url)
+    )
+    dispatcher = CeleryDispatcher(settings)
+    progress: ProgressSink = NoProgress(show_failures=True)
+    if options.show_progress:
+        progress = stack.enter_context(RichProgress(spec.study.name, budget.n_trials))
+    workers = local.running_slots(cluster) if cluster else _live_workers(dispatcher, spec)
+    driver_options = DriverOptions(
+        max_in_flight=spec.study.max_in_flight or max(1, workers),
+        outage_limit_s=_outage_limit(spec, options),
+    )
+    tracking = _start_tracking(stack, trackers, spec, settings, cluster is not None)
+    return StudyDriver(spec, store.study, dispatcher, progress, driver_options, study_lock,
+                       define_space, budget=budget, store=store, tracking=tracking)  # fmt: skip
+
+
+def _driven(driver: StudyDriver) -> TrialqError | None:
+    """Run `driver` to its end; the error that ended it, kept for after the stack closes."""
+    try:
+        driver.run()
+    except TrialqError as exc:
+        return exc
+    return None
+
+
+def _run_summary(study: optuna.Study, driver: StudyDriver) -> RunSummary:
     """The study's summary with what ended this run (`stopped_by`), its budgets, and the
     trials a failing stop left in flight for the next run."""
     ended = driver.ledger.last_run(driver.ended_by)
-    return {**study_summary(study), **ended, "left_in_flight": driver.left_in_flight}
+    return RunSummary(study_summary(study), ended, driver.left_in_flight)
+
+
+def _summary_json(study: optuna.Study, driver: StudyDriver) -> dict[str, Any]:
+    return _run_summary(study, driver).to_json()
 
 
 SUMMARY_AT_AN_END_S = 2.0
@@ -172,7 +245,8 @@ def _summary_at_an_end(study: optuna.Study, driver: StudyDriver) -> dict[str, An
     """The summary of a run an error ended (exit 5, 130, 2...), read from the driver's
     mirror of the study; None where even that cannot be read within `SUMMARY_AT_AN_END_S`."""
     try:  # the error that ended the run is what the user must see
-        return within(SUMMARY_AT_AN_END_S, partial(_run_summary, study, driver), "trialq-summary")
+        summarised = partial(_summary_json, study, driver)
+        return within(SUMMARY_AT_AN_END_S, summarised, "trialq-summary")
     except Exception:
         return None
 
@@ -207,28 +281,26 @@ def _artifact_folder(spec: StudySpec, settings: Settings, local: bool) -> Path |
     """The study's artifact root where it is a folder here: `--local`'s beside the spec, or
     `TRIALQ_ARTIFACT_ROOT`'s (never a bucket)."""
     if local:
-        return Path(local_folders(spec, settings)["TRIALQ_ARTIFACT_ROOT"])
+        return Path(local_folders(spec, settings).artifacts)
     root = settings.artifact_root
     return root if isinstance(root, Path) else None
 
 
 def _checked_before_the_study(
-    spec: StudySpec,
-    settings: Settings,
-    local_workers: int | None,
-    budget_overrides: Mapping[str, Any] | None,
+    spec: StudySpec, settings: Settings, options: RunOptions
 ) -> DefineSpace | None:
     """Everything refused before the study is created or opened; the spec's define-by-run
     space, whose module this imports (once, before the study)."""
-    if (budget_overrides or {}).get("goal") is not None and len(
-        spec.study.objective_directions
-    ) > 1:
+    if (
+        options.budget_overrides.get("goal") is not None
+        and len(spec.study.objective_directions) > 1
+    ):
         raise UsageError(
             "submit-study: --goal: a study with several objectives has no one best value"
         )
     define_space = load_search_space(spec)
     _check_time_limits(spec, settings)
-    if local_workers is None:
+    if options.local_workers is None:
         CeleryDispatcher(settings).check_reachable()
         warning = eviction_warning(redis.Redis.from_url(settings.broker_url, socket_timeout=5))
         if warning is not None:
@@ -245,23 +317,13 @@ UNAUTHENTICATED_RESULTS = (
 
 
 def _start_local_cluster(
-    stack: ExitStack,
-    spec: StudySpec,
-    settings: Settings,
-    local_workers: int | None,
-    verbose: bool,
-    local_env: Mapping[str, str],
+    stack: ExitStack, spec: StudySpec, settings: Settings, options: RunOptions
 ) -> LocalCluster | None:
     """`--local`'s embedded Redis and workers, stopped when `stack` closes; None without it."""
-    if local_workers is None:
+    if options.local_workers is None:
         return None
-    cluster = LocalCluster(
-        local_workers,
-        spec.trial.queue,
-        local_allow_list(spec),
-        extra_env={**local_folders(spec, settings), **local_preload(spec), **local_env},
-        log_dir=local_logs(spec),
-        log_level="DEBUG" if verbose else "INFO",
+    cluster = local.study_cluster(
+        spec, settings, options.local_workers, options.verbose, options.local_gpus
     )
     stack.callback(cluster.stop)
     cluster.start()
@@ -276,20 +338,7 @@ def _use_local_cluster(
     cluster.wait_for_workers(1)
     stack.callback(_say, f"workers' logs: {cluster.log_dir}")
     check_a_worker_fits(spec, cluster.broker_url)
-    return settings.model_copy(
-        update={
-            "broker_url": cluster.broker_url,
-            "result_backend": cluster.broker_url,
-            "result_secret": SecretStr(cluster.result_secret),
-        }
-    )
-
-
-def _local_slots(cluster: LocalCluster) -> int:
-    """Trials `--local`'s workers run at once: one each, or a GPU worker's slots."""
-    client = redis.Redis.from_url(cluster.broker_url, socket_timeout=10)
-    beats = heartbeat.live_workers(client)
-    return max(cluster.workers, sum(b.gpus.slots if b.gpus else 1 for b in beats))
+    return local.reaching(cluster, settings)
 
 
 def _live_workers(dispatcher: CeleryDispatcher, spec: StudySpec) -> int:
@@ -351,96 +400,6 @@ def _announce_progress(study: optuna.Study, target: int) -> bool:
 
 def _say(line: str) -> None:
     print(line, file=sys.stderr)
-
-
-LOCAL_RUNS_KEPT = 5
-"""`--local` runs whose logs are kept beside the spec; older ones are removed."""
-
-
-def local_logs(spec: StudySpec, now: datetime | None = None) -> Path:
-    """A folder of this `--local` run's logs under `<study>-logs/` beside the spec, named by
-    its start time; the newest `LOCAL_RUNS_KEPT` runs are kept, so a failed run's logs
-    survive the next."""
-    root = spec.directory / f"{spec.study.name}-logs"
-    stamp = (now or datetime.now()).strftime("%Y%m%d-%H%M%S-%f")
-    earlier = sorted(p for p in root.glob("*-*-*") if p.is_dir()) if root.is_dir() else []
-    for old in earlier[: max(0, len(earlier) - (LOCAL_RUNS_KEPT - 1))]:
-        shutil.rmtree(old, ignore_errors=True)
-    return root / stamp
-
-
-def search_paths_for(spec: StudySpec) -> tuple[str, ...]:
-    """Folders a local worker imports entrypoints from (its own `TRIALQ_IMPORT_PATHS`, never
-    a message's): the spec's, the current directory, and the one this process found the
-    entrypoint's module in (a notebook's `sys.path` entry is not the workers')."""
-    found = spec.trial.entrypoint.module_folder(spec.directory)
-    folders = (str(spec.directory), str(Path.cwd()), *([str(found)] if found else []))
-    return tuple(dict.fromkeys(folders))
-
-
-def local_folders(spec: StudySpec, settings: Settings) -> dict[str, str]:
-    """`--local`'s checkpoint and artifact roots, beside the spec (as its logs are) unless
-    the environment names them: kept across runs, so a rerun resumes what was preempted;
-    and its workers' import paths, the spec's folder and this one (never a message's)."""
-    checkpoints = settings.checkpoint_root or spec.directory / f"{spec.study.name}-checkpoints"
-    artifacts = settings.artifact_root or spec.directory / f"{spec.study.name}-artifacts"
-    return {
-        "TRIALQ_CHECKPOINT_ROOT": (
-            checkpoints if isinstance(checkpoints, str) else str(checkpoints.resolve())
-        ),
-        "TRIALQ_ARTIFACT_ROOT": (
-            artifacts if isinstance(artifacts, str) else str(artifacts.resolve())
-        ),
-        "TRIALQ_IMPORT_PATHS": os.pathsep.join(search_paths_for(spec)),
-    }
-
-
-def local_preload(spec: StudySpec) -> dict[str, str]:
-    """`--local`'s workers preload the spec's framework (`[trial] framework`, or the one its
-    entrypoint function uses) and what the entrypoint's module imports at its top
-    (`TRIALQ_PRELOAD_FROM`), unless `TRIALQ_PRELOAD` says otherwise: a PyTorch study never
-    gets TensorFlow because TensorFlow is installed (docs/frameworks.md, "Preloading"). A
-    framework not installed here is never preloaded: one warning line, and the study runs."""
-    if "TRIALQ_PRELOAD" in os.environ:
-        return {}
-    entrypoint = spec.trial.entrypoint
-    target = (
-        str((spec.directory / entrypoint.target).resolve())
-        if entrypoint.is_file
-        else (entrypoint.target)
-    )
-    chosen = {"TRIALQ_PRELOAD": "none", "TRIALQ_PRELOAD_FROM": target}
-    framework = _study_framework(spec)
-    if framework is None:
-        return chosen
-    if importlib.util.find_spec(framework) is None:
-        _say(f"warning: {framework} is not installed here: --local preloads nothing for it")
-        return chosen
-    return {**chosen, "TRIALQ_PRELOAD": ",".join(frameworks.PRELOAD[framework])}
-
-
-def _study_framework(spec: StudySpec) -> str | None:
-    """`[trial] framework`, or for `auto` the one the entrypoint function uses."""
-    if spec.trial.framework != frameworks.AUTO:
-        return spec.trial.framework
-    entrypoint = spec.trial.entrypoint
-    source = entrypoint.source(spec.directory)
-    keras_backend = os.environ.get("KERAS_BACKEND")
-    return frameworks.framework_in_source(source, keras_backend, entrypoint.function)
-
-
-def local_allow_list(spec: StudySpec) -> tuple[str, ...]:
-    """In --local, workers may import what the spec itself names, and nothing else."""
-    allowed = [_allow_entry(spec, spec.trial.entrypoint.target)]
-    if spec.study.search_space is not None:
-        allowed.append(_allow_entry(spec, spec.study.search_space.target))
-    return tuple(allowed)
-
-
-def _allow_entry(spec: StudySpec, target: str) -> str:
-    if target.endswith(".py") or "/" in target:
-        return str((spec.directory / target).resolve().parent) + "/"
-    return target.split(".")[0]
 
 
 def _check_time_limits(spec: StudySpec, settings: Settings) -> None:

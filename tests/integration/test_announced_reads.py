@@ -119,7 +119,7 @@ def test_a_result_brings_a_pass_that_reads_its_own_trial_not_all_in_flight(
     start_workers(4)
     driver, dispatcher = _driver(tmp_path, redis_url, "announced")
 
-    driver.run(N_TRIALS)
+    driver.run()
 
     _told_once(driver.study)
     targeted = [n for n in dispatcher.reads if 0 < n < 4]
@@ -136,7 +136,7 @@ def test_results_announced_while_the_subscription_was_cut_are_told_by_a_full_pas
     driver, dispatcher = _driver(tmp_path, redis_url, "cut")
     dispatcher.cut_after = 6
 
-    driver.run(N_TRIALS)
+    driver.run()
 
     _told_once(driver.study)
     after_cut = dispatcher.answers[6:]

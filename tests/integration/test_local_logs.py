@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 from conftest import TESTS_DIR
 
+from trialq.local import LOCAL_RUNS_KEPT, local_logs
 from trialq.settings import Settings
-from trialq.submit import LOCAL_RUNS_KEPT, local_logs, submit_study
+from trialq.submit import submit_study
 
 pytestmark = pytest.mark.integration
 

@@ -64,7 +64,7 @@ def test_each_trial_after_the_first_is_asked_while_the_one_before_runs(
     before it is told; without, only after. The study ends at its budget with nothing over."""
     driver = _driver(tmp_path, 4, ask_ahead, [0.4, 0.3, 0.2, 0.1])
 
-    driver.run(4)
+    driver.run()
 
     trials = driver.study.get_trials()
     assert [t.state for t in trials] == [TrialState.COMPLETE] * 4
@@ -79,7 +79,7 @@ def test_trials_asked_ahead_go_back_waiting_at_a_goal_and_the_next_run_sends_the
 ) -> None:
     driver = _driver(tmp_path, 3, 2, [0.1], more='direction = "minimize"\n            goal = 0.5')
 
-    driver.run(3)
+    driver.run()
 
     trials = driver.study.get_trials()
     assert [t.state for t in trials] == [TrialState.COMPLETE, TrialState.WAITING,
@@ -88,7 +88,7 @@ def test_trials_asked_ahead_go_back_waiting_at_a_goal_and_the_next_run_sends_the
     assert all(params.keys() == {"x"} for params in asked.values()), asked
 
     resumed = _driver(tmp_path, 3, 2, [0.3, 0.2])
-    resumed.run(3)
+    resumed.run()
 
     trials = resumed.study.get_trials()
     assert [t.state for t in trials] == [TrialState.COMPLETE] * 3
@@ -107,7 +107,7 @@ def test_trials_asked_ahead_go_back_waiting_on_ctrl_c(tmp_path: Path) -> None:
     driver = _driver(tmp_path, 5, 2, [0.4, 0.3], progress=_InterruptAfterOne())
 
     with pytest.raises(Interrupted):
-        driver.run(5)
+        driver.run()
 
     study = optuna.load_study(study_name="ahead", storage=f"sqlite:///{tmp_path / 'ahead.db'}")
     trials = study.get_trials()

@@ -97,7 +97,7 @@ def test_the_pool_draws_and_the_study_adopts_a_draw_as_its_next_trial(tmp_path: 
 
         def drawn() -> bool:
             pool.sync(study, 4)
-            trial = pool.take(study)
+            trial = pool.take(study, store_for(study))
             adopted.extend([trial] if trial is not None else [])
             return bool(adopted)
 
@@ -147,7 +147,7 @@ class _UntilDrawn:
         self.deadline = time.monotonic() + WAIT_S
 
     def __call__(self, driver: StudyDriver) -> bool:
-        pool = driver.sender.asking
+        pool = driver.sender.new_trials.pool
         if driver.counts.finished < 10 or pool is None or pool.ready or pool.drawn:
             return False
         return time.monotonic() < self.deadline
@@ -157,7 +157,7 @@ def _run_logged(driver: StudyDriver, n: int, caplog: pytest.LogCaptureFixture) -
     """Run the study to `n` with the driver's warnings caught; each trial told once."""
     try:
         with caplog.at_level(logging.WARNING, logger="trialq.driver"):
-            driver.run(n)
+            driver.run()
         _told_once(driver, n)
     finally:
         release_connections(driver.study)
@@ -176,9 +176,9 @@ def test_a_run_with_ask_processes_tells_each_trial_once_and_takes_their_draws(
 ) -> None:
     driver = _driver(tmp_path, 60, _UntilDrawn())
     try:
-        driver.run(60)
+        driver.run()
         _told_once(driver, 60)
-        assert driver.sender.asking is not None and driver.sender.asking.drawn > 0
+        assert driver.sender.new_trials.pool is not None and driver.sender.new_trials.pool.drawn > 0
     finally:
         release_connections(driver.study)
     assert _askers() == [], "an ask process outlived the run"
@@ -210,12 +210,14 @@ def test_a_trial_waiting_in_the_study_goes_before_any_draw(tmp_path: Path) -> No
     spec = _spec(tmp_path, 100)
     study = _past_its_start(spec, tmp_path)
     sender = Sender(spec, study, StandInDispatcher([]), store_for(study), time.monotonic, None)
-    sender.asking = pool = AskPool(spec, study, 1)
+    sender.new_trials.start_asking(1)
+    pool = sender.new_trials.pool
+    assert pool is not None
     try:
         _until(lambda: pool.sync(study, 1) or pool.ready == 1, "a draw ready")
         study.enqueue_trial({"x": 0.125, "layers": 3})
 
-        first, second = sender.ask(), sender.ask()
+        first, second = sender.new_trials.ask(), sender.new_trials.ask()
 
         assert first.params == {"x": 0.125, "layers": 3} and pool.drawn == 1
         assert second.number == first.number + 1 and second.params != first.params
@@ -230,5 +232,5 @@ def test_ask_processes_that_cannot_start_leave_the_run_to_the_driver(
     monkeypatch.setattr("sys.executable", str(tmp_path / "no-such-python"))
     driver = _driver(tmp_path, 20, lambda driver: False)
     _run_logged(driver, 20, caplog)
-    assert driver.sender.asking is None
+    assert driver.sender.new_trials.pool is None
     assert any("ask processes not started" in r.getMessage() for r in caplog.records)

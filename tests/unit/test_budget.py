@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from trialq.driver.budget import Budget, Spent, reached, usage
+from trialq.driver.budget import Budget, BudgetUse, Spent, reached, usage
 
 B = Budget(n_trials=40)
 
@@ -66,11 +66,14 @@ def test_the_lines_say_what_was_reached() -> None:
 def test_usage_lists_every_budget_set_with_what_is_used() -> None:
     spent = Spent(finished=12, failed=1, wall_s=3601.26, gpu_hours=0.123456, best=0.8)
 
-    assert usage(Budget(40, max_wall_s=7200, goal=0.9), spent) == {
-        "n_trials": {"limit": 40, "used": 12},
-        "max_wall_s": {"limit": 7200, "used": 3601.3},
-        "goal": {"limit": 0.9, "used": 0.8},
+    used = usage(Budget(40, max_wall_s=7200, goal=0.9), spent)
+
+    assert used == {
+        "n_trials": BudgetUse(limit=40, used=12),
+        "max_wall_s": BudgetUse(limit=7200, used=3601.3),
+        "goal": BudgetUse(limit=0.9, used=0.8),
     }
+    assert used["goal"].to_json() == {"limit": 0.9, "used": 0.8}
 
 
 def test_gpu_hours_count_the_trials_that_ran_on_a_gpu_across_runs() -> None:
@@ -89,8 +92,8 @@ def test_gpu_hours_count_the_trials_that_ran_on_a_gpu_across_runs() -> None:
     for attrs in records:
         study.add_trial(optuna.trial.create_trial(value=1.0, user_attrs=attrs))
 
-    ledger = Ledger(study, lambda: 0.0, None)
-    ledger.open(Budget(10, max_gpu_hours=3))
+    ledger = Ledger(study, lambda: 0.0, Budget(10, max_gpu_hours=3))
+    ledger.open()
 
     assert ledger.gpu_hours == 2.0
-    assert reached(ledger.budget or Budget(10), ledger.spent()) is None
+    assert reached(ledger.budget, ledger.spent()) is None

@@ -9,6 +9,7 @@ from pathlib import Path
 import optuna
 import pytest
 
+from trialq.driver._storage.store import store_for
 from trialq.driver.drift import check_spec_against_study
 from trialq.driver.study import open_study
 from trialq.errors import SpecError
@@ -50,7 +51,7 @@ def _spec(tmp_path: Path, **changes: str) -> StudySpec:
 
 def _resume(spec: StudySpec) -> list[str]:
     study = open_study(spec, f"sqlite:///{spec.directory / 'drift.db'}")
-    return check_spec_against_study(spec, study)
+    return check_spec_against_study(spec, study, store_for(study))
 
 
 @pytest.fixture
@@ -58,13 +59,11 @@ def created(tmp_path: Path) -> Path:
     """A study made from the base spec, with one finished trial over its space."""
     spec = _spec(tmp_path)
     study = open_study(spec, f"sqlite:///{tmp_path / 'drift.db'}")
-    assert check_spec_against_study(spec, study) == []
+    assert check_spec_against_study(spec, study, store_for(study)) == []
     trial = study.ask()
     trial.suggest_float("x", 0, 1)
     trial.suggest_categorical("act", ["relu", "tanh"])
     study.tell(trial, 0.5)
-    from trialq.driver._storage.store import store_for
-
     store_for(study).flush()
     return tmp_path
 

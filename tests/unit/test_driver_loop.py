@@ -82,7 +82,7 @@ def test_a_trial_refused_for_a_dirty_device_is_sent_again_with_the_same_params(
         tmp_path, [refused, {"outcome": Outcome.OK, "metrics": {"value": 0.5}}]
     )
 
-    driver.run(1)
+    driver.run()
 
     (trial,) = driver.study.trials
     assert trial.state is optuna.trial.TrialState.COMPLETE and trial.value == 0.5
@@ -99,7 +99,7 @@ def test_refusals_beyond_max_retries_end_the_trial_as_failed(tmp_path: Path) -> 
     }
     driver, _ = _driver(tmp_path, [refused, refused])
 
-    driver.run(1)
+    driver.run()
 
     (trial,) = driver.study.trials
     assert trial.state is optuna.trial.TrialState.FAIL
@@ -114,8 +114,9 @@ def test_a_trial_asked_but_never_sent_ends_as_failed_and_another_takes_its_place
     driver.study.ask({"x": optuna.distributions.FloatDistribution(0, 1)})
     # The driver stops here: the trial's params were never persisted, nothing was sent.
 
-    resumed, dispatcher = _driver(tmp_path, [{"outcome": Outcome.OK, "metrics": {"value": 0.5}}])
-    resumed.run(2)
+    ok = {"outcome": Outcome.OK, "metrics": {"value": 0.5}}
+    resumed, dispatcher = _driver(tmp_path, [ok], n_trials=2)
+    resumed.run()
 
     first, second = resumed.study.trials
     assert first.state is optuna.trial.TrialState.FAIL and first.params == {}
@@ -129,7 +130,9 @@ def test_a_tell_the_driver_died_before_writing_is_told_by_the_next_run_once(
 ) -> None:
     driver, dispatcher = _driver(tmp_path, [{"outcome": Outcome.OK, "metrics": {"value": 0.5}}])
     storage = "sqlite:///" + str(tmp_path / "loop.db")
-    driver._fill(1)  # sent: the trial and its task id are in the database
+    driver.sender.fill(
+        n_trials=1, finished=0, max_in_flight=1
+    )  # sent: the trial and its task id are in the database
     driver._collect()  # told, in the driver's memory; the step's write would come next
     driver.forgetting.forget_written()
     assert dispatcher.forgotten == [], "a result is let go only once its tell is written"
@@ -138,7 +141,7 @@ def test_a_tell_the_driver_died_before_writing_is_told_by_the_next_run_once(
     assert stored.state is optuna.trial.TrialState.RUNNING and "task_id" in stored.user_attrs
 
     resumed, _ = _driver(tmp_path, [], dispatcher)  # the same broker holds the result
-    resumed.run(1)
+    resumed.run()
 
     (trial,) = optuna.load_study(study_name="loop", storage=storage).trials
     assert trial.state is optuna.trial.TrialState.COMPLETE and trial.value == 0.5
@@ -186,7 +189,9 @@ def test_a_trial_is_sent_only_once_its_record_is_in_postgresql(
     driver, dispatcher = _driver(tmp_path, [ok], storage=postgres_url, name=pg_study)
 
     with _commits_held(postgres_url, pg_study):
-        driver._fill(1)  # asked, recorded: the commit is on its way, and waits
+        driver.sender.fill(
+            n_trials=1, finished=0, max_in_flight=1
+        )  # asked, recorded: the commit is on its way, and waits
         driver.sender.send_recorded(deadline=time.monotonic() + 0.5)
         assert dispatcher.sent == {}, "sent before its record was written"
         assert _stored(postgres_url, pg_study) == []
@@ -195,7 +200,7 @@ def test_a_trial_is_sent_only_once_its_record_is_in_postgresql(
     ((task_id, request),) = dispatcher.sent.items()
     (stored,) = _stored(postgres_url, pg_study)
     assert stored.user_attrs["task_id"] == task_id and stored.params == request.params
-    driver.run(1)
+    driver.run()
     (told,) = _stored(postgres_url, pg_study)
     assert told.state is optuna.trial.TrialState.COMPLETE and told.value == 0.5
 
@@ -206,7 +211,7 @@ def test_a_failed_commit_sends_nothing_and_the_next_one_writes_it_once(
     driver, dispatcher = _driver(tmp_path, [], storage=postgres_url, name=pg_study)
 
     with _commits_held(postgres_url, pg_study) as holder:
-        driver._fill(1)
+        driver.sender.fill(n_trials=1, finished=0, max_in_flight=1)
         # The server ends the waiting commit's session, as a restart or a failover would.
         waiting = sqlalchemy.text(
             "SELECT pid FROM pg_stat_activity WHERE pg_backend_pid() = ANY(pg_blocking_pids(pid))"
@@ -246,7 +251,7 @@ def test_the_prune_relay_runs_under_the_stand_in(tmp_path: Path) -> None:
         tmp_path, [good, dict(good), bad], name="relay", n_trials=3, study_keys=keys
     )
 
-    driver.run(3)
+    driver.run()
 
     first, second, third = driver.study.trials
     assert first.intermediate_values == {0: 1.0, 1: 1.0, 2: 1.0}
@@ -270,7 +275,7 @@ def test_a_curve_whose_last_steps_come_with_its_result_is_told_whole(tmp_path: P
     script = [curve(1.0), curve(0.9), curve(0.99)]
     driver, dispatcher = _driver(tmp_path, script, name="late", n_trials=3, study_keys=keys)
 
-    driver.run(3)
+    driver.run()
 
     trials = driver.study.trials
     assert [sorted(t.intermediate_values) for t in trials] == [[0, 1, 2, 3]] * 3
@@ -300,7 +305,7 @@ def test_curves_of_trials_ending_in_one_pass_are_read_at_once_and_told_whole(
         return read_new(positions)
 
     dispatcher.channel.read_new = counted  # type: ignore[method-assign]
-    driver.run(3)
+    driver.run()
 
     curves = sorted(tuple(t.intermediate_values.values()) for t in driver.study.trials)
     assert curves == [(1.0, 2.0, 3.0), (2.0, 4.0, 6.0), (3.0, 6.0, 9.0)]
@@ -318,7 +323,7 @@ def test_the_loop_makes_its_next_pass_when_a_result_arrives_not_after_its_poll_i
     driver, dispatcher = _driver(tmp_path, script, n_trials=3)
     driver.options.poll_interval_s = 3600.0
     finished = threading.Event()
-    runner = threading.Thread(target=lambda: (driver.run(3), finished.set()), daemon=True)
+    runner = threading.Thread(target=lambda: (driver.run(), finished.set()), daemon=True)
 
     runner.start()
     runner.join(timeout=60)  # a hang guard only: the pause would last an hour
@@ -343,7 +348,7 @@ def test_gp_is_told_an_oom_trial_as_a_penalty_beyond_the_worst_real_value(
     keys = f"direction = 'minimize'\nsampler = '{sampler}'"
     driver, _ = _driver(tmp_path, script, name="gp-oom", n_trials=5, study_keys=keys)
 
-    driver.run(5)
+    driver.run()
 
     trials = driver.study.trials
     assert [t.state.name for t in trials] == ["PRUNED", *["COMPLETE"] * 4]
@@ -362,11 +367,15 @@ def test_gp_is_told_an_oom_trial_as_a_penalty_beyond_the_worst_real_value(
 def test_a_trial_sent_again_is_said_in_the_progress_without_verbose_logs(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    refused = {"outcome": Outcome.ERROR, "error": "device GPU-0 still holds", "device_refused": True}
+    refused = {
+        "outcome": Outcome.ERROR,
+        "error": "device GPU-0 still holds",
+        "device_refused": True,
+    }
     script = [refused, {"outcome": Outcome.OK, "metrics": {"value": 0.5}}]
     driver, _ = _driver(tmp_path, script, progress=NoProgress(show_failures=True))
 
-    driver.run(1)
+    driver.run()
 
     err = capsys.readouterr().err
     assert err.count("#0 sent again: ") == 1 and "device GPU-0 still holds" in err, err
@@ -393,13 +402,13 @@ def test_the_pause_between_passes_stretches_to_ten_times_what_the_reads_cost(
     running = {"outcome": Outcome.OK, "metrics": {"value": 0.5}, "reports": [0.9]}
     slow = _SlowReads([running], read_s=0.03)
     driver, _ = _driver(tmp_path, [], dispatcher=slow)
-    driver.run(1)
+    driver.run()
     longest = max(timeout for timeout, _ in slow.waits)
     assert 0.25 <= longest <= MOST_PAUSE_S, slow.waits
 
     slower = _SlowReads([running], read_s=0.2)
     (tmp_path / "slower").mkdir()
     driver, _ = _driver(tmp_path / "slower", [], dispatcher=slower, name="slower")
-    driver.run(1)
+    driver.run()
     longest = max(timeout for timeout, _ in slower.waits)
     assert 0.9 * MOST_PAUSE_S <= longest <= MOST_PAUSE_S, slower.waits

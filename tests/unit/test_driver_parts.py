@@ -15,9 +15,9 @@ from trial_requests import trial_request
 
 from trialq.driver._storage.store import store_for
 from trialq.driver.budget import Budget
-from trialq.driver.fate import Resends
+from trialq.driver.fate import Known, Resends
 from trialq.driver.forgetting import Forgetting
-from trialq.driver.in_flight import InFlight
+from trialq.driver.in_flight import InFlight, Sighting
 from trialq.driver.ledger import Ledger
 from trialq.driver.relay import ReportRelay
 from trialq.driver.sending import Sender
@@ -68,9 +68,10 @@ def test_the_ledger_counts_what_earlier_runs_finished_and_reports_a_budget_once(
     on_gpu = {"duration_s": 3600, "gpus": 2, "gpu_model": "NVIDIA H100"}
     study.add_trial(optuna.create_trial(value=1.0, user_attrs=on_gpu))
     study.add_trial(optuna.create_trial(state=TrialState.FAIL))
-    ledger = Ledger(study, Clock(), None)
+    ledger = Ledger(study, Clock(), Budget(10, max_failed_trials=2))
 
-    assert ledger.open(Budget(10, max_failed_trials=2)) == 10
+    ledger.open()
+    assert ledger.n_trials == 10
     assert (ledger.counts.complete, ledger.counts.failed, ledger.gpu_hours) == (1, 1, 2.0)
     assert ledger.reached() is None
     ledger.record(TrialState.FAIL, TrialRecord(duration_s=1800, gpu_model="NVIDIA H100"))
@@ -78,7 +79,7 @@ def test_the_ledger_counts_what_earlier_runs_finished_and_reports_a_budget_once(
     stop = ledger.reached()
     assert stop is not None and stop.budget == "max_failed_trials" and stop.failing
     assert ledger.reached() is None, "a budget is reported once"
-    assert ledger.gpu_hours == 2.5 and ledger.last_run()["stopped_by"] == "max_failed_trials"
+    assert ledger.gpu_hours == 2.5 and ledger.last_run().stopped_by == "max_failed_trials"
 
 
 def test_the_relay_records_new_values_and_raises_the_prune_flag_once() -> None:
@@ -130,28 +131,50 @@ def _watch(dispatcher: StandInDispatcher, clock: Clock) -> Watch:
     return Watch(dispatcher, dispatcher.channel, "q", clock, 5.0, 10.0, lambda: None)
 
 
+def _seen(watch: Watch, entry: InFlight, status: TaskStatus, queued: set[str] | None) -> Known:
+    """What the pass knows of `entry`, its sighting kept on the entry as the loop keeps it."""
+    known, sighting = watch.known(entry, status, queued)
+    entry.saw(sighting)
+    return known
+
+
+def test_the_watch_returns_what_it_saw_and_writes_nothing_on_the_entry() -> None:
+    study, dispatcher = optuna.create_study(), BeaconsAsked(beating=True)
+    watch, entry = _watch(dispatcher, Clock()), _entry(study)
+    status = TaskStatus(TaskPhase.WAITING, worker="w@host", log_file="a.log")
+
+    _, sighting = watch.known(entry, status, {"t1"})
+
+    assert sighting == Sighting("w@host", "a.log", claimed=True, beating=True)
+    assert not entry.claimed and not entry.beacon_seen and entry.worker is None
+    entry.saw(sighting)
+    assert entry.claimed and entry.beacon_seen and entry.worker_host == "host"
+
+
 def test_a_beacon_read_with_the_status_is_not_asked_again() -> None:
     study, dispatcher = optuna.create_study(), BeaconsAsked(beating=True)
     watch, entry = _watch(dispatcher, Clock()), _entry(study)
 
-    read = watch.known(entry, TaskStatus(TaskPhase.RUNNING, worker="w", beating=False), None)
-    asked = watch.known(entry, TaskStatus(TaskPhase.RUNNING, worker="w"), None)
+    read = _seen(watch, entry, TaskStatus(TaskPhase.RUNNING, worker="w", beating=False), None)
+    asked = _seen(watch, entry, TaskStatus(TaskPhase.RUNNING, worker="w"), None)
 
     assert dispatcher.asked == 1, "only the status without a beacon asks"
     assert read.worker_alive, "its beacon gone, its worker still beats"
     assert asked.worker_alive
 
 
-def test_a_running_attempt_whose_beacon_was_seen_and_is_gone_is_lost_though_its_worker_beats() -> None:
+def test_a_running_attempt_whose_beacon_was_seen_and_is_gone_is_lost_though_its_worker_beats() -> (
+    None
+):
     """Issue 38, row 6: a twin of the same name keeps the worker's heartbeat fresh; the
     attempt's own process is gone (the stand-in's workers all beat)."""
     study, dispatcher = optuna.create_study(), BeaconsAsked(beating=True)
     watch, entry = _watch(dispatcher, Clock()), _entry(study)
     running = TaskStatus(TaskPhase.RUNNING, worker="w")
 
-    assert watch.known(entry, running, None).worker_alive and entry.beacon_seen
+    assert _seen(watch, entry, running, None).worker_alive and entry.beacon_seen
     dispatcher.beating = False
-    assert not watch.known(entry, running, None).worker_alive
+    assert not _seen(watch, entry, running, None).worker_alive
 
 
 def test_a_claim_is_lost_once_its_beacon_was_seen_and_is_gone() -> None:
@@ -159,10 +182,10 @@ def test_a_claim_is_lost_once_its_beacon_was_seen_and_is_gone() -> None:
     watch, entry = _watch(dispatcher, Clock()), _entry(study)
     waiting = TaskStatus(TaskPhase.WAITING)
 
-    assert not watch.known(entry, waiting, {"t1"}).claim_lost and entry.claimed
-    assert not watch.known(entry, waiting, None).claim_lost, "no lost check, no claim checked"
+    assert not _seen(watch, entry, waiting, {"t1"}).claim_lost and entry.claimed
+    assert not _seen(watch, entry, waiting, None).claim_lost, "no lost check, no claim checked"
     dispatcher.beating = False
-    assert watch.known(entry, waiting, {"t1"}).claim_lost
+    assert _seen(watch, entry, waiting, {"t1"}).claim_lost
 
 
 def test_a_prune_is_overdue_past_its_grace_until_the_attempt_is_killed() -> None:
@@ -172,11 +195,11 @@ def test_a_prune_is_overdue_past_its_grace_until_the_attempt_is_killed() -> None
     entry.prune_requested_at = 0.0
 
     clock.now = 10.0
-    assert not watch.known(entry, running, None).prune_overdue
+    assert not _seen(watch, entry, running, None).prune_overdue
     clock.now = 10.5
-    assert watch.known(entry, running, None).prune_overdue
+    assert _seen(watch, entry, running, None).prune_overdue
     entry.terminated = True
-    assert not watch.known(entry, running, None).prune_overdue
+    assert not _seen(watch, entry, running, None).prune_overdue
 
 
 def test_the_lost_check_asks_the_broker_only_when_due() -> None:

@@ -253,8 +253,9 @@ def test_local_workers_preload_the_specs_framework(
     """`--local` knows the study: its workers preload its framework, read from the spec or
     from what the entrypoint function uses (never imported in the driver): a framework only
     another function of its module uses is not the study's."""
+    from trialq.local import local_preload
+    from trialq.settings import Settings
     from trialq.spec import load_spec
-    from trialq.submit import local_preload
 
     if preload is not None and importlib.util.find_spec(preload.split(".")[0]) is None:
         pytest.skip(f"{preload.split('.')[0]} is not installed: it is never preloaded then")
@@ -268,9 +269,11 @@ def test_local_workers_preload_the_specs_framework(
         "TRIALQ_PRELOAD": preload or "none",
         "TRIALQ_PRELOAD_FROM": str(tmp_path.resolve() / "model.py"),
     }
-    assert local_preload(load_spec(tmp_path / "spec.toml")) == expected
+    assert local_preload(load_spec(tmp_path / "spec.toml"), Settings()) == expected
     monkeypatch.setenv("TRIALQ_PRELOAD", "none")
-    assert local_preload(load_spec(tmp_path / "spec.toml")) == {}
+    assert local_preload(load_spec(tmp_path / "spec.toml"), Settings()) == {}
+    monkeypatch.setenv("TRIALQ_PRELOAD", "auto")  # said, even as the default: the workers'
+    assert local_preload(load_spec(tmp_path / "spec.toml"), Settings()) == {}
 
 
 FAKEFLOW = "fakeflow_not_installed"
@@ -287,8 +290,9 @@ def _fake_framework(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_local_workers_never_preload_a_framework_not_installed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    from trialq.local import local_preload
+    from trialq.settings import Settings
     from trialq.spec import load_spec
-    from trialq.submit import local_preload
 
     _fake_framework(monkeypatch)
     monkeypatch.delenv("TRIALQ_PRELOAD", raising=False)
@@ -297,7 +301,7 @@ def test_local_workers_never_preload_a_framework_not_installed(
         '[study]\nname = "s"\nn_trials = 1\n[trial]\nentrypoint = "model.py:train"\n'
         '[space.x]\ntype = "float"\nlow = 0\nhigh = 1\n'
     )
-    assert local_preload(load_spec(tmp_path / "spec.toml"))["TRIALQ_PRELOAD"] == "none"
+    assert local_preload(load_spec(tmp_path / "spec.toml"), Settings())["TRIALQ_PRELOAD"] == "none"
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and FAKEFLOW in lines[0] and "not installed" in lines[0]
 

@@ -83,7 +83,7 @@ def test_the_space_is_found_from_the_specs_folder_and_its_module_runs_once(
         DriverOptions(max_in_flight=1, poll_interval_s=0),
     )
 
-    driver.run(3)
+    driver.run()
 
     trials = study.get_trials(states=[optuna.trial.TrialState.COMPLETE])
     assert len(trials) == 3

@@ -15,6 +15,7 @@ import pytest
 
 from trialq.tracking import StudyInfo, ToldTrial, Tracking
 from trialq.tracking.config import MlflowTracking, TensorboardTracking
+from trialq.wire.record import TrialRecord
 
 
 def _study(tmp_path: Path) -> StudyInfo:
@@ -26,7 +27,7 @@ def _trial(number: int) -> ToldTrial:
     return ToldTrial(
         number=number, state="COMPLETE", params={"x": 0.5 * number, "act": "relu"},
         values=(float(number),), intermediate={0: 0.1, 1: 0.2},
-        attrs={"outcome": "ok", "attempts": 2, "worker_host": "w1", "metrics": {"aux": 3}},
+        record=TrialRecord(outcome="ok", attempts=2, worker_host="w1", metrics={"aux": 3}),
         started=datetime(2026, 1, 1, 12, 0, 0), ended=datetime(2026, 1, 1, 12, 0, 5),
     )  # fmt: skip
 
@@ -207,3 +208,18 @@ def test_a_tracker_whose_library_is_missing_is_refused_in_one_line(
         "(pip install 'trialq[mlflow]')"
     )
     assert refused.value.exit_code == 2
+
+
+def test_a_told_trial_carries_its_record_whole_and_trackers_read_its_summary() -> None:
+    """What every tracker records of how a trial ran comes from the typed record the driver
+    wrote: the summary's fields that are set, no GPU list or unset field."""
+    told = _trial(3)
+    record = told.record.model_copy(update={"gpu_peaks_bytes": (1, 2), "duration_s": 1.5})
+
+    summary = ToldTrial(**{**told.__dict__, "record": record}).summary_attrs
+
+    assert summary == {
+        "state": "COMPLETE", "outcome": "ok", "attempts": 2, "worker_host": "w1",
+        "duration_s": 1.5,
+    }  # fmt: skip
+    assert told.final_metrics == {"aux": 3.0}

@@ -29,6 +29,7 @@ from trialq.trial.soft_limit import SoftLimitPassed, soft_limit
 from trialq.wire.channel import TrialAddress
 from trialq.wire.entrypoint import Entrypoint
 from trialq.wire.messages import MlflowTarget, TrialRequest
+from trialq.wire.record import TrialRecord
 
 mlflow = pytest.importorskip("mlflow")
 pytestmark = pytest.mark.slow  # MLflow makes its SQLite tables: seconds
@@ -50,7 +51,7 @@ def _study(tmp_path: Path) -> StudyInfo:
 def _told(number: int, state: str = "COMPLETE") -> ToldTrial:
     return ToldTrial(
         number=number, state=state, params={"x": 0.5}, values=(1.0,) if state == "COMPLETE" else None,
-        intermediate={0: 0.1}, attrs={"outcome": "ok", "attempts": 2},
+        intermediate={0: 0.1}, record=TrialRecord(outcome="ok", attempts=2),
         started=datetime(2026, 1, 1, 12, 0, 0), ended=datetime(2026, 1, 1, 12, 0, 5),
     )  # fmt: skip
 

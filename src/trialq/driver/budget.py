@@ -64,9 +64,21 @@ def reached(budget: Budget, spent: Spent) -> Stop | None:
     return None
 
 
-def usage(budget: Budget, spent: Spent) -> dict[str, dict[str, Any]]:
+@dataclass(frozen=True)
+class BudgetUse:
+    """One budget's limit and how much of it is used (`used`: None, a goal not yet met by
+    any value)."""
+
+    limit: float | int
+    used: float | int | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"limit": self.limit, "used": self.used}
+
+
+def usage(budget: Budget, spent: Spent) -> dict[str, BudgetUse]:
     """Each budget set: its limit and how much of it is used."""
-    rows: dict[str, dict[str, Any]] = {"n_trials": _row(budget.n_trials, spent.finished)}
+    rows = {"n_trials": BudgetUse(budget.n_trials, spent.finished)}
     optional = {
         "max_wall_s": (budget.max_wall_s, round(spent.wall_s, 1)),
         "max_gpu_hours": (budget.max_gpu_hours, round(spent.gpu_hours, 4)),
@@ -75,12 +87,8 @@ def usage(budget: Budget, spent: Spent) -> dict[str, dict[str, Any]]:
     }
     for name, (limit, used) in optional.items():
         if limit is not None:
-            rows[name] = _row(limit, used)
+            rows[name] = BudgetUse(limit, used)
     return rows
-
-
-def _row(limit: float | int, used: float | int | None) -> dict[str, Any]:
-    return {"limit": limit, "used": used}
 
 
 def _failures(budget: Budget, spent: Spent) -> Stop | None:

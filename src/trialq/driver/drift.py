@@ -17,6 +17,7 @@ from typing import Any
 
 import optuna
 
+from trialq.driver._storage.store import TrialStore
 from trialq.driver.study import distributions
 from trialq.errors import SpecError
 from trialq.spec import StudySpec
@@ -35,9 +36,10 @@ def recorded_spec(spec: StudySpec) -> dict[str, Any]:
     }
 
 
-def check_spec_against_study(spec: StudySpec, study: optuna.Study) -> list[str]:
+def check_spec_against_study(spec: StudySpec, study: optuna.Study, store: TrialStore) -> list[str]:
     """Raise `SpecError` for a change the stored trials cannot survive; return one line for
-    each change that is safe. Records the spec's choices on the study for the next run."""
+    each change that is safe. Records the spec's choices on the study for the next run,
+    through `store`."""
     _check_directions(spec, study)
     stored = study.user_attrs.get(SPEC_ATTR, {})
     _check_metrics(spec, stored)
@@ -50,7 +52,7 @@ def check_spec_against_study(spec: StudySpec, study: optuna.Study) -> list[str]:
                 "the stored trials are kept"
             )
     if stored != current:
-        study.set_user_attr(SPEC_ATTR, current)
+        store.set_study_attr(SPEC_ATTR, current)
     return notes
 
 

@@ -16,6 +16,20 @@ from trialq.wire.messages import TrialRequest
 from trialq.wire.record import TrialRecord
 
 
+@dataclass(frozen=True)
+class Sighting:
+    """What one pass saw of an attempt, beside what the fate rule is told."""
+
+    worker: str | None
+    """The worker running it, as its status said (None: not said)."""
+    log_file: str | None
+    """The attempt's log, as its beacon named it (None: not named)."""
+    claimed: bool
+    """Its trial process's beacon was seen while Celery still had it waiting."""
+    beating: bool
+    """Its trial process's beacon was seen renewed."""
+
+
 @dataclass
 class InFlight:
     """A trial the driver has sent and not yet told."""
@@ -39,6 +53,14 @@ class InFlight:
     log_file: str | None = None
     """The attempt's own log, as its beacon last named it: named on a result its process
     never wrote (killed at its hard limit, crashed, lost)."""
+
+    def saw(self, sighting: Sighting) -> None:
+        """What a pass saw of the attempt (`watch.Watch.known`): its worker and log as its
+        status named them, and its process's beacon, once seen, for good."""
+        self.worker = sighting.worker or self.worker
+        self.log_file = sighting.log_file or self.log_file
+        self.claimed = self.claimed or sighting.claimed
+        self.beacon_seen = self.beacon_seen or sighting.beating
 
     @property
     def address(self) -> TrialAddress:

@@ -7,6 +7,7 @@ first (issue 42)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import optuna
@@ -14,13 +15,27 @@ from optuna.trial import FrozenTrial, TrialState
 
 from trialq.driver import budget as budgets
 from trialq.driver.best import BestSoFar
-from trialq.driver.budget import Budget, Spent, Stop
+from trialq.driver.budget import Budget, BudgetUse, Spent, Stop
 from trialq.driver.progress import Counts
 from trialq.oom_stand_ins import counted_state
 from trialq.spec import StudySpec
 from trialq.wire.record import TrialRecord
 
 FINISHED_STATES = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+
+
+@dataclass(frozen=True)
+class LastRun:
+    """How a run ended: what stopped it and each budget's use. Kept on the study as the user
+    attr `LAST_RUN_ATTR` (`trialq status`), and part of the run's summary."""
+
+    stopped_by: str
+    budgets: dict[str, BudgetUse]
+
+    def to_json(self) -> dict[str, Any]:
+        """As the study attr and `submit-study --json` hold it."""
+        use = {name: row.to_json() for name, row in self.budgets.items()}
+        return {"stopped_by": self.stopped_by, "budgets": use}
 
 
 class Ledger:
@@ -31,11 +46,11 @@ class Ledger:
         self,
         study: optuna.Study,
         clock: Callable[[], float],
-        budget: Budget | None,
+        budget: Budget,
     ) -> None:
         self._study, self._clock = study, clock
         self.budget = budget
-        """What the run may spend besides `n_trials`; set by `open` where not given."""
+        """What the run may spend: `n_trials` finished trials, and the rest that is set."""
         self.stop: Stop | None = None
         """The budget that ended the run, once one has."""
         self.counts = Counts()
@@ -44,16 +59,18 @@ class Ledger:
         self.gpu_hours = 0.0
         self._started = clock()
 
-    def open(self, budget: Budget) -> int:
-        """Start the run's books: its budget (unless one was given), its clock, and what the
-        study finished in earlier runs. The number of trials to finish."""
-        self.budget = self.budget or budget
+    @property
+    def n_trials(self) -> int:
+        """The finished trials the run is to reach: its budget's alone."""
+        return self.budget.n_trials
+
+    def open(self) -> None:
+        """Start the run's books: its clock, and what the study finished in earlier runs."""
         self._started = self._clock()
         for frozen in self._study.get_trials(deepcopy=False, states=FINISHED_STATES):
             self.counts.record(counted_state(frozen))
             self.best.add_frozen(frozen)
             self.gpu_hours += TrialRecord.read(frozen.user_attrs).gpu_hours
-        return self.budget.n_trials
 
     def record(self, state: TrialState, record: TrialRecord | None = None) -> None:
         """One more finished trial, and the GPU-hours its record says it used."""
@@ -73,7 +90,7 @@ class Ledger:
 
     def reached(self) -> Stop | None:
         """The budget the run just reached, once: None before, and after it is known."""
-        if self.stop is not None or self.budget is None:
+        if self.stop is not None:
             return None
         self.stop = budgets.reached(self.budget, self.spent())
         return self.stop
@@ -87,16 +104,15 @@ class Ledger:
             best=self.best_value(),
         )
 
-    def usage(self) -> dict[str, dict[str, Any]]:
+    def usage(self) -> dict[str, BudgetUse]:
         """Each budget set, its limit and what is used (the summary's `budgets`)."""
-        assert self.budget is not None, "set by open()"
         return budgets.usage(self.budget, self.spent())
 
-    def last_run(self, ended_by: str | None = None) -> dict[str, Any]:
+    def last_run(self, ended_by: str | None = None) -> LastRun:
         """What ended the run (`ended_by` where it was no budget: an interrupt, failures in
         a row) and how much of each budget is used (`trialq status`)."""
         stopped_by = ended_by or (self.stop.budget if self.stop is not None else "n_trials")
-        return {"stopped_by": stopped_by, "budgets": self.usage()}
+        return LastRun(stopped_by, self.usage())
 
     def best_value(self) -> float | None:
         """The best objective value so far; None with several objectives or none complete."""

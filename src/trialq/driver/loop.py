@@ -22,7 +22,6 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
 
 import optuna
 from optuna.trial import TrialState
@@ -30,7 +29,6 @@ from optuna.trial import TrialState
 from trialq import logs
 from trialq.driver import fate
 from trialq.driver._storage.store import LAST_WRITE_WAIT_S, TrialStore, store_for
-from trialq.driver.asking.pool import AskPool
 from trialq.driver.bounded import within
 from trialq.driver.budget import Budget, Stop
 from trialq.driver.fate import Resend, Tell, Terminate, Wait
@@ -91,8 +89,8 @@ class StudyDriver:
     """The spec's `study.search_space`, loaded once (by `submit-study` before the study
     exists, else here)."""
     budget: Budget | None = None
-    """What the run may spend besides `n_trials` (`trialq.driver.budget`); by default the
-    spec's."""
+    """What the run may spend (`trialq.driver.budget`): `n_trials` finished trials, and the
+    rest that is set; by default the spec's. The run's one source of its number of trials."""
     store: TrialStore | None = None
     """Every write to the study's trials goes through it (`trialq.driver._storage.store`);
     by default the one for the study's storage."""
@@ -106,6 +104,7 @@ class StudyDriver:
             self.define_space = load_search_space(spec)
         objectives = len(spec.study.objective_directions)
         channel = self.dispatcher.reports()
+        self.budget = self.budget or budget_for(spec, spec.study.n_trials)
         self.ledger = Ledger(self.study, clock, self.budget)
         self.relay = ReportRelay(channel, self._store, clock, reporting=objectives == 1)
         self.sender = Sender(
@@ -143,27 +142,22 @@ class StudyDriver:
         """The study's finished trials by state."""
         return self.ledger.counts
 
-    def usage(self) -> dict[str, dict[str, Any]]:
-        """Each budget set, its limit and what is used (the summary's `budgets`)."""
-        return self.ledger.usage()
-
-    def run(self, n_trials: int) -> None:
-        """Ask, send, collect and tell until `n_trials` trials have finished, or a budget
-        is reached."""
-        n_trials = self.ledger.open(budget_for(self.spec, n_trials))
+    def run(self) -> None:
+        """Ask, send, collect and tell until the budget's `n_trials` trials have finished, or
+        another budget is reached."""
+        self.ledger.open()
         for params in self.spec.enqueue:  # asked first; a set seen before is not enqueued
-            self.study.enqueue_trial(dict(params), skip_if_exists=True)
+            self._store.enqueue(params)
         self._reattach()
         self._written = self._store.flush_behind()
         outages = Outages(self.options.outage_limit_s, self.options.clock)
-        self._start_asking()
+        self.sender.new_trials.start_asking(self.spec.study.ask_processes)
         try:
-            while self._step(n_trials, outages):
-                self._pause(self.pacing.pause_s(self.options.clock()), outages, n_trials)
-            self._give_back_spares()
+            while self._step(outages):
+                self._pause(self.pacing.pause_s(self.options.clock()), outages)
+            self.sender.new_trials.give_back_spares()
             self._write_all(outages)
-            self._forget_all()
-            self._store.set_study_attr(LAST_RUN_ATTR, self.ledger.last_run())
+            self._store.set_study_attr(LAST_RUN_ATTR, self.ledger.last_run().to_json())
         except KeyboardInterrupt:
             self.ended_by = "interrupted"
             raise Interrupted(_interrupted(self.sender.withdraw_waiting())) from None
@@ -182,12 +176,12 @@ class StudyDriver:
             self.sender.withdraw_waiting()
             raise StudyDeleted.named(self.study.study_name) from None
         finally:
-            self._stop_asking()
-            self._give_back_spares()
+            self.sender.new_trials.stop_asking()
+            self.sender.new_trials.give_back_spares()
             self._record_early_end()
             self._write_told()
 
-    def _step(self, n_trials: int, outages: Outages) -> bool:
+    def _step(self, outages: Outages) -> bool:
         """One pass: collect and tell, ask into the room that made, relay reports, then hand
         what is left pending to the storage. False once everything is told.
 
@@ -206,7 +200,9 @@ class StudyDriver:
             self._check_budget()
             self._check_outside()
             self.sender.send_recorded()
-            more = self._fill(n_trials)
+            more = self.stop is None and self.sender.fill(
+                self.ledger.n_trials, self.counts.finished, self.options.max_in_flight
+            )
             self._relay()
             self.pacing.read(self.options.clock(), self.options.poll_interval_s)
             self.relay.forget_told()
@@ -217,7 +213,7 @@ class StudyDriver:
         self.progress.update(self.counts, self.ledger.best_value(), outstanding)
         return bool(more or outstanding)
 
-    def _pause(self, seconds: float, outages: Outages, n_trials: int) -> None:
+    def _pause(self, seconds: float, outages: Outages) -> None:
         """Wait for the next pass, sending each trial the moment its record is written, then
         asking ahead once all are out; the pass comes as soon as a trial's result does
         (`Dispatcher.wait_for_results`), at the latest `seconds` on (what else a pass looks
@@ -230,54 +226,21 @@ class StudyDriver:
                     break
         if not self.sender.recording and self.stop is None:
             with outages.tolerated():
-                ahead = self.spec.study.ask_ahead
-                self.sender.ask_ahead(ahead, n_trials, self.counts.finished)
-                self._sync_asking(n_trials)
+                finished = self.counts.finished
+                left = self.ledger.n_trials - finished - self.sender.outstanding
+                self.sender.new_trials.ask_ahead(self.spec.study.ask_ahead, left)
+                self.sender.new_trials.sync_asking(left)
         self.dispatcher.wait_for_results(max(0.0, deadline - clock()))
 
-    def _start_asking(self) -> None:
-        """The spec's ask processes (`[study] ask_processes`), started with the study as it is;
-        where they cannot start (no process left to this user), the driver asks every trial."""
-        if not self.spec.study.ask_processes:
-            return
-        try:
-            self.sender.asking = AskPool(self.spec, self.study, self.spec.study.ask_processes)
-        except OSError as exc:
-            _log.warning("ask processes not started (%s): the driver asks every trial", exc)
-
-    def _stop_asking(self) -> None:
-        """The ask processes ended; what they drew and the driver did not take is dropped."""
-        if self.sender.asking is not None:
-            self.sender.asking.close()
-
-    def _sync_asking(self, n_trials: int) -> None:
-        """The ask processes told what changed, and asked for the draws still wanted."""
-        pool = self.sender.asking
-        if pool is None:
-            return
-        finished = self.counts.finished
-        left = n_trials - finished - self.sender.outstanding - len(self.sender.spares)
-        pool.sync(self.study, left)
-
-    def _give_back_spares(self) -> None:
-        """Trials asked ahead and not sent go back to the study (`Sender.give_back_spares`);
-        written with the run's last tells."""
-        try:
-            self.sender.give_back_spares()
-        except Exception as exc:  # they stay RUNNING with params: the next run sends them
-            _log.warning("trials asked ahead left RUNNING for the next run: %s", exc)
-
     def _write_all(self, outages: Outages) -> None:
-        """The run is done once every tell is in the database, outage or not."""
+        """The run is done once every tell is in the database, outage or not. Then the told
+        trials' results are dropped from the broker; with the broker away they stay until
+        their TTL (`TRIALQ_KEY_TTL_S`): the run is done anyway."""
         written = False
         while not written:
             with outages.tolerated():
                 self._store.flush()
                 written = True
-
-    def _forget_all(self) -> None:
-        """Every tell is written: drop the told trials' results from the broker. With the
-        broker away they stay until their TTL (`TRIALQ_KEY_TTL_S`); the run is done anyway."""
         try:
             self.forgetting.all_written()
         except BrokerUnreachable as exc:
@@ -291,14 +254,6 @@ class StudyDriver:
         if outages.away("storage"):
             self._store.ping()
             outages.recovered("storage")
-
-    def _fill(self, n_trials: int) -> bool:
-        """Send new trials while there is room and no budget is reached; True while more
-        remain to be sent."""
-        if self.stop is not None:
-            return False
-        finished = self.counts.finished
-        return self.sender.fill(n_trials, finished, self.options.max_in_flight)
 
     def _reattach(self) -> None:
         """Take back trials a previous driver left RUNNING (`fate.reattach`)."""
@@ -329,9 +284,8 @@ class StudyDriver:
         self.relay.read_final(statuses, in_flight)
         for task_id, status in statuses.items():
             entry = in_flight[task_id]
-            entry.worker = status.worker or entry.worker
-            entry.log_file = status.log_file or entry.log_file
-            known = self.watch.known(entry, status, queued)
+            known, seen = self.watch.known(entry, status, queued)
+            entry.saw(seen)
             self._apply(entry, fate.decide(known, self.limits))
         self.relay.end_pass()
 
@@ -362,7 +316,7 @@ class StudyDriver:
     def _finish(self, entry: InFlight, verdict: Tell) -> None:
         """Tell the trial; a spec that cannot pick its objective stops the run."""
         self.relay.drain(entry)
-        del self.sender.in_flight[entry.task_id]
+        self.sender.settled(entry)
         self.teller.tell(entry, verdict)
         self.forgetting.told(entry.task_id)
         if verdict.ends_run is not None:
@@ -391,7 +345,7 @@ class StudyDriver:
             verdict = fate.stopped_outside(frozen.state, counted_state(frozen))
             self.ledger.finished_elsewhere(frozen)
             self.dispatcher.terminate(entry.task_id)
-            del self.sender.in_flight[entry.task_id]
+            self.sender.settled(entry)
             self.teller.stopped(entry, verdict)
 
     def _check_budget(self) -> None:
@@ -403,7 +357,7 @@ class StudyDriver:
         _log.info("%s", stop.line)  # said once, by the command (a warning printed it twice)
         if stop.failing:
             raise FailingTrials(stop.line)
-        if stop.budget == "max_wall_s" and self.ledger.budget and self.ledger.budget.hard_wall:
+        if stop.budget == "max_wall_s" and self.ledger.budget.hard_wall:
             self.sender.leave_in_flight()
 
     def _record_early_end(self) -> None:
@@ -411,7 +365,7 @@ class StudyDriver:
         `trialq status`; a storage that does not answer leaves the earlier record."""
         if self.ended_by is None:
             return
-        record = self.ledger.last_run(self.ended_by)
+        record = self.ledger.last_run(self.ended_by).to_json()
         try:  # bounded as the last tells are: Ctrl-C while the database hangs ends the run
             write = partial(self._store.set_study_attr, LAST_RUN_ATTR, record)
             within(LAST_WRITE_WAIT_S, write, "trialq-last-run")
@@ -431,7 +385,7 @@ class StudyDriver:
 
 def _interrupted(withdrawn: bool) -> str:
     """The line an interrupt ends the run with: it says queued trials were withdrawn only
-    where they were (issue 38, row 9: said with Redis frozen, nothing withdrawn)."""
+    where they were (with Redis frozen, nothing is withdrawn)."""
     if withdrawn:
         return "interrupted: queued trials withdrawn; rerun to resume"
     return (

@@ -21,7 +21,6 @@ import optuna
 import sqlalchemy
 
 from trialq.errors import BrokerUnreachable, ServiceUnreachable, StorageUnreachable
-from trialq.wire.broker_away import broker_away
 
 _log = logging.getLogger("trialq.outage")  # the name log lines show; kept when the module moved
 
@@ -36,16 +35,17 @@ _STORAGE_OUTAGES = (
     sqlalchemy.exc.DisconnectionError,
     StorageUnreachable,
 )
-_BROKER_OUTAGES = (BrokerUnreachable,)
 
 
 def service_lost(exc: BaseException) -> str | None:
     """`"broker"` or `"storage"` where `exc` (or an error it wraps: Optuna's
     `StorageInternalError` wraps SQLAlchemy's) says the service is away; None for any other
-    error, which is no outage and must not be retried."""
+    error, which is no outage and must not be retried. The broker is reached only through
+    the dispatcher, which says an outage as `BrokerUnreachable` (`trialq.wire.dispatch`):
+    Redis's own errors never reach here."""
     seen: BaseException | None = exc
     while seen is not None:
-        if isinstance(seen, _BROKER_OUTAGES) or broker_away(seen):
+        if isinstance(seen, BrokerUnreachable):
             return "broker"
         if isinstance(seen, _STORAGE_OUTAGES):
             return "storage"

@@ -8,7 +8,7 @@ and nothing is pruned.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 from trialq.driver._storage.store import TrialStore
 from trialq.driver.in_flight import InFlight
@@ -45,7 +45,9 @@ class ReportRelay:
         for address, reports in self._channel.read_new(positions).items():
             self._relay(by_address[address], reports)
 
-    def read_final(self, statuses: dict[str, TaskStatus], in_flight: dict[str, InFlight]) -> None:
+    def read_final(
+        self, statuses: Mapping[str, TaskStatus], in_flight: Mapping[str, InFlight]
+    ) -> None:
         """The last reports of every attempt that ended, in one read before any is told
         (`drain` takes them from here): read after the statuses, so nothing a trial
         reported before its result is missed. Good for this pass only (`end_pass`)."""

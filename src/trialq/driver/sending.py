@@ -1,5 +1,6 @@
-"""What is in flight, and sending it: asking trials, recording each before it is sent, sending
-it once its record is written, re-sending, and taking back what has not started.
+"""What is in flight, and sending it: recording each new trial (`trialq.driver.new_trials`)
+before it is sent, sending it once its record is written, re-sending, and taking back what
+has not started.
 
 A trial in a queue always has its params, task id and checkpoint key in the database, so a
 restarted driver finds it (`trialq.driver.fate.reattach`) and its next attempt finds the same
@@ -10,18 +11,17 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 
 import optuna
-from optuna.trial import TrialState
 
 from trialq import logs
 from trialq.driver._storage.store import TrialStore
-from trialq.driver.asking.pool import AskPool
 from trialq.driver.fate import Resends
 from trialq.driver.in_flight import InFlight, Recording
-from trialq.driver.search_space import DefineSpace, ask_new
+from trialq.driver.new_trials import NewTrials
+from trialq.driver.search_space import DefineSpace
 from trialq.errors import BrokerError
 from trialq.spec import StudySpec
 from trialq.tracking.mlflow_runs import tracking_uri
@@ -46,23 +46,26 @@ class Sender:
         define_space: DefineSpace | None,
     ) -> None:
         self._spec, self._study, self._dispatcher = spec, study, dispatcher
-        self._store, self._clock, self._define_space = store, clock, define_space
+        self._store, self._clock = store, clock
         self._mlflow = mlflow_target(spec)
-        self.in_flight: dict[str, InFlight] = {}
+        self._in_flight: dict[str, InFlight] = {}
         self.recording: list[Recording] = []
         """Trials whose record is on its way to the database, in the order they were asked."""
         self.unsent: list[Recording] = []
         """Asked trials whose sending failed (broker away); sent before any new one."""
-        self.asking: AskPool | None = None
-        """Ask processes drawing params beside the driver (`[study] ask_processes`)."""
-        self.spares: list[optuna.Trial] = []
-        """Trials asked ahead (`[study] ask_ahead`): params drawn, not recorded or sent; the
-        next room takes one at once, with no ask in between."""
+        self.new_trials = NewTrials(spec, study, store, define_space)
+        """Where the trials it sends come from (asked ahead, drawn by ask processes, or
+        asked here)."""
+
+    @property
+    def in_flight(self) -> Mapping[str, InFlight]:
+        """The trials sent and not yet told, by task id: added and removed here alone."""
+        return self._in_flight
 
     @property
     def outstanding(self) -> int:
         """Trials asked and not yet told: sent, or on their way to being sent."""
-        return len(self.in_flight) + len(self.recording)
+        return len(self._in_flight) + len(self.recording)
 
     def fill(self, n_trials: int, finished: int, max_in_flight: int) -> bool:
         """Send what failed to go, then new trials while there is room; True while more
@@ -72,38 +75,12 @@ class Sender:
             request = unsent.request
             self.send(unsent.trial, request.attempt, request.checkpoint_key, unsent.resends)
         while self.outstanding < max_in_flight and finished + self.outstanding < n_trials:
-            trial = self.spares.pop(0) if self.spares else self.ask()
-            self.send(trial, 1, None, Resends())
+            self.send(self.new_trials.next(), 1, None, Resends())
         return finished + self.outstanding < n_trials
 
-    def ask_ahead(self, ahead: int, n_trials: int, finished: int) -> None:
-        """Ask until `ahead` trials wait for room, within the budget: called once the sends
-        are out, so the ask is on no trial's way to its worker."""
-        while len(self.spares) < ahead:
-            if finished + self.outstanding + len(self.spares) >= n_trials:
-                return
-            self.spares.append(self.ask())
-
-    def give_back_spares(self) -> None:
-        """The run ends: trials asked ahead and never sent go back to the study as WAITING,
-        params kept (`TrialStore.give_back`): none is lost, none left RUNNING with no process."""
-        while self.spares:
-            self._store.give_back(self.spares[0])
-            self.spares.pop(0)
-
-    def ask(self) -> optuna.Trial:
-        """A new trial of the study, its params drawn from the spec's search space."""
-        if self.asking is not None and not self._queued_in_study():
-            drawn = self.asking.take(self._study)
-            if drawn is not None:
-                return drawn
-        return ask_new(self._study, self._spec, self._define_space)
-
-    def _queued_in_study(self) -> bool:
-        """Whether the study holds WAITING trials (enqueued, or given back): the driver's own
-        ask sends those first."""
-        storage, study_id = self._study._storage, self._study._study_id
-        return bool(storage.get_all_trials(study_id, deepcopy=False, states=(TrialState.WAITING,)))
+    def settled(self, entry: InFlight) -> None:
+        """`entry`'s attempt is over (told, or finished from outside): no longer in flight."""
+        del self._in_flight[entry.task_id]
 
     def request(
         self, trial: optuna.Trial, attempt: int, checkpoint_key: str | None, preemptions: int
@@ -174,7 +151,7 @@ class Sender:
         except BaseException:
             self.unsent.append(recorded)
             raise
-        self.in_flight[task_id] = InFlight(recorded.trial, request, task_id, recorded.resends)
+        self._in_flight[task_id] = InFlight(recorded.trial, request, task_id, recorded.resends)
         _log.info("sent task_id=%s params=%s", task_id, request.params, extra=logs.fields(request))
 
     def follow(
@@ -182,12 +159,12 @@ class Sender:
     ) -> None:
         """Take a task a previous driver sent as one in flight."""
         request = self.request(trial, attempt, key, resends.preemptions)
-        self.in_flight[task_id] = InFlight(trial, request, task_id, resends)
+        self._in_flight[task_id] = InFlight(trial, request, task_id, resends)
 
     def resend(self, entry: InFlight, new_attempt: bool, resends: Resends) -> None:
         """Withdraw the old task for good, then send the same trial again."""
         self._dispatcher.withdraw([entry.task_id], self._spec.trial.queue)
-        del self.in_flight[entry.task_id]
+        del self._in_flight[entry.task_id]
         attempt = entry.request.attempt + (1 if new_attempt else 0)
         self.send(entry.trial, attempt, entry.request.checkpoint_key, resends)
 
@@ -197,7 +174,7 @@ class Sender:
         worker may still run them, and the next run re-attaches all of them).
         """
         try:
-            statuses = self._dispatcher.statuses(self.in_flight)
+            statuses = self._dispatcher.statuses(self._in_flight)
             waiting = [tid for tid, s in statuses.items() if s.phase is TaskPhase.WAITING]
             self._dispatcher.withdraw(waiting, self._spec.trial.queue)
         except BrokerError:
@@ -208,9 +185,9 @@ class Sender:
         """Stop every trial in flight and leave it RUNNING in the study, for the next run to
         send again (a withdrawn or killed attempt uses no retry)."""
         self.withdraw_waiting()
-        for task_id in list(self.in_flight):
+        for task_id in list(self._in_flight):
             self._dispatcher.terminate(task_id)
-        self.in_flight.clear()
+        self._in_flight.clear()
 
 
 def mlflow_target(spec: StudySpec) -> MlflowTarget | None:

@@ -75,11 +75,11 @@ class Teller:
             self.orphan_checkpoint(entry)
         self._ledger.record(fate.told_state(result.outcome), record)
         if verdict.constrained:
-            entry.trial.set_constraint(OOM_CONSTRAINT, 1.0)
+            self._store.set_constraint(entry.trial, OOM_CONSTRAINT, 1.0)
         self._store.tell(entry.trial, state, verdict.values)
         self._ledger.told(entry.request.number, state, verdict.values, not verdict.constrained)
         if self._tracking.active:
-            self._tracking.told(told_trial(self._store.told(entry.trial)))
+            self._tracking.told(told_trial(self._store.told(entry.trial), record))
         self._relay.forget(entry)
         _log.info("told state=%s outcome=%s", state.name, result.outcome, extra=logs.fields(result))
         if not result.outcome.succeeded:  # failed, or out of memory however it was told
@@ -136,15 +136,15 @@ class Teller:
             self._relay.orphan_checkpoint(key)
 
 
-def told_trial(trial: FrozenTrial) -> ToldTrial:
-    """What the trackers are given of a told trial."""
+def told_trial(trial: FrozenTrial, record: TrialRecord) -> ToldTrial:
+    """What the trackers are given of a told trial: the record the driver wrote, whole."""
     return ToldTrial(
         number=trial.number,
         state=trial.state.name,
         params=dict(trial.params),
         values=tuple(trial.values) if trial.values is not None else None,
         intermediate=dict(trial.intermediate_values),
-        attrs=dict(trial.user_attrs),
+        record=record,
         started=trial.datetime_start,
         ended=trial.datetime_complete,
     )

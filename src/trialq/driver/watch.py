@@ -11,7 +11,7 @@ from optuna.trial import FrozenTrial
 from trialq.driver import fate
 from trialq.driver._storage.store import TrialStore
 from trialq.driver.fate import Known
-from trialq.driver.in_flight import InFlight
+from trialq.driver.in_flight import InFlight, Sighting
 from trialq.driver.pacing import Periodic
 from trialq.driver.sampling.oom_constraint import OomTelling
 from trialq.driver.study_lock import StudyLock
@@ -44,13 +44,20 @@ class Watch:
         self._lost_check.took(started, self._clock())
         return queued
 
-    def known(self, entry: InFlight, status: TaskStatus, queued: set[str] | None) -> Known:
-        """What the queue and the report channel say of one attempt in this pass."""
-        alive = self._alive(entry, status)
-        claim_lost = self._claim_lost(entry, status, queued)
+    def known(
+        self, entry: InFlight, status: TaskStatus, queued: set[str] | None
+    ) -> tuple[Known, Sighting]:
+        """What the queue and the report channel say of one attempt in this pass, and what
+        the pass saw of its process, for its entry (`InFlight.saw`): nothing here writes it."""
+        asked = status.phase is TaskPhase.RUNNING or (
+            status.phase is TaskPhase.WAITING and queued is not None
+        )
+        beating = self._beating(entry, status) if asked else False
+        alive = self._alive(entry, status, beating)
+        claim_lost = self._claim_lost(entry, status, queued, beating)
         lost = fate.may_be_lost(status, alive, claim_lost)
         oom_rss = self._channel.memory_exceeded(entry.address) if lost else None
-        return Known(
+        known = Known(
             request=entry.request,
             status=status,
             resends=entry.resends,
@@ -64,28 +71,28 @@ class Watch:
             stop_requested=lost and self._channel.stop_requested(entry.address),
             oom_telling=self._oom_telling() if fate.may_tell_oom(status, oom_rss) else None,
         )
+        claimed = status.phase is TaskPhase.WAITING and queued is not None and beating
+        return known, Sighting(status.worker, status.log_file, claimed, beating)
 
-    def _claim_lost(self, entry: InFlight, status: TaskStatus, queued: set[str] | None) -> bool:
+    @staticmethod
+    def _claim_lost(
+        entry: InFlight, status: TaskStatus, queued: set[str] | None, beating: bool
+    ) -> bool:
         """On a lost check, for an attempt Celery still has waiting: whether a trial process
         claimed it (its beacon seen on an earlier check) and beats no more. Its process writes
         the beacon just before Celery stores `STARTED`; a host lost in between leaves the
         message reserved until the visibility timeout (docs/reliability.md)."""
         if status.phase is not TaskPhase.WAITING or queued is None:
             return False
-        beating = self._beating(entry, status)
-        lost = entry.claimed and not beating
-        entry.claimed = entry.claimed or beating
-        return lost
+        return entry.claimed and not beating
 
-    def _alive(self, entry: InFlight, status: TaskStatus) -> bool:
+    def _alive(self, entry: InFlight, status: TaskStatus, beating: bool) -> bool:
         """For a running attempt: whether its trial process still beats. Once its beacon was
         seen, the beacon alone says so: a worker's heartbeat is kept fresh by any process of
         its name, a twin started with the same `--hostname` too, and a lost attempt would be
-        waited for forever (issue 38, row 6). Until then (a beacon not yet written, a worker
-        too old to write one) its worker's heartbeat does, asked only then."""
-        if status.phase is not TaskPhase.RUNNING:
-            return True
-        if self._beating(entry, status):
+        waited for forever (docs/reliability.md). Until then (a beacon not yet written, a
+        worker too old to write one) its worker's heartbeat does, asked only then."""
+        if status.phase is not TaskPhase.RUNNING or beating:
             return True
         if entry.beacon_seen:
             return False
@@ -95,13 +102,9 @@ class Watch:
         """Whether the attempt's trial process renews its beacon: as read with its status
         where the dispatcher read it there, else asked now. A beacon outlives its process by
         the heartbeat's TTL, so a pass every few seconds sees it at least once."""
-        beating = (
-            status.beating
-            if status.beating is not None
-            else self._dispatcher.attempt_alive(entry.task_id)
-        )
-        entry.beacon_seen = entry.beacon_seen or beating
-        return beating
+        if status.beating is not None:
+            return status.beating
+        return self._dispatcher.attempt_alive(entry.task_id)
 
     def _prune_overdue(self, entry: InFlight) -> bool:
         asked = entry.prune_requested_at

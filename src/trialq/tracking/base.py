@@ -20,6 +20,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
+from trialq.wire.record import TrialRecord
+
 CLOSE_WAIT_S = 60.0
 """How long the end of a run waits for the trackers' last records; what is left is said
 missing."""
@@ -50,16 +52,16 @@ class ToldTrial:
     values: tuple[float, ...] | None
     intermediate: Mapping[int, float]
     """The trial's reports, by step."""
-    attrs: Mapping[str, Any]
-    """Its user attrs (`trialq.wire.record.TrialRecord`): outcome, attempts, worker host,
-    metrics, GPU peaks."""
+    record: TrialRecord
+    """What the driver recorded of it (its user attrs, typed): outcome, attempts, worker
+    host, metrics, GPU peaks."""
     started: datetime | None = None
     ended: datetime | None = None
 
     @property
     def final_metrics(self) -> dict[str, float]:
         """The numeric metrics the trial returned, beside its objective values."""
-        metrics = self.attrs.get("metrics") or {}
+        metrics = self.record.metrics or {}
         return {
             str(name): float(value)
             for name, value in metrics.items()
@@ -68,14 +70,9 @@ class ToldTrial:
 
     @property
     def summary_attrs(self) -> dict[str, str | int | float]:
-        """What every tracker records of how it ran: outcome, attempts, where, GPU peaks."""
-        keys = ("outcome", "attempts", "retries", "preemptions", "worker_host",
-                "duration_s", "peak_rss_bytes", "gpu_peak_bytes", "gpu_memory_used_peak_bytes",
-                "framework", "gpu_model", "error")  # fmt: skip
-        found = {key: self.attrs.get(key) for key in keys}
-        return {"state": self.state} | {
-            k: v for k, v in found.items() if isinstance(v, str | int | float)
-        }
+        """What every tracker records of how it ran: its state, and the record's summary
+        (`TrialRecord.summary`: outcome, attempts, where, GPU peaks)."""
+        return {"state": self.state} | self.record.summary()
 
     def objective_values(self, study: StudyInfo) -> dict[str, float]:
         """Its objective values by metric name; none for a trial that has none."""

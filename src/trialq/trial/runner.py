@@ -85,76 +85,122 @@ def run_trial(
     With `soft_limit_s` (a worker's trial process), the trial's code gets that long before
     `SoftLimitPassed` ends it as `timeout` (`trialq.trial.soft_limit`).
     """
-    share = _gpu_share(gpu)
-    importable = Importable(allowed_modules, import_paths)
+    setup = _Setup(
+        channel, device, Importable(allowed_modules, import_paths), timeout_errors,
+        _gpu_share(gpu), soft_limit_s,
+    )  # fmt: skip
     group = process_group.own_group() if own_process_group else nullcontext()
     capped = output_cap.capped_output(output_max_bytes)
     with logs.trial_context(request), group, capped:
         _log.info("trial started entrypoint=%s", request.entrypoint)
         refusal = baseline.refusal(device) if baseline is not None else None
         if refusal is None:
-            saver = artifact_saver(artifact_root) if artifact_root is not None else None
-            folder = _checkpoint_folder(request, checkpoint_root)
-            with folder.attach() if folder is not None else nullcontext(None) as ckpt:
-                used = folder if ckpt is not None else None  # None: the trial runs without
-                save = _save_quietly(used) if used is not None else None
-                result = _attempt(
-                    request, channel, device, importable, timeout_errors, ckpt, saver, save,
-                    share, soft_limit_s,
-                )  # fmt: skip
-                if used is not None:
-                    result = _settle_checkpoint(request, result, used)
+            result = _in_folders(request, setup, checkpoint_root, artifact_root)
         else:
             result = TrialResult.device_refused_here(request, refusal)
         _log_finished(result)
         return result
 
 
+@dataclass(frozen=True)
+class _Setup:
+    """What an attempt runs with besides its request and folders: the worker's, never the
+    message's."""
+
+    channel: ReportChannel | None
+    device: Device
+    importable: Importable
+    timeout_errors: tuple[type[BaseException], ...]
+    share: GpuShare | None
+    soft_limit_s: float | None
+
+
+def _in_folders(
+    request: TrialRequest,
+    setup: _Setup,
+    checkpoint_root: Path | str | None,
+    artifact_root: Path | str | None,
+) -> TrialResult:
+    """The attempt with its checkpoint folder attached (settled after it) and its artifact
+    saver, where the worker has roots for them."""
+    saver = artifact_saver(artifact_root) if artifact_root is not None else None
+    folder = _checkpoint_folder(request, checkpoint_root)
+    with folder.attach() if folder is not None else nullcontext(None) as ckpt:
+        used = folder if ckpt is not None else None  # None: the trial runs without
+        save = _save_quietly(used) if used is not None else None
+        result = _attempt(request, setup, ckpt, saver, save)
+        if used is not None:
+            result = _settle_checkpoint(request, result, used)
+    return result
+
+
 def _attempt(
     request: TrialRequest,
-    channel: ReportChannel | None,
-    device: Device,
-    importable: Importable,
-    timeout_errors: tuple[type[BaseException], ...],
+    setup: _Setup,
     checkpoint_dir: Path | None = None,
     artifact_saver: Saver | None = None,
     checkpoint_sync: Callable[[], None] | None = None,
-    share: GpuShare | None = None,
-    soft_limit_s: float | None = None,
 ) -> TrialResult:
     address = TrialAddress(request.study, request.number, request.attempt)
-    reports = _reports(channel)
+    reports = _reports(setup.channel)
+    context = _context(request, setup, reports, checkpoint_dir, artifact_saver, checkpoint_sync)
+    started = time.monotonic()
+    framework = FrameworkSession(request.framework, setup.share)
+    try:
+        with Sampler(setup.device) as sampler, _memory_cap(request, address, setup.channel):
+            ended = _outcome(request, context, setup, framework)
+    finally:
+        _flush(reports, setup.timeout_errors)
+    duration_s = round(time.monotonic() - started, 6)
+    dropped = (
+        reports.dropped if isinstance(reports, ReportSender) else 0
+    ) + context.reports_refused
+    return _result(request, ended, duration_s, sampler, framework.record(), context, setup, dropped)
+
+
+def _context(
+    request: TrialRequest,
+    setup: _Setup,
+    reports: Reports | None,
+    checkpoint_dir: Path | None,
+    artifact_saver: Saver | None,
+    checkpoint_sync: Callable[[], None] | None,
+) -> TrialContext:
+    """The `trial` argument the entrypoint gets."""
+    address = TrialAddress(request.study, request.number, request.attempt)
     mlflow = request.mlflow
     find_run = (
-        partial(mlflow_run_id, mlflow, request.study, request.number, timeout_errors)
+        partial(mlflow_run_id, mlflow, request.study, request.number, setup.timeout_errors)
         if mlflow
         else None
     )
-    context = TrialContext(
+    return TrialContext(
         address, request.params, reports, checkpoint_dir, artifact_saver, checkpoint_sync,
         find_run,
     )  # fmt: skip
-    started = time.monotonic()
-    framework = FrameworkSession(request.framework, share)
-    try:
-        with Sampler(device) as sampler, _memory_cap(request, address, channel):
-            outcome, metrics, error = _outcome(
-                request, context, device, importable, timeout_errors, framework, soft_limit_s
-            )
-    finally:
-        _flush(reports, timeout_errors)
+
+
+def _result(
+    request: TrialRequest,
+    ended: tuple[Outcome, dict[str, float], str | None],
+    duration_s: float,
+    sampler: Sampler,
+    record: FrameworkRecord,
+    context: TrialContext,
+    setup: _Setup,
+    reports_dropped: int,
+) -> TrialResult:
+    """How the attempt ended, with what it measured."""
+    outcome, metrics, error = ended
     gpu = sampler.result()
-    record = framework.record()
-    sent_dropped = reports.dropped if isinstance(reports, ReportSender) else 0
-    dropped = sent_dropped + context.reports_refused
     return TrialResult.here(
         request,
         outcome,
         error,
         metrics=metrics,
-        duration_s=round(time.monotonic() - started, 6),
+        duration_s=duration_s,
         peak_rss_bytes=_peak_rss_bytes(),
-        gpu_peak_bytes=_largest_peak(record, device),
+        gpu_peak_bytes=_largest_peak(record, setup.device),
         framework=record.framework,
         gpu_peaks_bytes=record.peaks,
         gpu_budget_bytes=record.budget_bytes,
@@ -166,25 +212,19 @@ def _attempt(
         gpu_utilization_mean=gpu.utilization_mean,
         last_step=context.last_step,
         artifacts=tuple(context.artifacts),
-        reports_dropped=dropped,
+        reports_dropped=reports_dropped,
         fitted_batch_size=context.fitted_batch_size,
     )
 
 
 def _outcome(
-    request: TrialRequest,
-    context: TrialContext,
-    device: Device,
-    importable: Importable,
-    timeout_errors: tuple[type[BaseException], ...],
-    framework: FrameworkSession,
-    soft_limit_s: float | None = None,
+    request: TrialRequest, context: TrialContext, setup: _Setup, framework: FrameworkSession
 ) -> tuple[Outcome, dict[str, float], str | None]:
     """Every way the entrypoint can end, as (outcome, metrics, error)."""
-    timeout_errors = (*timeout_errors, SoftLimitPassed)
+    timeout_errors: tuple[type[BaseException], ...] = (*setup.timeout_errors, SoftLimitPassed)
     try:
-        with process_group.forks_exit_here(), soft_limit(soft_limit_s):
-            metrics = _call_entrypoint(request, context, device, importable, framework)
+        with process_group.forks_exit_here(), soft_limit(setup.soft_limit_s):
+            metrics = _call_entrypoint(request, context, setup.device, setup.importable, framework)
     except TrialPruned:
         return Outcome.PRUNED, {}, None
     except timeout_errors:

@@ -109,7 +109,7 @@ def _print_json(
 ) -> None:
     """`submit-study --json`'s summary, plus outcome counts and the live workers."""
     document = {
-        **study_summary(study),
+        **study_summary(study).to_json(),
         "outcomes": outcome_counts(rows),
         "last_run": study.user_attrs.get(LAST_RUN_ATTR),
         "broker": asked,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import optuna
@@ -12,30 +13,56 @@ from trialq.wire.failures import failure_line
 from trialq.wire.record import TrialRecord
 
 
-def study_summary(study: optuna.Study) -> dict[str, Any]:
+@dataclass(frozen=True)
+class StudySummary:
     """Counts, the best trial and every trial with its state, values, params and attrs."""
+
+    study: str
+    n_complete: int
+    n_pruned: int
+    n_failed: int
+    best_value: float | list[list[float]] | None
+    """The best value; with several objectives, the Pareto front's values."""
+    best_params: dict[str, Any] | None
+    trials: list[optuna.trial.FrozenTrial]
+
+    def to_json(self) -> dict[str, Any]:
+        """As `submit-study --json` prints it (and `trialq status --json` extends it)."""
+        return {
+            "study": self.study,
+            "n_complete": self.n_complete,
+            "n_pruned": self.n_pruned,
+            "n_failed": self.n_failed,
+            "best_value": self.best_value,
+            "best_params": self.best_params,
+            "trials": [
+                {
+                    "number": t.number,
+                    "state": t.state.name,
+                    "values": real_values(t),
+                    "params": t.params,
+                    "user_attrs": t.user_attrs,
+                }
+                for t in self.trials
+            ],
+        }
+
+
+def study_summary(study: optuna.Study) -> StudySummary:
+    """Counts, the best trial and every trial of `study`."""
     trials = study.get_trials(deepcopy=False)
     counted = [counted_state(t) for t in trials]
     complete = [t for t, state in zip(trials, counted, strict=True) if state is TrialState.COMPLETE]
     best_value, best_params = _best(study, complete)
-    return {
-        "study": study.study_name,
-        "n_complete": len(complete),
-        "n_pruned": counted.count(TrialState.PRUNED),
-        "n_failed": counted.count(TrialState.FAIL),
-        "best_value": best_value,
-        "best_params": best_params,
-        "trials": [
-            {
-                "number": t.number,
-                "state": t.state.name,
-                "values": real_values(t),
-                "params": t.params,
-                "user_attrs": t.user_attrs,
-            }
-            for t in trials
-        ],
-    }
+    return StudySummary(
+        study=study.study_name,
+        n_complete=len(complete),
+        n_pruned=counted.count(TrialState.PRUNED),
+        n_failed=counted.count(TrialState.FAIL),
+        best_value=best_value,
+        best_params=best_params,
+        trials=trials,
+    )
 
 
 def failure_lines(summary: dict[str, Any]) -> list[str]:

@@ -17,6 +17,17 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from trialq.wire.messages import Metric, TrialResult
 from trialq.wire.outcome import Outcome
 
+SUMMARY_FIELDS = (
+    "outcome", "attempts", "retries", "preemptions", "worker_host", "duration_s",
+    "peak_rss_bytes", "gpu_peak_bytes", "gpu_memory_used_peak_bytes", "framework",
+    "gpu_model", "error",
+)  # fmt: skip
+"""The fields of a record every tracker records beside the trial's values and metrics."""
+
+
+def _is_scalar(value: object) -> bool:
+    return isinstance(value, str | int | float)
+
 
 class TrialRecord(BaseModel):
     """A trial's user attrs; `attrs()` is what is written: the fields set, no others."""
@@ -88,6 +99,11 @@ class TrialRecord(BaseModel):
     def outcome_in(attrs: Mapping[str, Any]) -> Outcome | None:
         """The outcome a stored record names, read alone (for every trial of a study)."""
         return Outcome.read(attrs.get("outcome"))
+
+    def summary(self) -> dict[str, str | int | float]:
+        """How the trial ran, as every tracker records it: the `SUMMARY_FIELDS` set."""
+        shown = self.model_dump(include=set(SUMMARY_FIELDS))
+        return {name: shown[name] for name in SUMMARY_FIELDS if _is_scalar(shown[name])}
 
     def attrs(self) -> dict[str, Any]:
         """The user attrs to write: the fields set, as JSON."""

@@ -23,6 +23,7 @@ from typing import Any
 
 import optuna
 import sqlalchemy
+from optuna.distributions import BaseDistribution
 from optuna.trial import FrozenTrial, TrialState
 
 from trialq.driver._storage.mirror import FLUSH_WAIT_S, MirroredStorage
@@ -115,6 +116,28 @@ class TrialStore(ABC):
     def tell(self, trial: optuna.Trial, state: TrialState, values: Sequence[float] | None) -> None:
         """Tell Optuna the trial's end, once: a trial already finished stays as it is."""
         self.study.tell(trial, values=values, state=state, skip_if_finished=True)
+
+    def enqueue(self, params: Mapping[str, Any]) -> None:
+        """A trial of fixed `params` for the study's next ask, unless one was seen before."""
+        self.study.enqueue_trial(dict(params), skip_if_exists=True)
+
+    def set_constraint(self, trial: optuna.Trial, key: str, value: float) -> None:
+        """A constraint on a trial not yet told (feasible at 0 or less), as Optuna's
+        constrained samplers read it."""
+        trial.set_constraint(key, value)
+
+    def adopt(
+        self, params: Mapping[str, Any], distributions: Mapping[str, BaseDistribution]
+    ) -> optuna.Trial:
+        """A new trial of the study with `params` drawn elsewhere (an ask process), as
+        `study.ask` with them fixed would make it, without asking its sampler."""
+        storage = self.study._storage
+        trial_id = storage.create_new_trial(self.study._study_id)
+        for name, value in params.items():
+            distribution = distributions[name]
+            internal = distribution.to_internal_repr(value)
+            storage.set_trial_param(trial_id, name, internal, distribution)
+        return optuna.Trial(self.study, trial_id)
 
     def give_back(self, trial: optuna.Trial) -> None:
         """A trial asked and never sent goes back to WAITING, its params kept: the study's

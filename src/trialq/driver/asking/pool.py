@@ -29,6 +29,7 @@ from typing import Any
 
 import optuna
 
+from trialq.driver._storage.store import TrialStore
 from trialq.driver.asking.changes import ChangeFeed
 from trialq.driver.asking.protocol import Asked, AskFor, Changes, Failed, Start
 from trialq.spec import StudySpec
@@ -119,15 +120,16 @@ class AskPool:
             if asks[process.index]:
                 process.outbox.put(AskFor(asks[process.index]))
 
-    def take(self, study: optuna.Study) -> optuna.Trial | None:
-        """The oldest ready draw as a new trial of `study`, or None where none is ready."""
+    def take(self, study: optuna.Study, store: TrialStore) -> optuna.Trial | None:
+        """The oldest ready draw as a new trial of `study`, written through `store`; None
+        where none is ready."""
         self._receive()
         if not self._ready:
             return None
         process, asked = self._ready.popleft()
         process.settled.append(asked.ask_id)
         self.drawn += 1
-        return adopt(study, asked)
+        return store.adopt(asked.params, asked.distributions)
 
     def close(self) -> None:
         """End every process (killed where it does not end within `CLOSE_WAIT_S`)."""
@@ -176,18 +178,6 @@ class AskPool:
         _log.warning(
             "ask process %d stopped (%s): the driver asks in its place", process.index, reason
         )
-
-
-def adopt(study: optuna.Study, asked: Asked) -> optuna.Trial:
-    """A new trial of `study` with the params an ask process drew (as `study.ask` with them
-    fixed would make it, without asking its sampler)."""
-    storage = study._storage
-    trial_id = storage.create_new_trial(study._study_id)
-    for name, value in asked.params.items():
-        distribution = asked.distributions[name]
-        internal = distribution.to_internal_repr(value)
-        storage.set_trial_param(trial_id, name, internal, distribution)
-    return optuna.Trial(study, trial_id)
 
 
 def _start(index: int, start: Start, now: float) -> _AskProcess:
