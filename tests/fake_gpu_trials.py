@@ -35,10 +35,11 @@ def records_its_gpu(params: dict[str, Any], trial: TrialContext) -> float:
 
 
 def overruns_its_budget(params: dict[str, Any], trial: TrialContext) -> float:
-    """Holds twice its budget, as a trial whose framework cap was bypassed would."""
+    """Holds half its budget through its fake framework and twice its budget beside it, as a
+    trial with CuPy beside PyTorch would; returns after `sleep_s` unless killed."""
     budget = int(os.environ["TRIALQ_GPU_BUDGET_BYTES"])
-    fake_nvml.hold(2 * budget)
-    time.sleep(30)
+    fake_nvml.hold(budget // 2, outside=2 * budget)
+    time.sleep(float(params.get("sleep_s", 30.0)))
     return 1.0
 
 

@@ -138,7 +138,7 @@ def test_each_slot_has_its_own_devices_and_budget_and_packed_trials_all_run(
     assert on_gpu0[1][0] < on_gpu0[0][1], "the two trials on GPU 0 did not overlap"
 
 
-def test_an_over_budget_trial_ends_oom_by_the_guard_while_its_neighbour_completes(
+def test_an_over_budget_trial_is_killed_as_gpu_guard_never_oom_while_its_neighbour_completes(
     redis_url: str, tmp_path: Path, fake_gpus: Callable[[int], Path], gpu_worker: Callable[..., str]
 ) -> None:
     gpu_worker(fake_gpus(1), "--gpus", "0", "--trials-per-gpu", "2")
@@ -151,8 +151,11 @@ def test_an_over_budget_trial_ends_oom_by_the_guard_while_its_neighbour_complete
         {"entrypoint": "fake_gpu_trials:records_its_gpu", "params": neighbour},
     ])  # fmt: skip
 
-    assert over.result is not None and over.result.outcome is Outcome.OOM, over
+    assert over.result is not None and over.result.outcome is Outcome.GPU_GUARD, over
     assert "GPU memory guard" in (over.result.error or "")
+    figures = over.result.gpu_guard
+    assert figures is not None and figures.budget_bytes == over.result.gpu_budget_bytes
+    assert figures.outside_bytes > figures.allowance_bytes  # growth it can name, named
     assert not over.result.oom_caused_by_neighbour
     assert ok.result is not None and ok.result.outcome is Outcome.OK, ok
     assert ok.result.gpu_process_peak_bytes == {"GPU-fake-0": 2000 * MIB}  # `--gpus 0`

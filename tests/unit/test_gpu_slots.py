@@ -16,7 +16,8 @@ import fake_nvml
 import pytest
 
 from trialq.errors import UsageError
-from trialq.gpu.attribution import ProcessView
+from trialq.gpu.allowance import NO_FRAMEWORK_MB
+from trialq.gpu.attribution import Overrun, ProcessView
 from trialq.gpu.inventory import Gpu, Nvml
 from trialq.gpu.once_per_worker import OncePerWorker
 from trialq.gpu.plan import CONTEXT_RESERVE_MB, GpuPlan
@@ -61,7 +62,9 @@ def test_slots_share_the_card_after_one_cuda_context_each() -> None:
     shares = GpuPlan(trials_per_gpu=2).shares((CARD, Gpu("1", CARD.model, CARD.total_bytes)))
 
     assert [share.devices for share in shares] == [("0",), ("0",), ("1",), ("1",)]
-    assert {share.budget_bytes for share in shares} == {(16 * GIB - 2 * CONTEXT_RESERVE_MB * MIB) // 2}
+    assert {share.budget_bytes for share in shares} == {
+        (16 * GIB - 2 * CONTEXT_RESERVE_MB * MIB) // 2
+    }
 
 
 def test_a_slot_spans_its_gpus_and_a_budget_that_cannot_fit_is_refused() -> None:
@@ -92,22 +95,38 @@ def test_the_start_check_refuses_a_stranger_on_the_gpu_but_not_a_neighbour(nvml:
     assert check.refusal(nvml, share, lambda: {os.getpid()}) is None  # gone: clean again
 
 
-def test_the_guard_ends_its_own_overrun_and_tells_a_neighbours_oom_apart(nvml: Nvml) -> None:
+def test_the_guard_names_growth_outside_the_allocator_and_tells_a_neighbours_oom_apart(
+    nvml: Nvml,
+) -> None:
     share = GpuShare(("0",), 7 * GIB, CARD.model, 16 * GIB)
     seen: list[GpuOverrun] = []
-    guard = GpuGuard(nvml, share, 512 * MIB, seen.append)
+    guard = GpuGuard(nvml, share, 512 * MIB, seen.append, framework=lambda: None)
+    allowance = 512 * MIB + NO_FRAMEWORK_MB * MIB  # a context, and a library's handles
     fake_nvml.hold(GIB)
     assert not guard.neighbour_caused()  # nothing crowds it
     neighbour = _outside_this_tree()
     try:
         fake_nvml.hold(14 * GIB, pid=neighbour)
         assert guard.neighbour_caused()
-        fake_nvml.hold(8 * GIB)
-        assert guard._sample() == GpuOverrun("0", 8 * GIB, 7 * GIB + 512 * MIB)
-        assert not guard.neighbour_caused()  # it went past its own share: its own OOM
+        fake_nvml.hold(8 * GIB)  # its allocator past its budget (a cap that failed): not named
+        assert guard._sample() is None
+        assert not guard.neighbour_caused()  # it holds more than its share now: its own OOM
+        fake_nvml.hold(GIB, outside=8 * GIB)  # CuPy beside its framework: named
+        assert guard._sample() == GpuOverrun("0", Overrun(9 * GIB, GIB, allowance, 7 * GIB))
     finally:
         os.kill(neighbour, signal.SIGKILL)
-    assert guard.peaks() == {"0": 8 * GIB} and not seen
+    assert guard.peaks() == {"0": 9 * GIB} and not seen
+
+
+def test_a_guard_never_kills_on_a_frameworks_figure(nvml: Nvml) -> None:
+    """Where NVML names none of the trial's processes, its own figure is its framework's
+    reserved bytes plus a context: bounded by the cap, so nothing past it can be named."""
+    share = GpuShare(("0",), 7 * GIB, CARD.model, 16 * GIB)
+    guard = GpuGuard(nvml, share, 512 * MIB, lambda _: None, ProcessView.OTHER_PIDS)
+    fake_nvml.hold(GIB, outside=12 * GIB)
+
+    assert guard._sample() is None and guard.peaks() == {"0": GIB + 512 * MIB}
+    assert guard.accounting() == "framework"
 
 
 def _outside_this_tree() -> int:
@@ -129,7 +148,7 @@ from trialq.gpu.share import GpuShare
 fake_nvml.describe(__import__("pathlib").Path({str(tmp_path)!r}), 1, 16 * 2**30)
 with Nvml.open("fake_nvml") as nvml, GpuGuard(nvml, GpuShare(("0",), 2**30, None, 16 * 2**30),
                                               0, lambda o: print(o.text(), flush=True)):
-    fake_nvml.hold(2 * 2**30)
+    fake_nvml.hold(0, outside=2 * 2**30)
     time.sleep(60)
 print("not stopped")
 """
@@ -138,7 +157,11 @@ print("not stopped")
     run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
 
     assert run.returncode == -9 and time.monotonic() - started < 45, run.stderr
-    assert "held 2048 MiB on GPU 0, over its share of 1024 MiB" in run.stdout
+    assert (
+        "NVML counted 2048 MiB for the trial's processes on GPU 0, 2048 MiB of it outside"
+        in run.stdout
+    )
+    assert "past its budget of 1024 MiB plus 256 MiB allowed outside the allocator" in run.stdout
 
 
 def test_gpus_beat_under_a_key_of_their_own_so_older_readers_parse_the_heartbeat() -> None:
@@ -171,3 +194,19 @@ def test_a_warning_is_said_once_per_worker_folder(
     OncePerWorker(log, tmp_path).warn("other", "something else")
 
     assert [r.getMessage() for r in caplog.records] == ["NVML failed", "something else"]
+
+
+def test_a_trial_that_peaked_high_and_holds_little_now_is_told_crowded_out(nvml: Nvml) -> None:
+    """Attribution from what the trial holds now: its peak is for the records."""
+    share = GpuShare(("0",), 7 * GIB, CARD.model, 16 * GIB)
+    guard = GpuGuard(nvml, share, 512 * MIB, lambda _: None, ProcessView.OTHER_PIDS)
+    fake_nvml.hold(7 * GIB + 256 * MIB)  # its allocator just past its share, a while ago
+    assert guard._sample() is None
+    fake_nvml.hold(GIB)  # freed back to 1 GiB (a smaller batch size)
+    neighbour = _outside_this_tree()
+    try:
+        fake_nvml.hold(14 * GIB, pid=neighbour)
+        assert guard.neighbour_caused()
+    finally:
+        os.kill(neighbour, signal.SIGKILL)
+    assert guard.peaks() == {"0": 7 * GIB + 768 * MIB}
