@@ -85,7 +85,7 @@ def pod(redis_url: str, tmp_path: Path) -> Iterator[Callable[..., Path]]:
     hostPID); its log. Killed afterwards, namespace and all."""
     started: list[subprocess.Popen[bytes]] = []
 
-    def start(nvml_dir: Path, queue: str, *flags: str) -> Path:
+    def start(nvml_dir: Path, queue: str, *flags: str, own_namespace: bool = True) -> Path:
         name = f"pod-{len(started)}@test"
         env = {
             **os.environ,
@@ -95,7 +95,8 @@ def pod(redis_url: str, tmp_path: Path) -> Iterator[Callable[..., Path]]:
             "TRIALQ_NVML_MODULE": "fake_nvml", "FAKE_NVML_DIR": str(nvml_dir),
             "TRIALQ_HEARTBEAT_INTERVAL_S": "0.5", "TRIALQ_GPU_UNATTRIBUTED_WAIT_S": "1",
         }  # fmt: skip
-        command = ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-m", "trialq",
+        unshare = ["unshare", "--pid", "--fork", "--mount-proc"] if own_namespace else []
+        command = [*unshare, sys.executable, "-m", "trialq",
                    "worker", "--queue", queue, "--hostname", name, "--loglevel", "INFO",
                    "--gpus", "0", *flags]  # fmt: skip
         log = tmp_path / f"pod{len(started)}.log"
@@ -230,6 +231,39 @@ def test_two_pods_share_one_gpu_and_neither_takes_the_other_for_a_stranger(
 
     assert done.outcome is Outcome.OK and second.outcome is Outcome.OK, (done, second)
     assert not second.device_refused and second.gpu_accounting_note is None, second
+    for log in logs:
+        assert "stops taking trials" not in log.read_text()
+
+
+def test_a_second_worker_from_the_same_shell_is_no_stranger_and_no_worker_stops(
+    redis_url: str, tmp_path: Path, fake_gpu: Path, pod: Callable[..., Path]
+) -> None:
+    """Two workers in one PID namespace and one cgroup (started from one shell): NVML names
+    each one's trials to the other, and nothing marks them as the other's."""
+    fake_nvml.behave_as(fake_gpu, pids="shared")
+    logs = [
+        pod(fake_gpu, queue, "--gpu-memory-mb", "6000", own_namespace=False)
+        for queue in ("shell-a", "shell-b")
+    ]
+    records = tmp_path / "records"
+    records.mkdir()
+    held = {"entrypoint": "fake_gpu_trials:records_its_gpu",
+            "params": {"log": str(records), "hold_mb": 5000, "sleep_s": 2.0}}  # fmt: skip
+    dispatcher = CeleryDispatcher(Settings(broker_url=redis_url))
+    first = dispatcher.submit(trial_request(study="shell", number=0, **held), "shell-a")
+    wait_until(
+        lambda: any(
+            path.read_text().startswith(str(5000 * MIB))
+            for path in (fake_gpu / "used").glob("*/*")
+        ),
+        WAIT_S, "worker a's trial to hold its memory",
+    )  # fmt: skip
+
+    (second,) = _run(redis_url, "shell-b", [held])
+    done = wait_until(lambda: dispatcher.statuses([first])[first].result, WAIT_S, "a's trial")
+
+    assert done.outcome is Outcome.OK and second.outcome is Outcome.OK, (done, second)
+    assert not second.device_refused, second
     for log in logs:
         assert "stops taking trials" not in log.read_text()
 

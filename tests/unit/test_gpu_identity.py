@@ -26,7 +26,7 @@ from trialq.gpu.inventory import Gpu, Nvml
 from trialq.gpu.mps import PINNED_LIMIT, limited, pinned_limits
 from trialq.gpu.plan import CONTEXT_RESERVE_MB, GpuPlan
 from trialq.gpu.share import VISIBLE, GpuShare
-from trialq.gpu.telemetry import NeighbourCheck
+from trialq.gpu.telemetry import WORKER_MARK, NeighbourCheck, TrialMarks
 
 MIB = 2**20
 A100 = "NVIDIA A100-SXM4-40GB"
@@ -118,12 +118,14 @@ def test_the_start_check_reads_a_mig_devices_processes_not_the_refusing_card(
         nvml.used_bytes(PARENT)  # unprivileged: NVML refuses the card itself
     assert refused.value.value == fake_nvml.NVML_ERROR_NO_PERMISSION
     on_one, on_zero = (GpuPlan().shares(nvml.gpus(u))[0] for u in (MIG_UUIDS[1], MIG_UUIDS[0]))
-    with subprocess.Popen(["sleep", "30"]) as stranger:
+    left = {**os.environ, WORKER_MARK: "w-1"}  # left behind by a trial of worker w-1
+    with subprocess.Popen(["sleep", "30"], env=left) as stranger:
         monkeypatch.setenv(VISIBLE, on_one.visible)
         fake_nvml.hold(1024 * MIB, pid=stranger.pid)
         assert nvml.processes(MIG_UUIDS[1]) == {stranger.pid: 1024 * MIB}
         # the fake's default family names this namespace's pids: a stranger is refused for
-        check = NeighbourCheck(64 * MIB, settle_s=0, view=ProcessView.PIDS)
+        marks = TrialMarks("w-1")
+        check = NeighbourCheck(64 * MIB, settle_s=0, view=ProcessView.PIDS, marks=marks)
         refusal = check.refusal(nvml, on_one, lambda: {os.getpid()})
         assert refusal is not None and MIG_UUIDS[1] in refusal
         assert check.refusal(nvml, on_zero, lambda: {os.getpid()}) is None

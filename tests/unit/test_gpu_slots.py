@@ -14,6 +14,7 @@ from pathlib import Path
 
 import fake_nvml
 import pytest
+from waiting import wait_until
 
 from trialq.errors import UsageError
 from trialq.gpu.allowance import NO_FRAMEWORK_MB
@@ -22,7 +23,7 @@ from trialq.gpu.inventory import Gpu, Nvml
 from trialq.gpu.once_per_worker import OncePerWorker
 from trialq.gpu.plan import CONTEXT_RESERVE_MB, GpuPlan
 from trialq.gpu.share import GpuShare
-from trialq.gpu.telemetry import NeighbourCheck
+from trialq.gpu.telemetry import WORKER_MARK, NeighbourCheck, TrialMarks
 from trialq.trial.gpu_guard import GpuGuard, GpuOverrun
 from trialq.wire.heartbeat import GpuBeat, WorkerBeat
 from trialq.wire.routing import slot_queues, trial_queue
@@ -79,10 +80,14 @@ def test_a_slot_spans_its_gpus_and_a_budget_that_cannot_fit_is_refused() -> None
 
 def test_the_start_check_refuses_a_stranger_on_the_gpu_but_not_a_neighbour(nvml: Nvml) -> None:
     share = GpuShare(("0",), 7 * GIB, CARD.model, 16 * GIB)
-    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    left = {**os.environ, WORKER_MARK: "w-1"}  # started by a trial of worker w-1
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], env=left)
     try:
         fake_nvml.hold(2 * GIB, pid=holder.pid)  # a process a finished trial left behind
-        check = NeighbourCheck(tolerance_bytes=256 * MIB, settle_s=0.2, view=ProcessView.PIDS)
+        check = NeighbourCheck(
+            tolerance_bytes=256 * MIB, settle_s=0.2, view=ProcessView.PIDS,
+            marks=TrialMarks("w-1"),
+        )  # fmt: skip
 
         refused = check.refusal(nvml, share, lambda: {os.getpid()})
         as_neighbour = check.refusal(nvml, share, lambda: {os.getpid(), holder.pid})
@@ -210,3 +215,45 @@ def test_a_trial_that_peaked_high_and_holds_little_now_is_told_crowded_out(nvml:
     finally:
         os.kill(neighbour, signal.SIGKILL)
     assert guard.peaks() == {"0": 7 * GIB + 768 * MIB}
+
+
+@pytest.mark.parametrize("evidence", ["none", "another worker's mark"])
+def test_memory_without_this_workers_mark_is_waited_on_and_noted_never_refused(
+    nvml: Nvml, evidence: str
+) -> None:
+    """A second worker started from the same shell, a notebook in the same login: same
+    cgroup, same namespace, but no evidence of being this worker's."""
+    share = GpuShare(("0",), 7 * GIB, CARD.model, 16 * GIB)
+    env = {name: value for name, value in os.environ.items() if name != WORKER_MARK}
+    if evidence != "none":
+        env[WORKER_MARK] = "w-2"
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], env=env)
+    try:
+        fake_nvml.hold(12 * GIB, pid=holder.pid)
+        check = NeighbourCheck(
+            tolerance_bytes=256 * MIB, settle_s=0.1, view=ProcessView.PIDS,
+            unattributed_wait_s=0.2, marks=TrialMarks("w-1"),
+        )  # fmt: skip
+        found = check.check(nvml, share, lambda: {os.getpid()})
+    finally:
+        holder.kill()
+        holder.wait()
+
+    assert found.refusal is None
+    assert found.note is not None and "cannot attribute" in found.note
+
+
+def test_a_process_holding_a_slot_file_is_marked_by_it(tmp_path: Path) -> None:
+    """A process forked from a trial (no exec: no new environment) inherits its slot lock."""
+    lock = tmp_path / "slot-0.lock"
+    lock.write_text("")
+    code = f"import time; f = open({str(lock)!r}); time.sleep(30)"
+    holder = subprocess.Popen([sys.executable, "-c", code], env={"PATH": os.environ["PATH"]})
+    try:
+        marks = TrialMarks(None, tmp_path)
+        wait_until(lambda: marks.carried_by(holder.pid), 10, "the holder to open its file")
+        assert not TrialMarks(None, tmp_path / "elsewhere").carried_by(holder.pid)
+        assert not TrialMarks("w-1").carried_by(holder.pid)
+    finally:
+        holder.kill()
+        holder.wait()

@@ -174,8 +174,8 @@ def crowded(others: int | None, total: int | None, limit: int | None) -> bool:
 
 @dataclass(frozen=True)
 class Stranger:
-    """A process on the trial's GPU that is none of the worker's trials but is this
-    container's (a process an earlier trial left behind): the start check refuses for it."""
+    """A process on the trial's GPU that is none of the worker's live trials but carries the
+    worker's mark (a process an earlier trial left behind): the start check refuses for it."""
 
     gpu: str
     pid: int
@@ -192,11 +192,12 @@ def strangers(
     listed: Mapping[int, int | None] | None,
     tree: Set[int],
     tolerance: int,
-    is_local: Callable[[int], bool],
+    is_marked: Callable[[int], bool],
 ) -> list[Stranger]:
     """The processes on the GPU the start check refuses for: only where NVML names this
-    namespace's processes, one that is not the worker's tree, is this container's
-    (`is_local`), and holds more than `tolerance` (or an unknown amount, NVML not saying)."""
+    namespace's processes, one that is not the worker's live tree, carries the worker's mark
+    (`is_marked`: evidence, never a guess from a shared cgroup), and holds more than
+    `tolerance` (or an unknown amount, NVML not saying)."""
     if listed is None or not view.names_own:
         return []
     found = []
@@ -204,7 +205,7 @@ def strangers(
         known = used if view is ProcessView.PIDS else None
         if pid in tree or (known is not None and known <= tolerance):
             continue
-        if is_local(pid):
+        if is_marked(pid):
             found.append(Stranger(gpu, pid, known))
     return found
 

@@ -20,7 +20,7 @@ from trialq.gpu.attribution import ProcessView, Source
 from trialq.gpu.inventory import Nvml
 from trialq.gpu.once_per_worker import OncePerWorker
 from trialq.gpu.share import GpuShare
-from trialq.gpu.telemetry import MIB, NeighbourCheck, StartCheck
+from trialq.gpu.telemetry import MIB, NeighbourCheck, StartCheck, TrialMarks
 from trialq.trial.gpu_guard import GpuGuard, GpuOverrun
 from trialq.wire.messages import GpuGuardFigures, Outcome, TrialRequest, TrialResult
 
@@ -52,6 +52,7 @@ class GpuLimits:
         return NeighbourCheck(
             self.tolerance_mb * MIB, view=self.view, context_bytes=self.context_bytes(share),
             unattributed_wait_s=self.unattributed_wait_s, warnings=warnings,
+            marks=TrialMarks.here(self.warned_in),
         )  # fmt: skip
 
 

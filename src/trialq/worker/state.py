@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import socket
 import sys
 from collections.abc import Callable, Sequence
@@ -28,7 +29,7 @@ from trialq.gpu.inventory import Nvml
 from trialq.gpu.nvml_probe import ProbeResult, probe
 from trialq.gpu.plan import GpuPlan
 from trialq.gpu.share import VISIBLE, GpuShare
-from trialq.gpu.telemetry import MIB, DeviceBaseline
+from trialq.gpu.telemetry import MIB, WORKER_MARK, DeviceBaseline
 from trialq.settings import Settings, redacted_url
 from trialq.wire.eviction import eviction_warning
 from trialq.wire.heartbeat import GpuBeat, Heartbeat, WorkerBeat
@@ -119,6 +120,8 @@ class WorkerState:
         )  # fmt: skip
         with nvml:
             gpus = nvml.gpus(settings.gpus)
+        # Everything this worker starts inherits its mark: the start check's evidence.
+        os.environ[WORKER_MARK] = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
         # A CUDA context is measured by a short-lived process per GPU, never in this one.
         self.gpu_measures = measure_all((gpu.id for gpu in gpus), nvml_module=settings.nvml_module)
         return plan.shares(gpus, self.gpu_measures.found)
