@@ -29,7 +29,10 @@ share the host's PID namespace (docs/oom.md, "What NVML can be trusted for"):
 - pids `translated`: the caller's namespace's processes by their pids, the others left out;
 - memory `reported`, `zero` or `unavailable` (`usedGpuMemory` None: pynvml's reading of
   NVML_VALUE_NOT_AVAILABLE), as some drivers and virtualisation layers report it;
-- processes `error`: every process query raises `NVMLError`.
+- processes `error`: every process query raises `NVMLError`;
+- `mps`: an MPS server serves the GPU: the compute processes are the server alone (a host pid,
+  holding no memory of its own), and its clients, each by the family's pid rule, are listed by
+  `nvmlDeviceGetMPSComputeRunningProcesses`, as NVML lists them apart.
 The device's memory in use (`nvmlDeviceGetMemoryInfo`) is every process's, whatever the family.
 Two callers in two PID namespaces (`unshare --pid --fork --mount-proc`) share one fake GPU as two
 pods do: a holder keeps a lock on its file, which tells a caller in another namespace it lives.
@@ -120,12 +123,16 @@ def describe(directory: Path, count: int, total_bytes: int) -> None:
 
 
 def behave_as(
-    directory: Path, pids: str = "shared", memory: str = "reported", processes: str = "ok"
+    directory: Path,
+    pids: str = "shared",
+    memory: str = "reported",
+    processes: str = "ok",
+    mps: bool = False,
 ) -> None:
     """Answer as a driver family does (the module's docstring): a test's step."""
     assert pids in ("shared", "host", "callers", "translated") and processes in ("ok", "error")
     assert memory in ("reported", "zero", "unavailable")
-    family = {"pids": pids, "memory": memory, "processes": processes}
+    family = {"pids": pids, "memory": memory, "processes": processes, "mps": mps}
     (directory / "driver.json").write_text(json.dumps(family))
 
 
@@ -174,7 +181,7 @@ def _namespace() -> int:
     return os.stat("/proc/self/ns/pid").st_ino
 
 
-def _family() -> dict[str, str]:
+def _family() -> dict[str, Any]:
     path = _dir() / "driver.json"
     return dict(json.loads(path.read_text())) if path.is_file() else {}
 
@@ -284,11 +291,29 @@ def nvmlDeviceGetDeviceHandleFromMigDeviceHandle(handle: _Handle) -> _Handle:
     return _Handle(handle.card)
 
 
+MPS_SERVER_PID = PID_MAX_LIMIT
+"""The fake MPS server's pid: the host's, never this namespace's."""
+
+
 def nvmlDeviceGetComputeRunningProcesses(handle: _Handle) -> list[_Process]:
     _refuses_card(handle)
     family = _family()
     if family.get("processes") == "error":
         raise NVMLError(NVML_ERROR_NOT_SUPPORTED)  # every process query fails, as some drivers'
+    if family.get("mps"):
+        return [_Process(MPS_SERVER_PID, 0)]  # the clients are listed apart
+    return _clients(handle, family)
+
+
+def nvmlDeviceGetMPSComputeRunningProcesses(handle: _Handle) -> list[_Process]:
+    _refuses_card(handle)
+    family = _family()
+    if family.get("processes") == "error":
+        raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+    return _clients(handle, family) if family.get("mps") else []
+
+
+def _clients(handle: _Handle, family: dict[str, Any]) -> list[_Process]:
     pids, here = family.get("pids", "shared"), _namespace()
     found = []
     for holder in _holders(handle):

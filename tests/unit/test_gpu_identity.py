@@ -21,14 +21,17 @@ import fake_nvml
 import pytest
 
 from trialq.errors import UsageError
+from trialq.gpu import mps
 from trialq.gpu.attribution import ProcessView
+from trialq.gpu.context_probe import ContextMeasure
 from trialq.gpu.inventory import Gpu, Nvml
-from trialq.gpu.mps import PINNED_LIMIT, limited, pinned_limits
+from trialq.gpu.mps import PINNED_LIMIT, PIPE_DIRECTORY, limited, pinned_limits
 from trialq.gpu.plan import CONTEXT_RESERVE_MB, GpuPlan
 from trialq.gpu.share import VISIBLE, GpuShare
 from trialq.gpu.telemetry import WORKER_MARK, NeighbourCheck, TrialMarks
 
 MIB = 2**20
+GIB = 2**30
 A100 = "NVIDIA A100-SXM4-40GB"
 PARENT = "GPU-5f2a1b9e-3c4d-4e6f-8a7b-9c0d1e2f3a4b"
 # An A100 40GB in MIG mode, unprivileged: 3g.20gb at slot 0, 2g.10gb at 1, nothing at 2,
@@ -163,11 +166,27 @@ def test_under_mps_the_budget_and_the_beat_are_the_clients_pinned_limit(host: Ho
     shares = plan.shares(gpus)
     assert {s.total_bytes for s in shares} == {8 * 2**30}
     assert {s.budget_bytes for s in shares} == {(8192 - 2 * CONTEXT_RESERVE_MB) * MIB // 2}
-    # The trial sees its own devices from ordinal 0: the limit goes with it, renumbered.
+    # The trial sees its own devices from ordinal 0: its own limit (its budget plus one
+    # context, never the worker's whole limit) goes with it, renumbered.
     env = shares[3].environment()
-    assert (env[VISIBLE], env[PINNED_LIMIT]) == (MIG_HOST[2]["uuid"], "0=8192M")
+    assert (env[VISIBLE], env[PINNED_LIMIT]) == (MIG_HOST[2]["uuid"], "0=4096M")
     assert GpuShare.from_environment(env) == shares[3]
     assert PINNED_LIMIT not in GpuPlan().shares(gpus)[0].environment()
+
+
+def test_each_trial_of_an_mps_served_worker_gets_its_budget_plus_a_context_as_its_limit(
+    host: Host,
+) -> None:
+    gpus = host(MIG_HOST[1:]).gpus("all")
+    measured = {g.id: ContextMeasure(g.id, 500 * MIB, g.total_bytes - GIB, 20 * GIB) for g in gpus}
+    shares = GpuPlan(trials_per_gpu=4, mps_served=True).shares(gpus, measured)
+
+    for share in shares:
+        assert share.total_bytes == 20 * GIB  # CUDA's total (a daemon's limit), not NVML's
+        assert share.budget_bytes is not None and share.context_bytes is not None
+        assert share.mps_limit_bytes == (share.budget_bytes + share.context_bytes) // MIB * MIB
+    assert GpuPlan(trials_per_gpu=4).shares(gpus)[0].mps_limit_bytes is None  # no MPS: none
+    assert mps.served({PIPE_DIRECTORY: "/mps/nvidia.com/gpu/pipe"}) and not mps.served({})
 
 
 def test_a_selection_naming_no_device_is_one_line(host: Host) -> None:

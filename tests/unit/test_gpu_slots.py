@@ -257,3 +257,19 @@ def test_a_process_holding_a_slot_file_is_marked_by_it(tmp_path: Path) -> None:
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_under_mps_the_clients_are_listed_and_the_guard_names_its_own(
+    nvml: Nvml, tmp_path: Path
+) -> None:
+    """NVML lists an MPS server as the GPU's compute process and its clients apart
+    (`nvmlDeviceGetMPSComputeRunningProcesses`): the guard reads the trial among the clients."""
+    fake_nvml.behave_as(tmp_path, mps=True)
+    fake_nvml.hold(GIB, outside=8 * GIB)
+
+    listed = nvml.processes("0")
+    assert listed == {fake_nvml.MPS_SERVER_PID: 0, os.getpid(): 9 * GIB}
+    guard = GpuGuard(nvml, GpuShare(("0",), 7 * GIB, CARD.model, 16 * GIB), 512 * MIB,
+                     lambda _: None, ProcessView.PIDS, framework=lambda: None)  # fmt: skip
+    found = guard._sample()
+    assert found is not None and found.figures.own == 9 * GIB

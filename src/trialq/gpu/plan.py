@@ -8,7 +8,8 @@ takes memory no framework cap counts). Where the worker measured its GPUs when i
 (`trialq.gpu.context_probe`), the card is what CUDA lets its processes have, and the
 context the measured one where it is larger than assumed; elsewhere a context is assumed
 (`context_reserve_mb`) and the card is NVML's total. A worker that is an MPS client with a
-pinned memory limit plans within the limit, not the card (`trialq.gpu.mps`).
+pinned memory limit plans within the limit, not the card (`trialq.gpu.mps`), and each of its
+trials gets a pinned limit of its own: its budget plus one context.
 """
 
 from __future__ import annotations
@@ -48,6 +49,10 @@ class GpuPlan:
     mps_pinned_limits: str | None = None
     """`CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` where the worker has it (`0=4G`): each GPU's memory
     is then no more than its limit."""
+    mps_served: bool = False
+    """An MPS daemon serves the worker's GPUs (its pinned limit is set, or its pipe directory
+    is: `trialq.gpu.mps.served`): each trial gets its own pinned limit, its budget plus one
+    context, which the driver enforces on every allocation of the trial's process."""
 
     def shares(
         self, gpus: tuple[Gpu, ...], measures: Mapping[str, ContextMeasure] | None = None
@@ -83,14 +88,21 @@ class GpuPlan:
             if len(found) == len(group)
             else None
         )
-        # MPS's pinned limit (already in `total`) bounds what CUDA measured as usable
+        if context is not None:
+            # CUDA's own total: what a framework's fraction is of (JAX's), and under MPS the
+            # limit the daemon set, which the environment need not say; MPS's pinned limit
+            # (already in `total`) bounds what CUDA measured as usable.
+            total = min(total, *(m.total_bytes for m in found))
         usable = min(total, *(m.usable_bytes for m in found)) if context is not None else total
+        budget = self.budget_bytes(group[0].id, usable, context)
+        reserve = self.context_reserve_mb * MIB if context is None else context
+        served = self.mps_served or bool(pinned_limits(self.mps_pinned_limits))
         return GpuShare(
             devices=tuple(gpu.id for gpu in group),
-            budget_bytes=self.budget_bytes(group[0].id, usable, context),
+            budget_bytes=budget,
             model=group[0].model,
             total_bytes=total,
-            mps_limit_bytes=total if pinned_limits(self.mps_pinned_limits) else None,
+            mps_limit_bytes=(budget + reserve) // MIB * MIB if served else None,
             context_bytes=context,
         )
 

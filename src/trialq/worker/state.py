@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 import redis
 
 from trialq.errors import TrialqError, UsageError
+from trialq.gpu import mps
 from trialq.gpu.attribution import ProcessView
 from trialq.gpu.context_probe import Measures, measure_all
 from trialq.gpu.device import TensorFlowDevice
@@ -117,6 +118,7 @@ class WorkerState:
             settings.trials_per_gpu, settings.gpus_per_trial, settings.gpu_memory_mb,
             settings.gpu_context_reserve_mb,
             mps_pinned_limits=settings.mps_pinned_device_mem_limit,
+            mps_served=mps.served(os.environ),
         )  # fmt: skip
         with nvml:
             gpus = nvml.gpus(settings.gpus)
