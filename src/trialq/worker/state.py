@@ -17,16 +17,17 @@ import os
 import secrets
 import socket
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import redis
 
 from trialq.errors import TrialqError, UsageError
 from trialq.gpu import mps
 from trialq.gpu.attribution import ProcessView
-from trialq.gpu.context_probe import Measures, measure_all
+from trialq.gpu.busy_card import shares_with_room
+from trialq.gpu.context_probe import ContextMeasure, Measures, measure_all
 from trialq.gpu.device import TensorFlowDevice
-from trialq.gpu.inventory import Nvml
+from trialq.gpu.inventory import Gpu, Nvml
 from trialq.gpu.nvml_probe import ProbeResult, probe
 from trialq.gpu.plan import GpuPlan
 from trialq.gpu.share import VISIBLE, GpuShare
@@ -124,9 +125,16 @@ class WorkerState:
             gpus = nvml.gpus(settings.gpus)
         # Everything this worker starts inherits its mark: the start check's evidence.
         os.environ[WORKER_MARK] = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
-        # A CUDA context is measured by a short-lived process per GPU, never in this one.
-        self.gpu_measures = measure_all((gpu.id for gpu in gpus), nvml_module=settings.nvml_module)
-        return plan.shares(gpus, self.gpu_measures.found)
+        return shares_with_room(
+            plan, gpus, lambda: self._measure(gpus), settings.gpu_busy_wait_s, logger.warning
+        )
+
+    def _measure(self, gpus: tuple[Gpu, ...]) -> Mapping[str, ContextMeasure]:
+        """Each GPU's CUDA context and usable memory, by a short-lived process per GPU
+        (never in this one); kept for the ready line."""
+        ids = (gpu.id for gpu in gpus)
+        self.gpu_measures = measure_all(ids, nvml_module=self.settings.nvml_module)
+        return self.gpu_measures.found
 
     def probe_gpus(self) -> None:
         """Find out once, before the pool forks, what NVML's process list can be trusted for
