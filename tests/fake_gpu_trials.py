@@ -26,6 +26,9 @@ def records_its_gpu(params: dict[str, Any], trial: TrialContext) -> float:
         "visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "budget": os.environ.get("TRIALQ_GPU_BUDGET_BYTES"),
         "mps_limit": os.environ.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"),
+        "interposer_limit": os.environ.get("CUDA_DEVICE_MEMORY_LIMIT_0"),
+        "interposer_cache": os.environ.get("CUDA_DEVICE_MEMORY_SHARED_CACHE"),
+        "preload": os.environ.get("LD_PRELOAD"),
         "started": time.time(),
     }
     time.sleep(float(params.get("sleep_s", 1.0)))

@@ -303,3 +303,32 @@ def test_a_worker_that_is_an_mps_client_plans_within_its_pinned_limit(
     assert {int(str(r["budget"])) for r in records} == {(4 * GIB - 2 * RESERVE_MB * MIB) // 2}
     # Its own limit, counted from its device: its budget plus one context, not the worker's.
     assert {r["mps_limit"] for r in records} == {"0=2048M"}
+
+
+def test_a_worker_with_the_interposer_preloaded_hands_each_trial_its_budget_as_its_limit(
+    redis_url: str, tmp_path: Path, fake_gpus: Callable[[int], Path], gpu_worker: Callable[..., str]
+) -> None:
+    """The real interposer needs a GPU: a STAND-IN library (libm, harmless) is preloaded in
+    its place, and each trial process must carry the interposer's limit and a cache file of
+    its own, with the worker's preload inherited (trials are forked, not executed)."""
+    stand_in = next(
+        line.split()[-1]
+        for line in Path("/proc/self/maps").read_text().splitlines()
+        if "/libm.so" in line or "/libm-" in line
+    )
+    env = {"LD_PRELOAD": stand_in, "TRIALQ_GPU_INTERPOSER": stand_in}
+    gpu_worker(fake_gpus(1), "--gpus", "all", "--trials-per-gpu", "2", env=env)
+    log = tmp_path / "records"
+    log.mkdir()
+    params = {"log": str(log), "hold_mb": 100, "sleep_s": 0.5}
+
+    statuses = _run(redis_url, "gpu", [{"entrypoint": "fake_gpu_trials:records_its_gpu",
+                                        "params": params}] * 2)  # fmt: skip
+
+    assert [s.result.outcome if s.result else None for s in statuses] == [Outcome.OK] * 2
+    records = _records(log)
+    assert {r["interposer_limit"] for r in records} == {r["budget"] for r in records}
+    caches = {str(r["interposer_cache"]) for r in records}
+    assert len(caches) == 2 and all(
+        f"trialq-vgpu-{r['pid']}" in str(r["interposer_cache"]) for r in records
+    )

@@ -49,6 +49,9 @@ class GpuPlan:
     mps_pinned_limits: str | None = None
     """`CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` where the worker has it (`0=4G`): each GPU's memory
     is then no more than its limit."""
+    interposer: bool = False
+    """The allocation interposer is preloaded in the worker (`trialq.gpu.interposer`): where
+    no MPS daemon serves the GPUs, each trial's budget is its limit."""
     mps_served: bool = False
     """An MPS daemon serves the worker's GPUs (its pinned limit is set, or its pipe directory
     is: `trialq.gpu.mps.served`): each trial gets its own pinned limit, its budget plus one
@@ -104,6 +107,7 @@ class GpuPlan:
             total_bytes=total,
             mps_limit_bytes=(budget + reserve) // MIB * MIB if served else None,
             context_bytes=context,
+            interposed=self.interposer and not served,
         )
 
     def budget_bytes(self, gpu_id: str, total_bytes: int, context_bytes: int | None = None) -> int:

@@ -18,11 +18,12 @@ import secrets
 import socket
 import sys
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 
 import redis
 
 from trialq.errors import TrialqError, UsageError
-from trialq.gpu import mps
+from trialq.gpu import interposer, mps
 from trialq.gpu.attribution import ProcessView
 from trialq.gpu.busy_card import shares_with_room
 from trialq.gpu.context_probe import ContextMeasure, Measures, measure_all
@@ -120,6 +121,7 @@ class WorkerState:
             settings.gpu_context_reserve_mb,
             mps_pinned_limits=settings.mps_pinned_device_mem_limit,
             mps_served=mps.served(os.environ),
+            interposer=self._interposer_preloaded(),
         )  # fmt: skip
         with nvml:
             gpus = nvml.gpus(settings.gpus)
@@ -128,6 +130,20 @@ class WorkerState:
         return shares_with_room(
             plan, gpus, lambda: self._measure(gpus), settings.gpu_busy_wait_s, logger.warning
         )
+
+    def _interposer_preloaded(self) -> bool:
+        """Whether the allocation interposer is in this process (so in every trial it forks);
+        a setting that names one not preloaded is the user's mistake."""
+        library = self.settings.gpu_interposer
+        if not library:
+            return False
+        maps = Path("/proc/self/maps").read_text()
+        if not interposer.preloaded(library, maps):
+            raise UsageError(
+                f"{interposer.SETTING}={library}: not preloaded in the worker; start it with "
+                f"LD_PRELOAD={library} (docker/worker-cmd.sh does)"
+            )
+        return True
 
     def _measure(self, gpus: tuple[Gpu, ...]) -> Mapping[str, ContextMeasure]:
         """Each GPU's CUDA context and usable memory, by a short-lived process per GPU
