@@ -21,7 +21,8 @@ else
 fi
 # An empty variable (Compose passes one for a setting left empty in .env) is no setting at all:
 # trialq's settings would read "" as a value.
-for name in TRIALQ_GPUS TRIALQ_TRIALS_PER_GPU TRIALQ_GPU_MEMORY_MB TRIALQ_CONCURRENCY; do
+for name in TRIALQ_GPUS TRIALQ_TRIALS_PER_GPU TRIALQ_GPU_MEMORY_MB TRIALQ_CONCURRENCY \
+  TRIALQ_GPU_INTERPOSER; do
   eval "value=\${$name:-}"
   [ -n "$value" ] || unset "$name"
 done
