@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import fake_interposer
 import fake_nvml
 
 from trialq.trial.context import TrialContext
@@ -41,7 +42,9 @@ def overruns_its_budget(params: dict[str, Any], trial: TrialContext) -> float:
     """Holds half its budget through its fake framework and twice its budget beside it, as a
     trial with CuPy beside PyTorch would; returns after `sleep_s` unless killed."""
     budget = int(os.environ["TRIALQ_GPU_BUDGET_BYTES"])
-    fake_nvml.hold(budget // 2, outside=2 * budget)
+    fake_interposer.allocate(allocator_bytes=budget // 2)
+    for _chunk in range(8):  # beside it, a quarter of its budget at a time
+        fake_interposer.allocate(outside_bytes=budget // 4)
     time.sleep(float(params.get("sleep_s", 30.0)))
     return 1.0
 

@@ -85,7 +85,13 @@ def pod(redis_url: str, tmp_path: Path) -> Iterator[Callable[..., Path]]:
     hostPID); its log. Killed afterwards, namespace and all."""
     started: list[subprocess.Popen[bytes]] = []
 
-    def start(nvml_dir: Path, queue: str, *flags: str, own_namespace: bool = True) -> Path:
+    def start(
+        nvml_dir: Path,
+        queue: str,
+        *flags: str,
+        own_namespace: bool = True,
+        extra_env: dict[str, str] | None = None,
+    ) -> Path:
         name = f"pod-{len(started)}@test"
         env = {
             **os.environ,
@@ -94,6 +100,7 @@ def pod(redis_url: str, tmp_path: Path) -> Iterator[Callable[..., Path]]:
             "TRIALQ_ALLOWED_MODULES": "fake_gpu_trials", "TRIALQ_PRELOAD": "none",
             "TRIALQ_NVML_MODULE": "fake_nvml", "FAKE_NVML_DIR": str(nvml_dir),
             "TRIALQ_HEARTBEAT_INTERVAL_S": "0.5", "TRIALQ_GPU_UNATTRIBUTED_WAIT_S": "1",
+            **(extra_env or {}),
         }  # fmt: skip
         unshare = ["unshare", "--pid", "--fork", "--mount-proc"] if own_namespace else []
         command = [*unshare, sys.executable, "-m", "trialq",
@@ -189,6 +196,35 @@ def test_packing_runs_and_the_guard_kills_only_growth_it_can_name(
     assert not overrun.oom_caused_by_neighbour
     assert {r.gpu_accounting for r in results} == {family.accounting}
     assert "stops taking trials" not in log.read_text()
+
+
+def test_where_the_guard_cannot_see_the_interposer_refuses_the_allocation_as_an_oom(
+    redis_url: str, tmp_path: Path, fake_gpu: Path, pod: Callable[..., Path]
+) -> None:
+    """`other-pids` (a pod without the host's PIDs): the guard never kills there; with the
+    allocation interposer preloaded (a STAND-IN library; the FAKE interposer refusing as
+    HAMi-core does), the bypass is refused at its budget and the trial ends with its own
+    framework's OOM, told honestly; its neighbour completes."""
+    fake_nvml.behave_as(fake_gpu, pids="host")
+    stand_in = next(
+        line.split()[-1]
+        for line in Path("/proc/self/maps").read_text().splitlines()
+        if "/libm.so" in line or "/libm-" in line
+    )
+    env = {"LD_PRELOAD": stand_in, "TRIALQ_GPU_INTERPOSER": stand_in}
+    pod(fake_gpu, "gpu", "--trials-per-gpu", "2", extra_env=env)
+    records = tmp_path / "records"
+    records.mkdir()
+    packed = {"entrypoint": "fake_gpu_trials:records_its_gpu",
+              "params": {"log": str(records), "hold_mb": 1000, "sleep_s": 2.0}}  # fmt: skip
+    over = {"entrypoint": "fake_gpu_trials:overruns_its_budget", "params": {"sleep_s": 2.0}}
+
+    overrun, neighbour = _run(redis_url, "gpu", [over, packed])
+
+    assert overrun.outcome is Outcome.OOM and overrun.gpu_guard is None, overrun
+    assert "CUDA_ERROR_OUT_OF_MEMORY" in (overrun.error or "")
+    assert not overrun.oom_caused_by_neighbour
+    assert neighbour.outcome is Outcome.OK, neighbour
 
 
 def test_own_and_neighbour_ooms_are_told_apart(
