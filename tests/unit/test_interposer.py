@@ -13,8 +13,9 @@ import pytest
 
 from trialq.errors import UsageError
 from trialq.gpu import interposer
+from trialq.gpu.attribution import ProcessView
 from trialq.gpu.inventory import Gpu
-from trialq.gpu.plan import GpuPlan
+from trialq.gpu.plan import GpuPlan, held_by
 from trialq.gpu.share import GpuShare
 from trialq.settings import Settings
 from trialq.worker.state import WorkerState
@@ -76,3 +77,15 @@ def test_a_worker_naming_an_interposer_it_has_not_preloaded_is_refused_in_one_li
         if line.split()[-1].endswith(".so") or ".so." in line.split()[-1]
     )
     assert WorkerState(Settings(gpu_interposer=mapped))._interposer_preloaded()
+
+
+def test_the_ready_line_says_what_holds_the_budgets() -> None:
+    plain = GpuPlan(trials_per_gpu=2).shares(CARDS)
+    interposed = GpuPlan(trials_per_gpu=2, interposer=True).shares(CARDS)
+    served = GpuPlan(trials_per_gpu=2, interposer=True, mps_served=True).shares(CARDS)
+
+    assert "frameworks' caps only" in held_by(plain, ProcessView.PIDS)
+    assert "the guard's backstop" in held_by(plain, ProcessView.PIDS)
+    assert "allocation interposer" in held_by(interposed, ProcessView.OTHER_PIDS)
+    assert "no guard kill" in held_by(interposed, ProcessView.OTHER_PIDS)
+    assert "MPS's pinned limit" in held_by(served, None)

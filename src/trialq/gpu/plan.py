@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from trialq.errors import UsageError
+from trialq.gpu.attribution import ProcessView
 from trialq.gpu.context_probe import ContextMeasure
 from trialq.gpu.inventory import Gpu
 from trialq.gpu.mps import limited, pinned_limits
@@ -124,3 +125,18 @@ class GpuPlan:
                 f"({reserve // MIB} MiB each, {'assumed' if context_bytes is None else 'measured'})"
             )
         return budget
+
+
+def held_by(shares: tuple[GpuShare, ...], view: ProcessView | None) -> str:
+    """What holds the trials' budgets on this worker, in the words of its ready line: where
+    memory is taken (MPS's pinned limits, the interposer, or only the frameworks' caps), and
+    whether the guard can back them (it kills only where NVML names the trials' processes)."""
+    if any(share.mps_limit_bytes is not None for share in shares):
+        taken = "MPS's pinned limit per trial"
+    elif any(share.interposed for share in shares):
+        taken = "the allocation interposer per trial"
+    else:
+        taken = "the frameworks' caps only (no MPS daemon, no interposer)"
+    guard = view in (ProcessView.PIDS, ProcessView.UNKNOWN)
+    backstop = "the guard's backstop" if guard else "no guard kill (NVML names no trial's memory)"
+    return f"budgets held by {taken}, with {backstop}"

@@ -30,7 +30,7 @@ from trialq.gpu.context_probe import ContextMeasure, Measures, measure_all
 from trialq.gpu.device import TensorFlowDevice
 from trialq.gpu.inventory import Gpu, Nvml
 from trialq.gpu.nvml_probe import ProbeResult, probe
-from trialq.gpu.plan import GpuPlan
+from trialq.gpu.plan import GpuPlan, held_by
 from trialq.gpu.share import VISIBLE, GpuShare
 from trialq.gpu.telemetry import MIB, WORKER_MARK, DeviceBaseline
 from trialq.settings import Settings, redacted_url
@@ -246,6 +246,9 @@ class WorkerState:
         if warning is not None:
             logger.warning("%s", warning)
         found = "" if self.probe is None else f"; GPU processes: {self.probe.view.said()}"
+        if self.gpu_shares:
+            view = self.probe.view if self.probe is not None else None
+            found += f"; {held_by(self.gpu_shares, view)}"
         measured = f"; {self.gpu_measures.line()}" if self.gpu_measures is not None else ""
         logger.info(
             "worker %s ready: broker %s, queues %s, %d trial(s) at a time%s%s; preloaded for "
