@@ -164,11 +164,12 @@ def worker(
                "--hostname", f"{queue}@bench", "--gpus", "0", "--trials-per-gpu", str(per_gpu),
                "--loglevel", "INFO"]  # fmt: skip
     environment = {
-        **os.environ, **(env or {}),
+        **os.environ,
         "TRIALQ_BROKER_URL": broker, "TRIALQ_RESULT_BACKEND": broker,
         "TRIALQ_ALLOWED_MODULES": "benchmarks", "TRIALQ_PRELOAD": "torch",
         "TRIALQ_GPU_UNATTRIBUTED_WAIT_S": "2",
         "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        **(env or {}),
     }  # fmt: skip
     with (logs / f"{name}.log").open("ab") as log:
         process = subprocess.Popen(command, env=environment, stdout=log, stderr=subprocess.STDOUT,
@@ -197,7 +198,11 @@ def neighbour(n_bytes: int) -> Iterator[None]:
 
 
 def run(
-    broker: str, queue: str, requests: list[tuple[str, dict[str, Any]]], framework: str
+    broker: str,
+    queue: str,
+    requests: list[tuple[str, dict[str, Any]]],
+    framework: str,
+    module: str = TRIALS,
 ) -> list[dict[str, Any]]:
     """Each request sent as a trial on `queue`; their results, in order (bounded)."""
     from trialq._celery.dispatcher import CeleryDispatcher
@@ -210,7 +215,7 @@ def run(
     ids = [
         dispatcher.submit(TrialRequest(
             study=f"enforce-{queue}", number=number, attempt=1, params=params,
-            entrypoint=Entrypoint.parse(f"{TRIALS}:{entry}"), timeout_s=180, hard_limit_s=200,
+            entrypoint=Entrypoint.parse(f"{module}:{entry}"), timeout_s=180, hard_limit_s=200,
             framework=framework,  # type: ignore[arg-type]
         ), queue)
         for number, (entry, params) in enumerate(requests)
