@@ -21,8 +21,18 @@ else
 fi
 # An empty variable (Compose passes one for a setting left empty in .env) is no setting at all:
 # trialq's settings would read "" as a value.
-for name in TRIALQ_GPUS TRIALQ_TRIALS_PER_GPU TRIALQ_GPU_MEMORY_MB TRIALQ_CONCURRENCY; do
+for name in TRIALQ_GPUS TRIALQ_TRIALS_PER_GPU TRIALQ_GPU_MEMORY_MB TRIALQ_CONCURRENCY \
+  TRIALQ_GPU_INTERPOSER; do
   eval "value=\${$name:-}"
   [ -n "$value" ] || unset "$name"
 done
+# The allocation interposer, where asked for and no MPS daemon serves the GPUs (a pinned limit
+# or a pipe folder says one does): preloaded into the worker, so every trial it forks has it.
+if [ -n "${TRIALQ_GPU_INTERPOSER:-}" ]; then
+  if [ -n "${CUDA_MPS_PINNED_DEVICE_MEM_LIMIT:-}${CUDA_MPS_PIPE_DIRECTORY:-}" ]; then
+    unset TRIALQ_GPU_INTERPOSER
+  else
+    export LD_PRELOAD="$TRIALQ_GPU_INTERPOSER${LD_PRELOAD:+:$LD_PRELOAD}"
+  fi
+fi
 exec trialq worker --queue "${TRIALQ_QUEUE:-gpu}" "$@" --max-tasks-per-child 1

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import fake_interposer
 import fake_nvml
 
 from trialq.trial.context import TrialContext
@@ -26,6 +27,9 @@ def records_its_gpu(params: dict[str, Any], trial: TrialContext) -> float:
         "visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "budget": os.environ.get("TRIALQ_GPU_BUDGET_BYTES"),
         "mps_limit": os.environ.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"),
+        "interposer_limit": os.environ.get("CUDA_DEVICE_MEMORY_LIMIT_0"),
+        "interposer_cache": os.environ.get("CUDA_DEVICE_MEMORY_SHARED_CACHE"),
+        "preload": os.environ.get("LD_PRELOAD"),
         "started": time.time(),
     }
     time.sleep(float(params.get("sleep_s", 1.0)))
@@ -35,10 +39,13 @@ def records_its_gpu(params: dict[str, Any], trial: TrialContext) -> float:
 
 
 def overruns_its_budget(params: dict[str, Any], trial: TrialContext) -> float:
-    """Holds twice its budget, as a trial whose framework cap was bypassed would."""
+    """Holds half its budget through its fake framework and twice its budget beside it, as a
+    trial with CuPy beside PyTorch would; returns after `sleep_s` unless killed."""
     budget = int(os.environ["TRIALQ_GPU_BUDGET_BYTES"])
-    fake_nvml.hold(2 * budget)
-    time.sleep(30)
+    fake_interposer.allocate(allocator_bytes=budget // 2)
+    for _chunk in range(8):  # beside it, a quarter of its budget at a time
+        fake_interposer.allocate(outside_bytes=budget // 4)
+    time.sleep(float(params.get("sleep_s", 30.0)))
     return 1.0
 
 

@@ -4,7 +4,8 @@ Workers load it in place of `pynvml` through `TRIALQ_NVML_MODULE=fake_nvml` (wit
 their `PYTHONPATH`). It reports the fake GPUs a test describes in `$FAKE_NVML_DIR/gpus.json`
 (`[{"uuid": "GPU-fake-0", "name": "FakeGPU", "total": BYTES}, ...]`), and as each fake GPU's
 compute processes, the files `$FAKE_NVML_DIR/used/<uuid>/<pid namespace>-<pid>` holding a byte
-count, written by fake trials (`hold`) for their own pid; a file whose process has exited counts
+count (and, after it, what of it a fake framework allocator holds: the rest is held outside it,
+as CuPy beside PyTorch, or a CUDA context), written by fake trials (`hold`) for their own pid; a file whose process has exited counts
 for nothing, as the driver frees what a process held when it exits.
 
 It answers as nvidia-ml-py does where trialq asks (errors are `NVMLError` with the code in
@@ -28,7 +29,10 @@ share the host's PID namespace (docs/oom.md, "What NVML can be trusted for"):
 - pids `translated`: the caller's namespace's processes by their pids, the others left out;
 - memory `reported`, `zero` or `unavailable` (`usedGpuMemory` None: pynvml's reading of
   NVML_VALUE_NOT_AVAILABLE), as some drivers and virtualisation layers report it;
-- processes `error`: every process query raises `NVMLError`.
+- processes `error`: every process query raises `NVMLError`;
+- `mps`: an MPS server serves the GPU: the compute processes are the server alone (a host pid,
+  holding no memory of its own), and its clients, each by the family's pid rule, are listed by
+  `nvmlDeviceGetMPSComputeRunningProcesses`, as NVML lists them apart.
 The device's memory in use (`nvmlDeviceGetMemoryInfo`) is every process's, whatever the family.
 Two callers in two PID namespaces (`unshare --pid --fork --mount-proc`) share one fake GPU as two
 pods do: a holder keeps a lock on its file, which tells a caller in another namespace it lives.
@@ -105,6 +109,8 @@ class _Holder:
     namespace: int
     pid: int
     used: int
+    allocator: int
+    """What of `used` a fake framework allocator holds (`fakeAllocatorBytes`)."""
 
 
 def describe(directory: Path, count: int, total_bytes: int) -> None:
@@ -117,50 +123,57 @@ def describe(directory: Path, count: int, total_bytes: int) -> None:
 
 
 def behave_as(
-    directory: Path, pids: str = "shared", memory: str = "reported", processes: str = "ok"
+    directory: Path,
+    pids: str = "shared",
+    memory: str = "reported",
+    processes: str = "ok",
+    mps: bool = False,
 ) -> None:
     """Answer as a driver family does (the module's docstring): a test's step."""
     assert pids in ("shared", "host", "callers", "translated") and processes in ("ok", "error")
     assert memory in ("reported", "zero", "unavailable")
-    family = {"pids": pids, "memory": memory, "processes": processes}
+    family = {"pids": pids, "memory": memory, "processes": processes, "mps": mps}
     (directory / "driver.json").write_text(json.dumps(family))
 
 
-def hold(n_bytes: int, pid: int | None = None) -> None:
-    """A fake trial holds `n_bytes` on each GPU of its `CUDA_VISIBLE_DEVICES`; `pid`: on behalf
-    of another process of this namespace, alive for as long as that process is."""
+def hold(n_bytes: int, pid: int | None = None, outside: int = 0) -> None:
+    """A fake trial holds `n_bytes` through its fake framework's allocator on each GPU of its
+    `CUDA_VISIBLE_DEVICES`, and `outside` bytes more outside it (a second library, a context);
+    `pid`: on behalf of another process of this namespace, alive for as long as that is."""
+    figures = f"{n_bytes + outside} {n_bytes}"
     for uuid in _visible_uuids():
         folder = _dir() / "used" / uuid
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / f"{_namespace()}-{pid or os.getpid()}"
         if pid is None or pid == os.getpid():
-            _hold_locked(path, n_bytes)
+            _hold_locked(path, figures)
         else:
-            path.write_text(str(n_bytes))
+            path.write_text(figures)
 
 
-def _hold_locked(path: Path, n_bytes: int) -> None:
-    """Write this process's figure through a descriptor it keeps locked until it exits."""
+def _hold_locked(path: Path, figures: str) -> None:
+    """Write this process's figures through a descriptor it keeps locked until it exits."""
     fd = _held.get(path)
     if fd is None:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         fcntl.flock(fd, fcntl.LOCK_EX)
         _held[path] = fd
     os.ftruncate(fd, 0)
-    os.pwrite(fd, str(n_bytes).encode(), 0)
+    os.pwrite(fd, figures.encode(), 0)
 
 
 def fakeCreateContext(n_bytes: int) -> None:
     """The fake's stand-in for a CUDA context: this process holds `n_bytes` on its visible GPU
     (trialq's start probe calls it where the binding is a fake, never on a GPU)."""
-    hold(n_bytes)
+    hold(0, outside=n_bytes)
 
 
 def fakeAllocatorBytes(handle: _Handle) -> int:
-    """The fake's stand-in for a framework allocator's figure: what this process holds on the
-    GPU, read in the process itself, whatever NVML's family says of it."""
+    """The fake's stand-in for a framework allocator's current reserved bytes: what this
+    process holds through it on the GPU, read in the process itself, whatever NVML's family
+    says of it (what it holds `outside` the allocator is not in it, as in a real one's)."""
     me = (_namespace(), os.getpid())
-    return sum(h.used for h in _holders(handle) if (h.namespace, h.pid) == me)
+    return sum(h.allocator for h in _holders(handle) if (h.namespace, h.pid) == me)
 
 
 def _namespace() -> int:
@@ -168,7 +181,7 @@ def _namespace() -> int:
     return os.stat("/proc/self/ns/pid").st_ino
 
 
-def _family() -> dict[str, str]:
+def _family() -> dict[str, Any]:
     path = _dir() / "driver.json"
     return dict(json.loads(path.read_text())) if path.is_file() else {}
 
@@ -278,11 +291,29 @@ def nvmlDeviceGetDeviceHandleFromMigDeviceHandle(handle: _Handle) -> _Handle:
     return _Handle(handle.card)
 
 
+MPS_SERVER_PID = PID_MAX_LIMIT
+"""The fake MPS server's pid: the host's, never this namespace's."""
+
+
 def nvmlDeviceGetComputeRunningProcesses(handle: _Handle) -> list[_Process]:
     _refuses_card(handle)
     family = _family()
     if family.get("processes") == "error":
         raise NVMLError(NVML_ERROR_NOT_SUPPORTED)  # every process query fails, as some drivers'
+    if family.get("mps"):
+        return [_Process(MPS_SERVER_PID, 0)]  # the clients are listed apart
+    return _clients(handle, family)
+
+
+def nvmlDeviceGetMPSComputeRunningProcesses(handle: _Handle) -> list[_Process]:
+    _refuses_card(handle)
+    family = _family()
+    if family.get("processes") == "error":
+        raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+    return _clients(handle, family) if family.get("mps") else []
+
+
+def _clients(handle: _Handle, family: dict[str, Any]) -> list[_Process]:
     pids, here = family.get("pids", "shared"), _namespace()
     found = []
     for holder in _holders(handle):
@@ -312,11 +343,12 @@ def _holders(handle: _Handle) -> list[_Holder]:
     for path in sorted(folder.glob("*")) if folder.is_dir() else []:
         try:
             namespace, pid = (int(part) for part in path.name.split("-"))
-            used = int(path.read_text() or 0)
+            figures = [int(part) for part in path.read_text().split()] or [0]
         except (ValueError, OSError):
             continue
+        used, allocator = figures[0], figures[-1]
         if _alive(namespace, pid, path):
-            found.append(_Holder(namespace, pid, used))
+            found.append(_Holder(namespace, pid, used, allocator))
     return found
 
 

@@ -191,6 +191,17 @@ class Settings(BaseSettings):
     be named for holds part of its share (another pod's, or any where NVML names none of the
     worker's processes); then it runs, and its result says so (docs/oom.md)."""
 
+    gpu_interposer: str | None = None
+    """`TRIALQ_GPU_INTERPOSER`: the allocation interposer's library (HAMi-core's
+    `libvgpu.so`), preloaded into the worker (`LD_PRELOAD`: docker/worker-cmd.sh sets it from
+    this): where no MPS daemon serves the GPUs, each trial is held to its budget by it
+    (`trialq.gpu.interposer`). A worker started without it preloaded is refused (exit 2)."""
+
+    gpu_busy_wait_s: float = Field(default=300.0, ge=0)
+    """How long a worker with `--gpus` waits at its start for room where its budgets fit the
+    card but not beside what others hold on it now; then it starts with the card's room
+    (`trialq.gpu.busy_card`). A budget that fits no card is refused at once (exit 2)."""
+
     nvml_module: str = "pynvml"
     """The NVML binding imported to read GPUs (nvidia-ml-py's `pynvml`). Tests on machines
     without a GPU name a fake here; its readings are a fake's, never a GPU's."""

@@ -48,6 +48,7 @@ WORKER_SETTINGS = {
     "TRIALQ_GPUS": "all",
     "TRIALQ_TRIALS_PER_GPU": "1",
     "TRIALQ_GPU_MEMORY_MB": "",
+    "TRIALQ_GPU_INTERPOSER": "",
     "TRIALQ_QUEUE": "gpu",
 }
 DASHBOARD = "dashboard"

@@ -138,7 +138,7 @@ def test_each_slot_has_its_own_devices_and_budget_and_packed_trials_all_run(
     assert on_gpu0[1][0] < on_gpu0[0][1], "the two trials on GPU 0 did not overlap"
 
 
-def test_an_over_budget_trial_ends_oom_by_the_guard_while_its_neighbour_completes(
+def test_an_over_budget_trial_is_killed_as_gpu_guard_never_oom_while_its_neighbour_completes(
     redis_url: str, tmp_path: Path, fake_gpus: Callable[[int], Path], gpu_worker: Callable[..., str]
 ) -> None:
     gpu_worker(fake_gpus(1), "--gpus", "0", "--trials-per-gpu", "2")
@@ -151,8 +151,11 @@ def test_an_over_budget_trial_ends_oom_by_the_guard_while_its_neighbour_complete
         {"entrypoint": "fake_gpu_trials:records_its_gpu", "params": neighbour},
     ])  # fmt: skip
 
-    assert over.result is not None and over.result.outcome is Outcome.OOM, over
+    assert over.result is not None and over.result.outcome is Outcome.GPU_GUARD, over
     assert "GPU memory guard" in (over.result.error or "")
+    figures = over.result.gpu_guard
+    assert figures is not None and figures.budget_bytes == over.result.gpu_budget_bytes
+    assert figures.outside_bytes > figures.allowance_bytes  # growth it can name, named
     assert not over.result.oom_caused_by_neighbour
     assert ok.result is not None and ok.result.outcome is Outcome.OK, ok
     assert ok.result.gpu_process_peak_bytes == {"GPU-fake-0": 2000 * MIB}  # `--gpus 0`
@@ -298,4 +301,34 @@ def test_a_worker_that_is_an_mps_client_plans_within_its_pinned_limit(
     assert [s.result.outcome if s.result else None for s in statuses] == [Outcome.OK] * 2
     records = _records(log)
     assert {int(str(r["budget"])) for r in records} == {(4 * GIB - 2 * RESERVE_MB * MIB) // 2}
-    assert {r["mps_limit"] for r in records} == {"0=4096M"}  # counted from the trial's device
+    # Its own limit, counted from its device: its budget plus one context, not the worker's.
+    assert {r["mps_limit"] for r in records} == {"0=2048M"}
+
+
+def test_a_worker_with_the_interposer_preloaded_hands_each_trial_its_budget_as_its_limit(
+    redis_url: str, tmp_path: Path, fake_gpus: Callable[[int], Path], gpu_worker: Callable[..., str]
+) -> None:
+    """The real interposer needs a GPU: a STAND-IN library (libm, harmless) is preloaded in
+    its place, and each trial process must carry the interposer's limit and a cache file of
+    its own, with the worker's preload inherited (trials are forked, not executed)."""
+    stand_in = next(
+        line.split()[-1]
+        for line in Path("/proc/self/maps").read_text().splitlines()
+        if "/libm.so" in line or "/libm-" in line
+    )
+    env = {"LD_PRELOAD": stand_in, "TRIALQ_GPU_INTERPOSER": stand_in}
+    gpu_worker(fake_gpus(1), "--gpus", "all", "--trials-per-gpu", "2", env=env)
+    log = tmp_path / "records"
+    log.mkdir()
+    params = {"log": str(log), "hold_mb": 100, "sleep_s": 0.5}
+
+    statuses = _run(redis_url, "gpu", [{"entrypoint": "fake_gpu_trials:records_its_gpu",
+                                        "params": params}] * 2)  # fmt: skip
+
+    assert [s.result.outcome if s.result else None for s in statuses] == [Outcome.OK] * 2
+    records = _records(log)
+    assert {r["interposer_limit"] for r in records} == {r["budget"] for r in records}
+    caches = {str(r["interposer_cache"]) for r in records}
+    assert len(caches) == 2 and all(
+        f"trialq-vgpu-{r['pid']}" in str(r["interposer_cache"]) for r in records
+    )

@@ -48,3 +48,10 @@ def test_refusals_are_named_as_the_workers() -> None:
 
 def test_a_limit_of_zero_never_stops() -> None:
     assert _feed(FailureStreak(0), [(E, SAME)] * 50) == [None] * 50
+
+
+def test_guard_kills_in_a_row_stop_the_run_naming_the_guard() -> None:
+    kill = "killed by trialq's GPU memory guard: NVML counted {} MiB for the trial's processes"
+    said = _feed(FailureStreak(2), [(Outcome.GPU_GUARD, kill.format(n)) for n in (9000, 9100)])
+
+    assert said[-1] is not None and "killed by the GPU memory guard the same way" in said[-1]

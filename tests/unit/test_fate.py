@@ -32,7 +32,7 @@ from trialq.driver.fate import (
 )
 from trialq.driver.sampling.oom_constraint import OomTelling
 from trialq.wire.dispatch import TaskPhase, TaskStatus
-from trialq.wire.messages import Outcome, TrialResult
+from trialq.wire.messages import GpuGuardFigures, Outcome, TrialResult
 
 LIMITS = Limits(max_retries=2, max_preemptions=3, memory_limit_mb=512)
 REQUEST = trial_request(number=7, params={"x": 0.5})
@@ -337,6 +337,13 @@ COMPLETE, PRUNED, FAIL = TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL
 TPE_OOM = OomTelling(TrialState.PRUNED, None)
 GP_OOM = OomTelling(TrialState.COMPLETE, [9.0], constrained=False)
 OOM = _result(Outcome.OOM, metrics={"value": 0.5})
+GUARD_KILL = _result(
+    Outcome.GPU_GUARD,
+    gpu_guard=GpuGuardFigures(
+        device="0", own_bytes=11 << 30, reserved_bytes=7 << 30, allowance_bytes=2 << 30,
+        budget_bytes=8 << 30,
+    ),
+)  # fmt: skip
 
 # (case, known, outcome told, state told, values told, constrained)
 TELLING: list[tuple[str, Known, Outcome, TrialState, Any, bool]] = [
@@ -366,6 +373,11 @@ TELLING: list[tuple[str, Known, Outcome, TrialState, Any, bool]] = [
         "memory kill to TPE: pruned with the constraint",
         _known(FAILED, failure=LOST, oom_rss=1, oom_telling=TPE_OOM),
         Outcome.OOM, PRUNED, None, True,
+    ),
+    (
+        "a GPU guard kill to TPE: gpu_guard, failed, never the oom constraint",
+        _known(FINISHED, result=GUARD_KILL, oom_telling=TPE_OOM),
+        Outcome.GPU_GUARD, FAIL, None, False,
     ),
     (
         "crowded out past max_preemptions, oom_as_constraint: error, failed",
@@ -461,3 +473,11 @@ def test_a_trial_left_running_by_a_previous_driver(
     task_id: str | None, has_params: bool, expected: type
 ) -> None:
     assert type(reattach(task_id, has_params)) is expected
+
+
+def test_a_guard_kill_is_never_asked_how_to_tell_an_oom() -> None:
+    """`oom_as_constraint` is asked only for an attempt that may be told `oom`."""
+    assert not may_tell_oom(TaskStatus(FINISHED, result=GUARD_KILL), None)
+    assert may_tell_oom(TaskStatus(FINISHED, result=OOM), None)
+    told = decide(_known(FINISHED, result=GUARD_KILL), LIMITS)
+    assert isinstance(told, Tell) and told.result.gpu_guard == GUARD_KILL.gpu_guard

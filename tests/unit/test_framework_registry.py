@@ -16,12 +16,15 @@ import textwrap
 import pytest
 from pydantic import TypeAdapter, ValidationError
 
+from trialq.gpu.allowance import OUTSIDE_ALLOCATOR_MB
 from trialq.trial.frameworks import Adapter, adapter, adapters
 from trialq.wire.failures import classify
 from trialq.wire.frameworks import NAMES, REGISTRY, REVEALED_BY, Framework, FrameworkChoice
 from trialq.wire.messages import Outcome
 
-ADAPTER_MEMBERS = ("environment", "started", "cap", "peaks", "free_memory", "guard_gap")
+ADAPTER_MEMBERS = (
+    "environment", "started", "cap", "peaks", "reserved", "free_memory", "guard_gap",
+)  # fmt: skip
 
 
 def test_the_adapter_protocol_is_what_is_checked() -> None:
@@ -56,6 +59,10 @@ def test_each_frameworks_oom_errors_are_classified_oom(framework: Framework) -> 
         assert classify(runtime_error("INVALID_ARGUMENT: resource_exhausted")) is Outcome.ERROR
 
 
+def test_each_framework_has_an_allowance_outside_its_allocator() -> None:
+    assert set(OUTSIDE_ALLOCATOR_MB) == set(NAMES)
+
+
 def test_the_registry_is_the_tables_the_driver_reads() -> None:
     assert tuple(adapter.name for adapter in adapters()) == NAMES
     assert len(set(NAMES)) == len(NAMES)
@@ -84,6 +91,7 @@ def test_asking_every_adapter_imports_no_framework() -> None:
         from trialq.trial.frameworks import adapters
         from trialq.wire.frameworks import NAMES
         [framework.started() for framework in adapters()]
+        print(json.dumps([framework.reserved() for framework in adapters()]))
         batch_size.free_memory(after_oom=True)
         prewarm.guard_gap()
         print(json.dumps([name for name in NAMES if name in sys.modules]))
@@ -94,3 +102,5 @@ def test_asking_every_adapter_imports_no_framework() -> None:
     )
     assert probe.returncode == 0, probe.stderr[-2000:]
     assert json.loads(probe.stdout.splitlines()[-1]) == []
+    # Nothing started, nothing reserved: the guard reads 0, never "cannot say".
+    assert json.loads(probe.stdout.splitlines()[-2]) == [[], [], []]

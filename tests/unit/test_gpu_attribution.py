@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import pytest
 
+from trialq.gpu.allowance import OUTSIDE_ALLOCATOR_MB, allowance_bytes
 from trialq.gpu.attribution import (
+    Overrun,
     Own,
     ProcessView,
     Reading,
@@ -15,6 +17,7 @@ from trialq.gpu.attribution import (
     classify,
     crowded,
     others_memory,
+    overrun,
     own_memory,
     shortfall,
     strangers,
@@ -143,3 +146,62 @@ def test_every_view_says_what_it_means() -> None:
         ProcessView.PIDS,
         ProcessView.PIDS_WITHOUT_MEMORY,
     }
+
+
+BUDGET = 8 * GIB
+ALLOW = 2 * GIB
+
+
+@pytest.mark.parametrize(
+    ("own", "reserved", "framework", "expected"),
+    [
+        # CuPy beside PyTorch: 4 GiB outside the allocator, past budget + allowance: named.
+        (Own(11 * GIB, Source.NVML_PIDS), 7 * GIB, "torch", Overrun(11 * GIB, 7 * GIB, ALLOW, BUDGET)),
+        # No framework at all (CuPy alone): everything it holds is outside an allocator.
+        (Own(11 * GIB, Source.NVML_PIDS), None, None, Overrun(11 * GIB, None, ALLOW, BUDGET)),
+        # Its framework's lazily loaded kernels within the allowance: a healthy trial.
+        (Own(9 * GIB, Source.NVML_PIDS), 7 * GIB, "torch", None),
+        # Much outside the allocator, but the trial within its budget plus allowance: no kill.
+        (Own(9 * GIB, Source.NVML_PIDS), 2 * GIB, "torch", None),
+        # The allocator itself past the budget (a cap that failed): not growth outside it.
+        (Own(11 * GIB, Source.NVML_PIDS), 10 * GIB, "torch", None),
+        # The framework's reserved bytes cannot be read (TensorFlow): nothing can be named.
+        (Own(20 * GIB, Source.NVML_PIDS), None, "tensorflow", None),
+        # Only the framework's estimate (`other-pids`): never a kill, whatever it says.
+        (Own(20 * GIB, Source.FRAMEWORK), 7 * GIB, "torch", None),
+        (Own(None, Source.NONE), None, None, None),
+    ],
+)  # fmt: skip
+def test_the_guard_kills_only_for_growth_outside_the_allocator_that_nvml_names(
+    own: Own, reserved: int | None, framework: str | None, expected: Overrun | None
+) -> None:
+    reading = Reading({10: own.bytes}, 12 * GIB, reserved)
+    assert overrun(own, reading, BUDGET, ALLOW, framework) == expected
+
+
+def test_no_budget_no_kill() -> None:
+    own = Own(40 * GIB, Source.NVML_PIDS)
+    assert overrun(own, Reading({}, 40 * GIB, 0), None, ALLOW, None) is None
+
+
+def test_each_framework_is_allowed_its_own_outside_the_allocator() -> None:
+    assert allowance_bytes("torch", CONTEXT) == CONTEXT + OUTSIDE_ALLOCATOR_MB["torch"] * MIB
+    assert allowance_bytes("jax", CONTEXT) < allowance_bytes("torch", CONTEXT)
+    assert allowance_bytes(None, CONTEXT) < allowance_bytes("jax", CONTEXT)
+
+
+@pytest.mark.parametrize(
+    ("reserved_now", "is_crowded"),
+    [
+        # It holds 1 GiB now (its peak was 7): the others hold 12 - 1.5, inside its share.
+        (GIB, True),
+        # Read from its peak instead, the others would seem to hold 4.5: "its own" OOM.
+        (7 * GIB, False),
+    ],
+)
+def test_a_crowded_out_trial_is_judged_on_what_it_holds_now(
+    reserved_now: int, is_crowded: bool
+) -> None:
+    reading = Reading(None, 12 * GIB, reserved_now)
+    own = own_memory(ProcessView.OTHER_PIDS, reading, TREE, CONTEXT)
+    assert crowded(others_memory(reading, own), 16 * GIB, 8 * GIB) is is_crowded

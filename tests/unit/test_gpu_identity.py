@@ -21,14 +21,17 @@ import fake_nvml
 import pytest
 
 from trialq.errors import UsageError
+from trialq.gpu import mps
 from trialq.gpu.attribution import ProcessView
+from trialq.gpu.context_probe import ContextMeasure
 from trialq.gpu.inventory import Gpu, Nvml
-from trialq.gpu.mps import PINNED_LIMIT, limited, pinned_limits
+from trialq.gpu.mps import PINNED_LIMIT, PIPE_DIRECTORY, limited, pinned_limits
 from trialq.gpu.plan import CONTEXT_RESERVE_MB, GpuPlan
 from trialq.gpu.share import VISIBLE, GpuShare
-from trialq.gpu.telemetry import NeighbourCheck
+from trialq.gpu.telemetry import WORKER_MARK, NeighbourCheck, TrialMarks
 
 MIB = 2**20
+GIB = 2**30
 A100 = "NVIDIA A100-SXM4-40GB"
 PARENT = "GPU-5f2a1b9e-3c4d-4e6f-8a7b-9c0d1e2f3a4b"
 # An A100 40GB in MIG mode, unprivileged: 3g.20gb at slot 0, 2g.10gb at 1, nothing at 2,
@@ -118,12 +121,14 @@ def test_the_start_check_reads_a_mig_devices_processes_not_the_refusing_card(
         nvml.used_bytes(PARENT)  # unprivileged: NVML refuses the card itself
     assert refused.value.value == fake_nvml.NVML_ERROR_NO_PERMISSION
     on_one, on_zero = (GpuPlan().shares(nvml.gpus(u))[0] for u in (MIG_UUIDS[1], MIG_UUIDS[0]))
-    with subprocess.Popen(["sleep", "30"]) as stranger:
+    left = {**os.environ, WORKER_MARK: "w-1"}  # left behind by a trial of worker w-1
+    with subprocess.Popen(["sleep", "30"], env=left) as stranger:
         monkeypatch.setenv(VISIBLE, on_one.visible)
         fake_nvml.hold(1024 * MIB, pid=stranger.pid)
         assert nvml.processes(MIG_UUIDS[1]) == {stranger.pid: 1024 * MIB}
         # the fake's default family names this namespace's pids: a stranger is refused for
-        check = NeighbourCheck(64 * MIB, settle_s=0, view=ProcessView.PIDS)
+        marks = TrialMarks("w-1")
+        check = NeighbourCheck(64 * MIB, settle_s=0, view=ProcessView.PIDS, marks=marks)
         refusal = check.refusal(nvml, on_one, lambda: {os.getpid()})
         assert refusal is not None and MIG_UUIDS[1] in refusal
         assert check.refusal(nvml, on_zero, lambda: {os.getpid()}) is None
@@ -161,11 +166,27 @@ def test_under_mps_the_budget_and_the_beat_are_the_clients_pinned_limit(host: Ho
     shares = plan.shares(gpus)
     assert {s.total_bytes for s in shares} == {8 * 2**30}
     assert {s.budget_bytes for s in shares} == {(8192 - 2 * CONTEXT_RESERVE_MB) * MIB // 2}
-    # The trial sees its own devices from ordinal 0: the limit goes with it, renumbered.
+    # The trial sees its own devices from ordinal 0: its own limit (its budget plus one
+    # context, never the worker's whole limit) goes with it, renumbered.
     env = shares[3].environment()
-    assert (env[VISIBLE], env[PINNED_LIMIT]) == (MIG_HOST[2]["uuid"], "0=8192M")
+    assert (env[VISIBLE], env[PINNED_LIMIT]) == (MIG_HOST[2]["uuid"], "0=4096M")
     assert GpuShare.from_environment(env) == shares[3]
     assert PINNED_LIMIT not in GpuPlan().shares(gpus)[0].environment()
+
+
+def test_each_trial_of_an_mps_served_worker_gets_its_budget_plus_a_context_as_its_limit(
+    host: Host,
+) -> None:
+    gpus = host(MIG_HOST[1:]).gpus("all")
+    measured = {g.id: ContextMeasure(g.id, 500 * MIB, g.total_bytes - GIB, 20 * GIB) for g in gpus}
+    shares = GpuPlan(trials_per_gpu=4, mps_served=True).shares(gpus, measured)
+
+    for share in shares:
+        assert share.total_bytes == 20 * GIB  # CUDA's total (a daemon's limit), not NVML's
+        assert share.budget_bytes is not None and share.context_bytes is not None
+        assert share.mps_limit_bytes == (share.budget_bytes + share.context_bytes) // MIB * MIB
+    assert GpuPlan(trials_per_gpu=4).shares(gpus)[0].mps_limit_bytes is None  # no MPS: none
+    assert mps.served({PIPE_DIRECTORY: "/mps/nvidia.com/gpu/pipe"}) and not mps.served({})
 
 
 def test_a_selection_naming_no_device_is_one_line(host: Host) -> None:

@@ -26,6 +26,8 @@ MEANINGS = {
     Outcome.TIMEOUT: Meaning(Told.FAIL, Resent.NEVER, Learnt.FAILED, in_failure_streak=False),
     Outcome.NOT_FINITE: Meaning(Told.FAIL, Resent.NEVER, Learnt.FAILED, in_failure_streak=False),
     Outcome.ERROR: Meaning(Told.FAIL, Resent.NEVER, Learnt.NOTHING, in_failure_streak=True),
+    # A guard kill: told with its figures, never an `oom`, never fed to the sampler.
+    Outcome.GPU_GUARD: Meaning(Told.FAIL, Resent.NEVER, Learnt.NOTHING, in_failure_streak=True),
     Outcome.WORKER_LOST: Meaning(
         Told.FAIL, Resent.WITHIN_RETRIES, Learnt.NOTHING, in_failure_streak=True
     ),
@@ -120,7 +122,10 @@ def test_a_record_writes_only_what_is_set() -> None:
 
 def test_a_told_record_is_the_results_attrs_and_the_drivers() -> None:
     result = TrialResult.here(
-        REQUEST, Outcome.OK, metrics={"v": 1.0, "bad": math.nan}, duration_s=7200,
+        REQUEST,
+        Outcome.OK,
+        metrics={"v": 1.0, "bad": math.nan},
+        duration_s=7200,
         gpu_model="NVIDIA H100",
     )
     attrs = TrialRecord.told(

@@ -6,9 +6,10 @@ leave it "finished". `FailureStreak` watches what the loop tells and what worker
 and names the cause once `[study] max_failures_in_a_row` of them in a row were the same
 failure with no success between. Pure: the loop feeds it and raises `FailingTrials`.
 
-Only failures that say nothing of the params count: `error`, `crashed`, `worker_lost`, and a
-worker's refusal. `oom`, `timeout`, `not_finite` and `pruned` are what a search learns from
-(`Outcome.meaning` says which count).
+Only failures that say nothing of the params count: `error`, `crashed`, `worker_lost`, a
+worker's refusal, and a GPU memory guard's kill (a library beside the framework, or an
+allowance too small for it: the same whatever the params). `oom`, `timeout`, `not_finite`
+and `pruned` are what a search learns from (`Outcome.meaning` says which count).
 """
 
 from __future__ import annotations
@@ -40,11 +41,17 @@ class FailureStreak:
         return self._reason(outcome) if self.limit and self.count >= self.limit else None
 
     def _reason(self, outcome: Outcome) -> str:
-        what = "refused by their workers" if outcome is Outcome.REFUSED else f"{outcome}"
+        what = _SAID.get(outcome, f"{outcome}")
         return (
             f"stopped: {self.count} trials in a row {what} the same way ({self.last_error}); "
             f"the rest of the budget is kept (max_failures_in_a_row = {self.limit})"
         )
+
+
+_SAID = {
+    Outcome.REFUSED: "refused by their workers",
+    Outcome.GPU_GUARD: "killed by the GPU memory guard",
+}
 
 
 def _signature(outcome: Outcome, error: str | None) -> str:

@@ -83,12 +83,13 @@ class Source(StrEnum):
 @dataclass(frozen=True)
 class Reading:
     """One look at one GPU from a trial process: NVML's processes (None: the query failed),
-    the device's memory in use (None: likewise), and the trial's framework figure (the
-    allocator's, without its CUDA context; None: no framework has one)."""
+    the device's memory in use (None: likewise), and what the trial's framework allocator
+    has reserved now (its current figure, never its peak, and without its CUDA context;
+    None: no framework has one)."""
 
     listed: Mapping[int, int | None] | None
     used: int | None
-    allocator: int | None = None
+    reserved: int | None = None
 
 
 @dataclass(frozen=True)
@@ -101,13 +102,48 @@ class Own:
 
 def own_memory(view: ProcessView, reading: Reading, tree: Set[int], context_bytes: int) -> Own:
     """The trial's own memory on the GPU: NVML's figures for its process tree where NVML names
-    its processes with their memory, else its framework's figure plus one CUDA context."""
+    its processes with their memory, else its framework's current reserved bytes plus one
+    CUDA context (an estimate: what is loaded outside the allocator is not in it)."""
     by_pid = _by_pid(view, reading.listed, tree)
     if by_pid is not None:
         return Own(by_pid, Source.NVML_PIDS)
-    if reading.allocator is not None:
-        return Own(reading.allocator + context_bytes, Source.FRAMEWORK)
+    if reading.reserved is not None:
+        return Own(reading.reserved + context_bytes, Source.FRAMEWORK)
     return Own(None, Source.NONE)
+
+
+@dataclass(frozen=True)
+class Overrun:
+    """Growth the guard can name: NVML's figure of the trial's processes (`own`) past its
+    budget plus the allowance, with more than the allowance outside its framework's
+    allocator (`reserved` now; None: no framework holds any)."""
+
+    own: int
+    reserved: int | None
+    allowance: int
+    budget: int
+
+    @property
+    def outside(self) -> int:
+        return self.own - (self.reserved or 0)
+
+
+def overrun(
+    own: Own, reading: Reading, budget: int | None, allowance: int, framework: str | None
+) -> Overrun | None:
+    """Whether the guard kills: only on NVML's own figure (never on a framework's estimate,
+    which its cap already bounds), only where the framework's reserved bytes are known or no
+    framework runs, and only for memory outside the allocator past `allowance` that takes
+    the trial past its budget plus the allowance. A framework past its budget with its cap
+    failed is not this rule's: its result says the cap failed (`gpu_cap_note`)."""
+    if own.source is not Source.NVML_PIDS or own.bytes is None or budget is None:
+        return None
+    if reading.reserved is None and framework is not None:
+        return None  # its allocator cannot be read: no growth outside it can be named
+    found = Overrun(own.bytes, reading.reserved, allowance, budget)
+    if found.own > budget + allowance and found.outside > allowance:
+        return found
+    return None
 
 
 def _by_pid(
@@ -138,8 +174,8 @@ def crowded(others: int | None, total: int | None, limit: int | None) -> bool:
 
 @dataclass(frozen=True)
 class Stranger:
-    """A process on the trial's GPU that is none of the worker's trials but is this
-    container's (a process an earlier trial left behind): the start check refuses for it."""
+    """A process on the trial's GPU that is none of the worker's live trials but carries the
+    worker's mark (a process an earlier trial left behind): the start check refuses for it."""
 
     gpu: str
     pid: int
@@ -156,11 +192,12 @@ def strangers(
     listed: Mapping[int, int | None] | None,
     tree: Set[int],
     tolerance: int,
-    is_local: Callable[[int], bool],
+    is_marked: Callable[[int], bool],
 ) -> list[Stranger]:
     """The processes on the GPU the start check refuses for: only where NVML names this
-    namespace's processes, one that is not the worker's tree, is this container's
-    (`is_local`), and holds more than `tolerance` (or an unknown amount, NVML not saying)."""
+    namespace's processes, one that is not the worker's live tree, carries the worker's mark
+    (`is_marked`: evidence, never a guess from a shared cgroup), and holds more than
+    `tolerance` (or an unknown amount, NVML not saying)."""
     if listed is None or not view.names_own:
         return []
     found = []
@@ -168,7 +205,7 @@ def strangers(
         known = used if view is ProcessView.PIDS else None
         if pid in tree or (known is not None and known <= tolerance):
             continue
-        if is_local(pid):
+        if is_marked(pid):
             found.append(Stranger(gpu, pid, known))
     return found
 

@@ -166,10 +166,25 @@ class Nvml:
         return int(self._nvml.nvmlDeviceGetMemoryInfo(self.handle(gpu_id)).used)
 
     def processes(self, gpu_id: str) -> dict[int, int | None]:
-        """The memory each process holds on the GPU, by pid as NVML gives it (NVML's compute
-        processes; None where NVML has no figure: pynvml's NVML_VALUE_NOT_AVAILABLE)."""
-        listed = self._nvml.nvmlDeviceGetComputeRunningProcesses(self.handle(gpu_id))
+        """The memory each process holds on the GPU, by pid as NVML gives it (None where NVML
+        has no figure: pynvml's NVML_VALUE_NOT_AVAILABLE): its compute processes, and the
+        clients of an MPS server on it, which NVML lists apart (the compute list names the
+        server, `nvidia-cuda-mps-server`, not them)."""
+        handle = self.handle(gpu_id)
+        listed = list(self._nvml.nvmlDeviceGetComputeRunningProcesses(handle))
+        listed += self._mps_clients(handle)
         return {int(p.pid): _figure(p.usedGpuMemory) for p in listed}
+
+    def _mps_clients(self, handle: Any) -> list[Any]:
+        """NVML's MPS clients on a device; none where the binding or the driver has no such
+        query (Not Supported, Function Not Found: no MPS to list)."""
+        query = getattr(self._nvml, "nvmlDeviceGetMPSComputeRunningProcesses", None)
+        if query is None:
+            return []
+        try:
+            return list(query(handle))
+        except self._nvml.NVMLError:
+            return []
 
     def allocator_stand_in(self, gpu_id: str) -> int | None:
         """A FAKE binding's stand-in for a framework allocator's figure of this process on

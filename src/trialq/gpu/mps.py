@@ -14,18 +14,24 @@ An ordinal is CUDA's, among the devices the client sees; trialq takes it as NVML
 the card (`Gpu.index`), which it is in a pod (its GPUs are 0..n-1 to both) and wherever
 `CUDA_DEVICE_ORDER=PCI_BUS_ID` (trialq's images set it). Each trial process sees its own
 devices from ordinal 0 (`CUDA_VISIBLE_DEVICES` names them), so its share carries the
-variable again, counted from 0 (`GpuShare.mps_limit_bytes`).
+variable again, counted from 0, at its own budget plus one context, never the worker's whole
+limit (`GpuShare.mps_limit_bytes`): NVIDIA's per-client cap, which the driver enforces on
+every allocation of the trial's process, by any library, as CUDA's out-of-memory error.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Mapping
 
 from trialq.errors import UsageError
 from trialq.gpu.inventory import Gpu
 
 PINNED_LIMIT = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
+PIPE_DIRECTORY = "CUDA_MPS_PIPE_DIRECTORY"
+"""Where an MPS client finds its control daemon (the device plugin's `sharing.mps` sets it in
+the pod; a host's daemon defaults to /tmp/nvidia-mps, unset)."""
 
 _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 _PAIR = re.compile(r"\s*(\d+)\s*=\s*(\d+(?:\.\d+)?)\s*([KMGT]?)B?\s*", re.IGNORECASE)
@@ -54,6 +60,13 @@ def limited(gpus: tuple[Gpu, ...], text: str | None) -> tuple[Gpu, ...]:
         else gpu
         for gpu in gpus
     )
+
+
+def served(env: Mapping[str, str]) -> bool:
+    """Whether the environment says an MPS daemon serves this process's GPUs: a pinned limit
+    or a pipe directory of its own. A host's daemon on its default pipe leaves neither (its
+    default limit still shows in CUDA's total, which a measured plan plans within)."""
+    return bool(env.get(PINNED_LIMIT, "").strip() or env.get(PIPE_DIRECTORY, "").strip())
 
 
 def limit_text(limit_bytes: int, devices: int) -> str:

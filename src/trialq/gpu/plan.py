@@ -8,7 +8,8 @@ takes memory no framework cap counts). Where the worker measured its GPUs when i
 (`trialq.gpu.context_probe`), the card is what CUDA lets its processes have, and the
 context the measured one where it is larger than assumed; elsewhere a context is assumed
 (`context_reserve_mb`) and the card is NVML's total. A worker that is an MPS client with a
-pinned memory limit plans within the limit, not the card (`trialq.gpu.mps`).
+pinned memory limit plans within the limit, not the card (`trialq.gpu.mps`), and each of its
+trials gets a pinned limit of its own: its budget plus one context.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from trialq.errors import UsageError
+from trialq.gpu.attribution import ProcessView
 from trialq.gpu.context_probe import ContextMeasure
 from trialq.gpu.inventory import Gpu
 from trialq.gpu.mps import limited, pinned_limits
@@ -48,6 +50,13 @@ class GpuPlan:
     mps_pinned_limits: str | None = None
     """`CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` where the worker has it (`0=4G`): each GPU's memory
     is then no more than its limit."""
+    interposer: bool = False
+    """The allocation interposer is preloaded in the worker (`trialq.gpu.interposer`): where
+    no MPS daemon serves the GPUs, each trial's budget is its limit."""
+    mps_served: bool = False
+    """An MPS daemon serves the worker's GPUs (its pinned limit is set, or its pipe directory
+    is: `trialq.gpu.mps.served`): each trial gets its own pinned limit, its budget plus one
+    context, which the driver enforces on every allocation of the trial's process."""
 
     def shares(
         self, gpus: tuple[Gpu, ...], measures: Mapping[str, ContextMeasure] | None = None
@@ -83,15 +92,23 @@ class GpuPlan:
             if len(found) == len(group)
             else None
         )
-        # MPS's pinned limit (already in `total`) bounds what CUDA measured as usable
+        if context is not None:
+            # CUDA's own total: what a framework's fraction is of (JAX's), and under MPS the
+            # limit the daemon set, which the environment need not say; MPS's pinned limit
+            # (already in `total`) bounds what CUDA measured as usable.
+            total = min(total, *(m.total_bytes for m in found))
         usable = min(total, *(m.usable_bytes for m in found)) if context is not None else total
+        budget = self.budget_bytes(group[0].id, usable, context)
+        reserve = self.context_reserve_mb * MIB if context is None else context
+        served = self.mps_served or bool(pinned_limits(self.mps_pinned_limits))
         return GpuShare(
             devices=tuple(gpu.id for gpu in group),
-            budget_bytes=self.budget_bytes(group[0].id, usable, context),
+            budget_bytes=budget,
             model=group[0].model,
             total_bytes=total,
-            mps_limit_bytes=total if pinned_limits(self.mps_pinned_limits) else None,
+            mps_limit_bytes=(budget + reserve) // MIB * MIB if served else None,
             context_bytes=context,
+            interposed=self.interposer and not served,
         )
 
     def budget_bytes(self, gpu_id: str, total_bytes: int, context_bytes: int | None = None) -> int:
@@ -108,3 +125,18 @@ class GpuPlan:
                 f"({reserve // MIB} MiB each, {'assumed' if context_bytes is None else 'measured'})"
             )
         return budget
+
+
+def held_by(shares: tuple[GpuShare, ...], view: ProcessView | None) -> str:
+    """What holds the trials' budgets on this worker, in the words of its ready line: where
+    memory is taken (MPS's pinned limits, the interposer, or only the frameworks' caps), and
+    whether the guard can back them (it kills only where NVML names the trials' processes)."""
+    if any(share.mps_limit_bytes is not None for share in shares):
+        taken = "MPS's pinned limit per trial"
+    elif any(share.interposed for share in shares):
+        taken = "the allocation interposer per trial"
+    else:
+        taken = "the frameworks' caps only (no MPS daemon, no interposer)"
+    guard = view in (ProcessView.PIDS, ProcessView.UNKNOWN)
+    backstop = "the guard's backstop" if guard else "no guard kill (NVML names no trial's memory)"
+    return f"budgets held by {taken}, with {backstop}"

@@ -9,9 +9,11 @@ decided in the worker's parent and handed to the trial process, which sets
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from trialq.gpu.interposer import LIMIT, trial_environment
 from trialq.gpu.mps import PINNED_LIMIT, limit_text, pinned_limits
 
 VISIBLE = "CUDA_VISIBLE_DEVICES"
@@ -40,6 +42,10 @@ class GpuShare:
     context_bytes: int | None = None
     """One process's CUDA context on these GPUs, as the worker measured it when it started
     (`trialq.gpu.context_probe`); None: not measured (a context is then assumed)."""
+    interposed: bool = False
+    """The worker has the allocation interposer preloaded and no MPS daemon serves its GPUs:
+    the trial's environment carries its budget as the interposer's limit
+    (`trialq.gpu.interposer`)."""
 
     @property
     def visible(self) -> str:
@@ -47,7 +53,8 @@ class GpuShare:
         return ",".join(self.devices)
 
     def environment(self) -> dict[str, str]:
-        """The variables that carry the share into the trial process (before any import)."""
+        """The variables that carry the share into the trial process (before any import),
+        called in that process (the interposer's cache file is its own)."""
         env = {VISIBLE: self.visible}
         sizes = ((BUDGET, self.budget_bytes), (TOTAL, self.total_bytes))
         for name, value in (*sizes, (CONTEXT, self.context_bytes)):
@@ -57,6 +64,8 @@ class GpuShare:
             env[MODEL] = self.model
         if self.mps_limit_bytes is not None:
             env[PINNED_LIMIT] = limit_text(self.mps_limit_bytes, len(self.devices))
+        if self.interposed and self.budget_bytes is not None:
+            env.update(trial_environment(self.budget_bytes, len(self.devices), os.getpid()))
         return env
 
     @classmethod
@@ -74,6 +83,7 @@ class GpuShare:
             _int(env.get(TOTAL)),
             mps_limit_bytes=min(pinned_limits(env.get(PINNED_LIMIT)).values(), default=None),
             context_bytes=_int(env.get(CONTEXT)),
+            interposed=f"{LIMIT}_0" in env,
         )
 
 

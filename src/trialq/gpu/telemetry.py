@@ -8,10 +8,13 @@ a process that outlived its trial.
 
 A worker that packs trials onto its GPUs (`trialq worker --gpus`) cannot read a device's
 total that way: its neighbours' memory is there by right. Its check (`NeighbourCheck`) reads
-NVML's processes on each of the trial's GPUs and refuses a GPU that a process of this
-container holds which is none of this worker's live trial processes (nor one of theirs): a
-process a finished trial left behind. Memory it cannot name anyone for (another pod's, an MPS
-server's, or any where NVML names no process of this worker) is waited on, then noted.
+NVML's processes on each of the trial's GPUs and refuses a GPU only on evidence that a
+process holding it is this worker's and none of its live trial processes: one that carries
+the worker's mark (`TrialMarks`: its environment marker, or a file of its slots folder held
+open) outside the live trial tree, a process a finished trial left behind. Any other memory
+(a second worker started from the same shell, a notebook, another pod's, an MPS server's, or
+any where NVML names no process of this worker) is unattributed: waited on, then noted, and
+the worker never stops taking trials for it.
 """
 
 from __future__ import annotations
@@ -150,6 +153,50 @@ class DeviceBaseline:
         return used
 
 
+WORKER_MARK = "TRIALQ_WORKER_MARK"
+"""The environment variable a worker with `--gpus` sets for everything it starts: a
+process that carries its value is of this worker, by inheritance (a trial's subprocesses
+among them)."""
+
+
+@dataclass(frozen=True)
+class TrialMarks:
+    """The evidence that a process is of this worker: its mark in the process's environment
+    (what a process started with `exec` carries), or a file of its slots folder held open
+    (what a forked process inherits: a trial's slot lock). None of each: no such evidence."""
+
+    mark: str | None = None
+    folder: Path | None = None
+
+    @classmethod
+    def here(cls, folder: Path | None) -> TrialMarks:
+        """This process's worker's marks (from the environment it inherited)."""
+        return cls(os.environ.get(WORKER_MARK) or None, folder)
+
+    def carried_by(self, pid: int) -> bool:
+        """Whether `pid` (of this PID namespace) carries either mark."""
+        return self._in_environment(pid) or self._holds_a_slot_file(pid)
+
+    def _in_environment(self, pid: int) -> bool:
+        if not self.mark:
+            return False
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes()
+        except OSError:  # gone, another namespace's, or not ours to read: no evidence
+            return False
+        return f"{WORKER_MARK}={self.mark}".encode() in environ.split(b"\0")
+
+    def _holds_a_slot_file(self, pid: int) -> bool:
+        if self.folder is None:
+            return False
+        folder = str(self.folder.resolve())
+        try:
+            links = [os.readlink(fd) for fd in Path(f"/proc/{pid}/fd").iterdir()]
+        except OSError:
+            return False
+        return any(link.startswith(folder + os.sep) for link in links)
+
+
 @dataclass(frozen=True)
 class StartCheck:
     """The start check's verdict: a refusal (the trial does not run), or a run with a note
@@ -162,10 +209,10 @@ class StartCheck:
 @dataclass(frozen=True)
 class NeighbourCheck:
     """Whether a trial's GPUs are clean to start on, per GPU, knowing its neighbours
-    (`trialq.gpu.attribution`, docs/oom.md): a process of this container that is none
-    of this worker's live trial processes or their children (`worker_tree`, read in the trial
-    process) and holds more than `tolerance_bytes` is refused for, where NVML names this
-    namespace's processes; memory that no one can be named for is waited on, then noted."""
+    (`trialq.gpu.attribution`, docs/oom.md): a process carrying this worker's marks (`marks`)
+    that is none of its live trial processes or their children (`worker_tree`, read in the
+    trial process) and holds more than `tolerance_bytes` is refused for, where NVML names this
+    namespace's processes; any other memory is unattributed: waited on, then noted."""
 
     tolerance_bytes: int
     settle_s: float = SETTLE_S
@@ -173,6 +220,7 @@ class NeighbourCheck:
     context_bytes: int = 0
     unattributed_wait_s: float = SETTLE_S
     warnings: OncePerWorker | None = None
+    marks: TrialMarks = field(default_factory=TrialMarks)
 
     def check(
         self, nvml: Nvml, share: GpuShare, worker_tree: Callable[[], set[int]] | None = None
@@ -217,7 +265,7 @@ class NeighbourCheck:
             used = self._try(look, gpu, "memory", nvml.used_bytes)
             reading = Reading(listed, used)
             look.strangers += strangers(
-                self.view, gpu, listed, tree, self.tolerance_bytes, _in_this_container
+                self.view, gpu, listed, tree, self.tolerance_bytes, self.marks.carried_by
             )
             lacking = shortfall(reading, share.total_bytes, limit, self.tolerance_bytes)
             if lacking:
@@ -250,8 +298,8 @@ class _Look:
 def _refusal(found: list[Stranger]) -> str:
     held = ", ".join(stranger.text() for stranger in found)
     return (
-        f"GPU not clean: {held}, and is none of this worker's trial processes (a process "
-        "an earlier trial left behind?); the trial was not run"
+        f"GPU not clean: {held}, and carries this worker's mark but is none of its live "
+        "trial processes (a process an earlier trial left behind); the trial was not run"
     )
 
 
@@ -266,21 +314,6 @@ def _short_note(short: dict[str, int], share: GpuShare, waited: float) -> str:
 
 def _joined(*notes: str | None) -> str | None:
     return "; ".join(note for note in notes if note) or None
-
-
-def _in_this_container(pid: int) -> bool:
-    """Whether `pid` is a process of this PID namespace and this container (its cgroup):
-    another pod's process, or an MPS server, seen with the host's PID namespace, is not."""
-    try:
-        return Path(f"/proc/{pid}/cgroup").read_text() == Path("/proc/self/cgroup").read_text()
-    except FileNotFoundError:
-        return False  # no such process here: a pid of another namespace
-    except OSError:
-        pass
-    try:
-        return bool(psutil.pid_exists(pid))
-    except (OverflowError, ValueError):  # not a pid this kernel could have given
-        return False
 
 
 def worker_processes() -> set[int]:

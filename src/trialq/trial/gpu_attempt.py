@@ -16,13 +16,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from trialq.gpu.attribution import ProcessView
+from trialq.gpu.attribution import ProcessView, Source
 from trialq.gpu.inventory import Nvml
 from trialq.gpu.once_per_worker import OncePerWorker
 from trialq.gpu.share import GpuShare
-from trialq.gpu.telemetry import MIB, NeighbourCheck, StartCheck
+from trialq.gpu.telemetry import MIB, NeighbourCheck, StartCheck, TrialMarks
 from trialq.trial.gpu_guard import GpuGuard, GpuOverrun
-from trialq.wire.messages import Outcome, TrialRequest, TrialResult
+from trialq.wire.messages import GpuGuardFigures, Outcome, TrialRequest, TrialResult
 
 logger = logging.getLogger("trialq.worker")  # the name log lines show; kept when the code moved
 
@@ -52,6 +52,7 @@ class GpuLimits:
         return NeighbourCheck(
             self.tolerance_mb * MIB, view=self.view, context_bytes=self.context_bytes(share),
             unattributed_wait_s=self.unattributed_wait_s, warnings=warnings,
+            marks=TrialMarks.here(self.warned_in),
         )  # fmt: skip
 
 
@@ -62,8 +63,9 @@ def run_on_share(
     run: Callable[[], TrialResult],
     leave: Callable[[TrialResult], None],
 ) -> TrialResult:
-    """`run()` on the slot's GPUs, guarded; `leave` stores the guard's `oom` before it kills
-    the trial's process. Without a share, `run()` as it is; without NVML, unguarded."""
+    """`run()` on the slot's GPUs, guarded; `leave` stores the guard's `gpu_guard` result
+    before it kills the trial's process. Without a share, `run()` as it is; without NVML,
+    unguarded."""
     if share is None:
         return run()
     warnings = OncePerWorker(logger, limits.warned_in)
@@ -92,7 +94,7 @@ def _guarded(
 ) -> TrialResult:
     """`run()` under the GPU memory guard; its result with what the guard saw."""
     reserve = limits.context_bytes(share)
-    on_overrun = _leave_oom(request, share, reserve, leave)
+    on_overrun = _leave_kill(request, share, reserve, leave)
     with GpuGuard(nvml, share, reserve, on_overrun, limits.view, warnings=warnings) as guard:
         result = run()
     neighbours = result.outcome is Outcome.OOM and guard.neighbour_caused()
@@ -102,21 +104,26 @@ def _guarded(
     )
 
 
-def _leave_oom(
+def _leave_kill(
     request: TrialRequest,
     share: GpuShare,
     context_bytes: int,
     leave: Callable[[TrialResult], None],
 ) -> Callable[[GpuOverrun], None]:
     """What the GPU memory guard does before it kills the trial's process: leave its result,
-    `oom` (once: the trial's memory grows while Redis is waited for), with the budget and
-    context it was held to, as a result the trial told itself would say."""
+    `gpu_guard` with the figures it was killed for (never `oom`), as a result the trial told
+    itself would say."""
 
     def on_overrun(overrun: GpuOverrun) -> None:
         logger.error("%s", overrun.text())
-        peaks = {overrun.device: overrun.used_bytes}
+        found = overrun.figures
+        figures = GpuGuardFigures(
+            device=overrun.device, own_bytes=found.own, reserved_bytes=found.reserved,
+            allowance_bytes=found.allowance, budget_bytes=found.budget,
+        )  # fmt: skip
         result = TrialResult.here(
-            request, Outcome.OOM, overrun.text(), gpu_process_peak_bytes=peaks,
+            request, Outcome.GPU_GUARD, overrun.text(), gpu_guard=figures,
+            gpu_process_peak_bytes={overrun.device: found.own}, gpu_accounting=Source.NVML_PIDS,
             gpu_budget_bytes=share.budget_bytes, gpu_context_bytes=context_bytes,
             gpu_model=share.model,
         )  # fmt: skip

@@ -1,22 +1,23 @@
-"""The GPU memory cap of a trial process that shares its GPUs (`trialq worker --gpus`).
+"""The GPU memory guard of a trial process that shares its GPUs (`trialq worker --gpus`): a
+backstop behind the framework's cap and whatever enforces the budget where memory is taken
+(MPS's pinned limit, the allocation interposer: docs/oom.md).
 
 Like the host-memory guard (`trialq.trial.memory_guard`), a thread samples what the trial
-holds on each of its GPUs. Past its share (its budget plus one CUDA context) it leaves word and
-kills its own process at once, so the trial ends `oom` and its neighbours on the GPU run on: a
-framework's cap can be bypassed (a second framework, a CUDA library's own pool), NVML's count
-cannot.
+holds on each of its GPUs. It kills only for growth it can name: where NVML names the trial's
+processes with their memory (`ProcessView.PIDS`), what they hold past the budget plus the
+allowance for memory outside the framework's allocator (`trialq.gpu.allowance`), with more
+than that allowance outside the allocator's current reserved bytes. Then it leaves the result
+`gpu_guard` with those figures (never `oom`: docs/oom.md, "A guard kill") and SIGKILLs its own
+process, and its neighbours on the GPU run on. Where NVML does not name the trial's processes
+(`other-pids`, no memory figures), the only figure is the framework's own, which its cap
+already bounds: the guard never kills on it, and records it.
 
-What the trial holds is NVML's figure for its process tree where NVML names the worker's
-processes with their memory, else its framework allocator's figure plus one CUDA context
-(`trialq.gpu.attribution`, which also says what each NVML family leaves out); with
-neither, the GPU is unguarded, and the trial's result says so (`accounting_note`).
-
-It also tells a trial's own out-of-memory error from one a neighbour caused: while sampling
-it notes when the others on a GPU (the device's memory in use less the trial's own) held more
-than the card less this trial's share. A trial that ran out of memory within its own share,
-with the others inside its share lately or now, was crowded out (`neighbour_caused`): the
-driver sends it again and the sampler never hears of it. Without a figure of its own, an OOM
-stays the trial's own.
+It also tells a trial's own out-of-memory error from one a neighbour caused, from current
+figures (peaks are for the records): while sampling it notes when the others on a GPU (the
+device's memory in use less the trial's own now) held more than the card less this trial's
+share. A trial that ran out of memory within its share, with the others inside its share
+lately or now, was crowded out (`neighbour_caused`): the driver sends it again and the
+sampler never hears of it. Without a figure of its own, an OOM stays the trial's own.
 """
 
 from __future__ import annotations
@@ -33,19 +34,22 @@ from typing import TypeVar
 
 import psutil
 
+from trialq.gpu.allowance import allowance_bytes
 from trialq.gpu.attribution import (
+    Overrun,
     Own,
     ProcessView,
     Reading,
     Source,
     crowded,
     others_memory,
+    overrun,
     own_memory,
 )
 from trialq.gpu.inventory import Nvml
 from trialq.gpu.once_per_worker import OncePerWorker
 from trialq.gpu.share import GpuShare
-from trialq.trial.frameworks.session import allocator_peaks
+from trialq.trial.frameworks.session import allocator_reserved, chosen_framework
 
 SAMPLE_INTERVAL_S = 0.05
 CROWDED_WINDOW_S = 10.0
@@ -54,7 +58,8 @@ CROWDED_WINDOW_S = 10.0
 MIB = 2**20
 
 AllocatorFigure = Callable[[int, str], "int | None"]
-"""The trial's framework figure on its GPU at a position of its share (CUDA's order)."""
+"""What the trial's framework allocator holds now on its GPU at a position of its share
+(CUDA's order); None: no framework figure."""
 
 _log = logging.getLogger("trialq.gpu")
 _T = TypeVar("_T")
@@ -62,37 +67,41 @@ _T = TypeVar("_T")
 
 @dataclass(frozen=True)
 class GpuOverrun:
-    """A trial past its share of a GPU: which GPU, what it held, and what it may hold."""
+    """A guard kill: which GPU, and the figures it was killed for."""
 
     device: str
-    used_bytes: int
-    limit_bytes: int
+    figures: Overrun
 
     def text(self) -> str:
         """The trial's error, as its result carries it."""
+        found = self.figures
+        reserved = "no framework" if found.reserved is None else f"{_mib(found.reserved)} reserved"
         return (
-            f"GPU out of memory: the trial held {self.used_bytes // MIB} MiB on GPU "
-            f"{self.device}, over its share of {self.limit_bytes // MIB} MiB (its budget plus "
-            "one CUDA context); ended by trialq's GPU memory guard"
+            f"killed by trialq's GPU memory guard: NVML counted {_mib(found.own)} for the "
+            f"trial's processes on GPU {self.device}, {_mib(found.outside)} of it outside its "
+            f"framework's allocator ({reserved}), past its budget of {_mib(found.budget)} plus "
+            f"{_mib(found.allowance)} allowed outside the allocator (docs/oom.md)"
         )
 
 
 def framework_figure(nvml: Nvml) -> AllocatorFigure:
-    """The trial's framework allocator's peak on a GPU; a fake NVML's stand-in where no
-    framework has one (tests/fake_nvml.py: a real NVML has none)."""
+    """What the trial's framework allocator holds now on a GPU; a fake NVML's stand-in where
+    no framework runs (tests/fake_nvml.py: a real NVML has none)."""
 
     def read(position: int, device: str) -> int | None:
-        peaks = allocator_peaks()
-        if peaks is not None and position < len(peaks):
-            return peaks[position]
+        held = allocator_reserved()
+        if held is None:
+            return None
+        if position < len(held):
+            return held[position]
         return nvml.allocator_stand_in(device)
 
     return read
 
 
 class GpuGuard:
-    """Samples the trial's memory on its GPUs; past `share`'s budget plus `context_bytes`,
-    calls `on_exceeded` and SIGKILLs this process."""
+    """Samples the trial's memory on its GPUs; on growth it can name (`overrun`), calls
+    `on_exceeded` and SIGKILLs this process."""
 
     def __init__(
         self,
@@ -103,6 +112,7 @@ class GpuGuard:
         view: ProcessView = ProcessView.UNKNOWN,
         allocator: AllocatorFigure | None = None,
         warnings: OncePerWorker | None = None,
+        framework: Callable[[], str | None] = chosen_framework,
     ) -> None:
         self._nvml = nvml
         self._share = share
@@ -112,7 +122,9 @@ class GpuGuard:
         self._view = view
         self._allocator = allocator if allocator is not None else framework_figure(nvml)
         self._warnings = warnings or OncePerWorker(_log)
+        self._framework = framework
         self._peaks: dict[str, int] = {}
+        self._now: dict[str, int] = {}
         self._sources: dict[str, Source] = {}
         self._errors: dict[str, str] = {}
         self._crowded_at: float | None = None
@@ -149,13 +161,13 @@ class GpuGuard:
         return "; ".join(notes) or None
 
     def neighbour_caused(self) -> bool:
-        """Whether an out-of-memory error now was the neighbours' doing: the trial stayed
-        within its share while the others held part of it, lately or now."""
+        """Whether an out-of-memory error now was the neighbours' doing: the trial holds no
+        more than its share now while the others held part of it, lately or now."""
         with contextlib.suppress(Exception):
             self._sample()
-        if self._limit is None or not self._peaks:
+        if self._limit is None or not self._now:
             return False
-        if any(peak > self._limit for peak in self._peaks.values()):
+        if any(own > self._limit for own in self._now.values()):
             return False
         crowded_at = self._crowded_at
         return crowded_at is not None and time.monotonic() - crowded_at <= CROWDED_WINDOW_S
@@ -174,19 +186,21 @@ class GpuGuard:
                     os.kill(os.getpid(), signal.SIGKILL)
 
     def _sample(self) -> GpuOverrun | None:
-        """One reading of every GPU of the share; the first one past the limit, if any."""
+        """One reading of every GPU of the share; the first growth it can name, if any."""
         tree = _this_tree() if self._view in (ProcessView.PIDS, ProcessView.UNKNOWN) else set()
-        overrun = None
+        framework = self._framework()
+        allowance = allowance_bytes(framework, self._context)
+        found = None
         for position, device in enumerate(self._share.devices):
             reading = self._read(position, device)
             own = own_memory(self._view, reading, tree, self._context)
             self._note(device, own)
             if crowded(others_memory(reading, own), self._share.total_bytes, self._limit):
                 self._crowded_at = time.monotonic()
-            limit = self._limit
-            if own.bytes is not None and limit is not None and own.bytes > limit:
-                overrun = overrun or GpuOverrun(device, own.bytes, limit)
-        return overrun
+            past = overrun(own, reading, self._share.budget_bytes, allowance, framework)
+            if past is not None and found is None:
+                found = GpuOverrun(device, past)
+        return found
 
     def _read(self, position: int, device: str) -> Reading:
         """NVML's processes and memory in use, and the framework's figure: each that fails
@@ -212,6 +226,7 @@ class GpuGuard:
     def _note(self, device: str, own: Own) -> None:
         if own.bytes is None:
             return
+        self._now[device] = own.bytes
         self._peaks[device] = max(own.bytes, self._peaks.get(device, 0))
         if self._sources.get(device) is not Source.NVML_PIDS:
             self._sources[device] = own.source
@@ -220,6 +235,10 @@ class GpuGuard:
         if device in self._errors:
             return "NVML failed and no framework figure"
         return f"{self._view.describe()}; no framework figure"
+
+
+def _mib(n_bytes: int) -> str:
+    return f"{n_bytes // MIB} MiB"
 
 
 def _this_tree() -> set[int]:

@@ -136,6 +136,25 @@ class TrialRequest(_Message):
         return self
 
 
+class GpuGuardFigures(BaseModel):
+    """What trialq's GPU memory guard killed a trial for, on one of its GPUs: NVML's figure
+    of the trial's processes, its framework's reserved bytes then (None: no framework held
+    any), the allowance for memory outside the allocator, and the trial's budget."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    device: str
+    own_bytes: int
+    reserved_bytes: int | None
+    allowance_bytes: int
+    budget_bytes: int
+
+    @property
+    def outside_bytes(self) -> int:
+        """What the trial held outside its framework's allocator (a context among it)."""
+        return self.own_bytes - (self.reserved_bytes or 0)
+
+
 class Measured(TypedDict, total=False):
     """What a trial process measured of its attempt: `TrialResult`'s fields past its address,
     outcome, error, pid and host (tests/unit/test_outcome.py keeps the two alike)."""
@@ -157,6 +176,7 @@ class Measured(TypedDict, total=False):
     oom_caused_by_neighbour: bool
     gpu_accounting: str | None
     gpu_accounting_note: str | None
+    gpu_guard: GpuGuardFigures | None
     last_step: int | None
     reports_dropped: int
     fitted_batch_size: int | None
@@ -213,6 +233,8 @@ class TrialResult(_Message):
     gpu_accounting_note: str | None = None
     """What the start check and the guard could not attribute or read, in words (memory no
     process could be named for at the start, a GPU left unguarded, NVML failing); None: none."""
+    gpu_guard: GpuGuardFigures | None = None
+    """For a `gpu_guard` kill: the figures it was killed for (docs/oom.md)."""
     error: str | None = None
     last_step: int | None = None
     reports_dropped: int = 0

@@ -90,6 +90,13 @@ class Outcome(StrEnum):
     """The trial's process ended on its own (a signal such as SIGSEGV, `sys.exit`,
     `os._exit`) while its worker lived: the trial's own end, not a lost worker, so it is not
     retried unless `[trial] retry_crashes` says so."""
+    GPU_GUARD = "gpu_guard"
+    """Killed by trialq's GPU memory guard: NVML counted its processes past its budget plus
+    the allowance for memory outside its framework's allocator (`TrialResult.gpu_guard`
+    carries the figures). Never an `oom`: a kill is no OOM its code could catch, and what
+    grew (a library beside the framework, or an allowance too small for it) is no fact of
+    the params, so the sampler learns nothing and it counts in a run of failures
+    (docs/oom.md, "A guard kill")."""
 
     @property
     def meaning(self) -> Meaning:
@@ -103,7 +110,7 @@ class Outcome(StrEnum):
                 return Meaning(Told.FAIL, Resent.NEVER, Learnt.CONSTRAINT, False)
             case Outcome.TIMEOUT | Outcome.NOT_FINITE:
                 return Meaning(Told.FAIL, Resent.NEVER, Learnt.FAILED, False)
-            case Outcome.ERROR:
+            case Outcome.ERROR | Outcome.GPU_GUARD:
                 return Meaning(Told.FAIL, Resent.NEVER, Learnt.NOTHING, True)
             case Outcome.WORKER_LOST:
                 return Meaning(Told.FAIL, Resent.WITHIN_RETRIES, Learnt.NOTHING, True)

@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from trialq.wire.messages import Metric, TrialResult
+from trialq.wire.messages import GpuGuardFigures, Metric, TrialResult
 from trialq.wire.outcome import Outcome
 
 SUMMARY_FIELDS = (
@@ -62,6 +62,7 @@ class TrialRecord(BaseModel):
     oom_caused_by_neighbour: bool | None = None
     gpu_accounting: str | None = None
     gpu_accounting_note: str | None = None
+    gpu_guard: GpuGuardFigures | None = None
     reports_dropped: int | None = None
     fitted_batch_size: int | None = None
     log_file: str | None = None

@@ -14,21 +14,25 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import socket
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 
 import redis
 
 from trialq.errors import TrialqError, UsageError
+from trialq.gpu import interposer, mps
 from trialq.gpu.attribution import ProcessView
-from trialq.gpu.context_probe import Measures, measure_all
+from trialq.gpu.busy_card import shares_with_room
+from trialq.gpu.context_probe import ContextMeasure, Measures, measure_all
 from trialq.gpu.device import TensorFlowDevice
-from trialq.gpu.inventory import Nvml
+from trialq.gpu.inventory import Gpu, Nvml
 from trialq.gpu.nvml_probe import ProbeResult, probe
-from trialq.gpu.plan import GpuPlan
+from trialq.gpu.plan import GpuPlan, held_by
 from trialq.gpu.share import VISIBLE, GpuShare
-from trialq.gpu.telemetry import MIB, DeviceBaseline
+from trialq.gpu.telemetry import MIB, WORKER_MARK, DeviceBaseline
 from trialq.settings import Settings, redacted_url
 from trialq.wire.eviction import eviction_warning
 from trialq.wire.heartbeat import GpuBeat, Heartbeat, WorkerBeat
@@ -116,12 +120,37 @@ class WorkerState:
             settings.trials_per_gpu, settings.gpus_per_trial, settings.gpu_memory_mb,
             settings.gpu_context_reserve_mb,
             mps_pinned_limits=settings.mps_pinned_device_mem_limit,
+            mps_served=mps.served(os.environ),
+            interposer=self._interposer_preloaded(),
         )  # fmt: skip
         with nvml:
             gpus = nvml.gpus(settings.gpus)
-        # A CUDA context is measured by a short-lived process per GPU, never in this one.
-        self.gpu_measures = measure_all((gpu.id for gpu in gpus), nvml_module=settings.nvml_module)
-        return plan.shares(gpus, self.gpu_measures.found)
+        # Everything this worker starts inherits its mark: the start check's evidence.
+        os.environ[WORKER_MARK] = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
+        return shares_with_room(
+            plan, gpus, lambda: self._measure(gpus), settings.gpu_busy_wait_s, logger.warning
+        )
+
+    def _interposer_preloaded(self) -> bool:
+        """Whether the allocation interposer is in this process (so in every trial it forks);
+        a setting that names one not preloaded is the user's mistake."""
+        library = self.settings.gpu_interposer
+        if not library:
+            return False
+        maps = Path("/proc/self/maps").read_text()
+        if not interposer.preloaded(library, maps):
+            raise UsageError(
+                f"{interposer.SETTING}={library}: not preloaded in the worker; start it with "
+                f"LD_PRELOAD={library} (docker/worker-cmd.sh does)"
+            )
+        return True
+
+    def _measure(self, gpus: tuple[Gpu, ...]) -> Mapping[str, ContextMeasure]:
+        """Each GPU's CUDA context and usable memory, by a short-lived process per GPU
+        (never in this one); kept for the ready line."""
+        ids = (gpu.id for gpu in gpus)
+        self.gpu_measures = measure_all(ids, nvml_module=self.settings.nvml_module)
+        return self.gpu_measures.found
 
     def probe_gpus(self) -> None:
         """Find out once, before the pool forks, what NVML's process list can be trusted for
@@ -217,6 +246,9 @@ class WorkerState:
         if warning is not None:
             logger.warning("%s", warning)
         found = "" if self.probe is None else f"; GPU processes: {self.probe.view.said()}"
+        if self.gpu_shares:
+            view = self.probe.view if self.probe is not None else None
+            found += f"; {held_by(self.gpu_shares, view)}"
         measured = f"; {self.gpu_measures.line()}" if self.gpu_measures is not None else ""
         logger.info(
             "worker %s ready: broker %s, queues %s, %d trial(s) at a time%s%s; preloaded for "

@@ -3,8 +3,9 @@
 An `Adapter` (one module per framework: `pytorch`, `tensorflow`, `jax`, each registered by
 its entry in `trialq.wire.frameworks.REGISTRY`) gives the variables to set before the
 framework's runtime starts (`environment`), applies the trial's memory cap after the import
-and before the first op (`cap`), reads the peaks per GPU after the trial (`peaks`), frees
-what a try of `fit_batch_size` left (`free_memory`), and says, without starting anything,
+and before the first op (`cap`), reads the peaks per GPU after the trial (`peaks`) and what
+its allocator holds now (`reserved`, for the GPU memory guard), frees what a try of
+`fit_batch_size` left (`free_memory`), and says, without starting anything,
 whether its runtime has started in this process (`started`) and whether that can be read at
 all before the framework is imported (`guard_gap`): the worker parent's fork guard asks both.
 No adapter imports its framework at module level: importing this package costs nothing.
@@ -57,6 +58,10 @@ class Adapter(Protocol):
 
     def peaks(self) -> tuple[int, ...] | None:
         """The allocator's peak on each visible GPU, or None where there is none to read."""
+
+    def reserved(self) -> tuple[int, ...] | None:
+        """What the allocator holds now on each visible GPU, reserved and cached (() before
+        its runtime started: nothing); None where the framework does not say it."""
 
     def free_memory(self, after_oom: bool) -> None:
         """Give back what the framework caches, where this process imported it (never

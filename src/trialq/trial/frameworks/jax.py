@@ -84,6 +84,20 @@ class Jax:
         stats = [device.memory_stats() or {} for device in devices]
         return tuple(int(s.get("peak_bytes_in_use", 0)) for s in stats) or None
 
+    def reserved(self) -> tuple[int, ...] | None:
+        """`memory_stats()['pool_bytes']` per GPU (the BFC allocator's pool: all of it where
+        XLA preallocates); () before the backends started; None where a GPU has no such key."""
+        if self.started() is None or "jax" not in sys.modules:
+            return ()
+        try:
+            devices = sys.modules["jax"].local_devices(backend="gpu")
+        except RuntimeError:  # no GPU backend
+            return ()
+        pools = [(device.memory_stats() or {}).get("pool_bytes") for device in devices]
+        if any(pool is None for pool in pools):
+            return None
+        return tuple(int(pool) for pool in pools if pool is not None)
+
     def free_memory(self, after_oom: bool) -> None:
         """After an OOM, JAX's compilation caches (a cleared cache recompiles every op:
         seconds on a CPU, so only then)."""

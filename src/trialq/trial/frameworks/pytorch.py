@@ -96,6 +96,15 @@ class PyTorch:
         count = torch.cuda.device_count()
         return tuple(int(torch.cuda.max_memory_reserved(i)) for i in range(count)) or None
 
+    def reserved(self) -> tuple[int, ...] | None:
+        """`torch.cuda.memory_reserved(i)` per visible GPU (the caching allocator's segments,
+        cuBLAS/cuDNN workspaces among them); () before CUDA started."""
+        torch = sys.modules.get("torch")
+        if torch is None or not torch.cuda.is_initialized():
+            return ()
+        count = torch.cuda.device_count()
+        return tuple(int(torch.cuda.memory_reserved(i)) for i in range(count))
+
     def free_memory(self, after_oom: bool) -> None:
         """The caching allocator's unused blocks, back to the device, once CUDA started."""
         torch = sys.modules.get("torch")

@@ -32,6 +32,23 @@ def allocator_peaks() -> tuple[int, ...] | None:
     return _peaks(_chosen)
 
 
+def allocator_reserved() -> tuple[int, ...] | None:
+    """What the allocator of this process's trial holds now on each visible GPU: () where
+    no framework was chosen or its runtime has not started; None where the framework does
+    not say, or the reading failed (the GPU memory guard then kills for nothing)."""
+    if _chosen is None:
+        return ()
+    try:
+        return _chosen.reserved()
+    except Exception:
+        return None
+
+
+def chosen_framework() -> str | None:
+    """The framework of this process's trial, once chosen."""
+    return _chosen.name if _chosen is not None else None
+
+
 @dataclass(frozen=True)
 class FrameworkRecord:
     """What a trial records of its framework and GPUs (`TrialResult`'s `framework` and

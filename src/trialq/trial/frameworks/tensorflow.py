@@ -78,6 +78,11 @@ class TensorFlow:
         """Whether its private context names are there (`tensorflow_guard_gap`)."""
         return tensorflow_guard_gap()
 
+    def reserved(self) -> tuple[int, ...] | None:
+        """None once its runtime ran: `get_memory_info` says what is in use, not the BFC
+        allocator's regions, so no growth outside it can be named; () before."""
+        return None if self.started() is not None else ()
+
     def peaks(self) -> tuple[int, ...] | None:
         """`get_memory_info('GPU:i')['peak']` per GPU, once TensorFlow's runtime ran."""
         tf = sys.modules.get("tensorflow")
