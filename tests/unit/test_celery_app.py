@@ -59,7 +59,9 @@ def test_the_worker_command_line_carries_the_apps_design_settings() -> None:
 
     settings = Settings()
     conf = create_app(settings).conf
-    options = WorkerOptions(queue="q1", concurrency=3, hostname=None, loglevel="DEBUG", extra=["-E"])
+    options = WorkerOptions(
+        queue="q1", concurrency=3, hostname=None, loglevel="DEBUG", extra=["-E"]
+    )
     argv = worker_argv(settings, options)
     flags = dict(zip(argv[2:-3:2], argv[3:-3:2], strict=True))
     assert argv[1] == "worker", "the app is handed to Celery's command, not named"
