@@ -162,3 +162,23 @@ def _said_at_least(log: Path, line: str, times: int) -> None:
 
 def _unsigned(request: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in request.items() if k != "signature"}
+
+
+def test_a_driver_without_the_secret_is_warned_once_and_its_unsigned_tasks_stop_the_run(
+    tmp_path: Path,
+    redis_url: str,
+    start_workers: Callable[..., LocalCluster],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Workers with the secret refuse a driver's unsigned tasks: each is sent again, and the
+    run of refusals stops the run (`max_failures_in_a_row`); nothing runs, nothing is told."""
+    cluster = start_workers(1)
+    monkeypatch.delenv("TRIALQ_RESULT_SECRET")  # the driver's alone: its workers hold it
+    run = DriverRun(tmp_path, redis_url)
+    run.write_spec(fault_spec("sleeps_then_echoes", grid("sleep_s", *SLEEPS), 4, 1))
+    code, err = run.run(timeout=120)
+    assert code not in (0, 4), err
+    assert err.count("tasks and results are not authenticated") == 1, err
+    assert "refused by their workers" in err, err
+    assert not [t for t in run.study().trials if t.state.is_finished()], "a trial was told"
+    _said_at_least(cluster.log_dir / "worker0.log", "refused, nothing runs: unsigned", 5)

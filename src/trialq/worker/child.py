@@ -81,6 +81,9 @@ class WorkerChild:
         self._log_token: Token[Mapping[str, str]] | None = None
         self.stored_result_of: str | None = None
         """The task whose result this process stored under trialq's own key (the last run)."""
+        self.withdrawn_of: str | None = None
+        """The task this process took and did not run, its driver having withdrawn it: its
+        queue's edge records it withdrawn, so that it never reads as started for good."""
         self._attempt_log: AttemptLog | None = None
         self.results = ResultStore(
             self.redis, settings.key_ttl_s, settings.max_result_bytes, settings.seal
@@ -163,6 +166,7 @@ class WorkerChild:
             return self._refuse(request, task_id, refusal, timeout_errors)
         if self._withdrawn_or_ended(task_id):
             return None
+        self.withdrawn_of = None
         share = self._take_slot()
         hold_threads(request.cpus or self.cpus)  # before anything the trial imports starts
         channel = ReportChannel(self.redis(), self.settings.key_ttl_s, self.settings.seal)
@@ -224,6 +228,7 @@ class WorkerChild:
         pipe.exists(withdrawn_key(task_id))
         pipe.get(result_key(task_id))
         withdrawn, stored = pipe.execute()
+        self.withdrawn_of = task_id if withdrawn else None
         if withdrawn or stored is None:
             return bool(withdrawn)
         refusal = stored_result_refusal(self.settings.seal, task_id, stored)
