@@ -1,5 +1,5 @@
-"""Tracking off the driver's loop: a tracker that fails is said once and never stops the
-study, its records catch up when it answers again or are said missing at the end; a trial
+"""Tracking off the driver's loop: a tracker that fails never stops the study,
+its records catch up when it answers again or are said missing at the end; a trial
 recorded twice is one record; the driver never loads TensorFlow to write TensorBoard's files.
 The trackers here are the real libraries on local stores; the driver loop's side is in
 tests/integration/test_python_api_runs.py."""
