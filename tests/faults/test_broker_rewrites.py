@@ -55,14 +55,16 @@ def _rewrite_queued(client: redis.Redis, rewrite: Rewrite, done: set[int]) -> No
             pipe.watch(QUEUE)
             queued: list[bytes] = pipe.lrange(QUEUE, 0, -1)  # type: ignore[assignment]
             pipe.multi()
+            now: set[int] = set()
             for index, raw in enumerate(queued):
                 number = _request_of(raw)["number"]
                 if number not in done:
                     pipe.lset(QUEUE, index, _rewritten(raw, rewrite))
-                    done.add(number)
+                    now.add(number)
             pipe.execute()
+            done |= now
         except redis.WatchError:
-            pass
+            pass  # a worker took a message meanwhile: none was rewritten, try again
 
 
 def _run_rewriting(
