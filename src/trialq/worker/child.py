@@ -166,7 +166,6 @@ class WorkerChild:
             return self._refuse(request, task_id, refusal, timeout_errors)
         if self._withdrawn_or_ended(task_id):
             return None
-        self.withdrawn_of = None
         share = self._take_slot()
         hold_threads(request.cpus or self.cpus)  # before anything the trial imports starts
         channel = ReportChannel(self.redis(), self.settings.key_ttl_s, self.settings.seal)
