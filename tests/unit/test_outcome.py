@@ -85,7 +85,17 @@ def test_a_result_here_names_this_process() -> None:
 def test_measured_names_every_field_past_the_address() -> None:
     """`TrialResult.here` takes every measured field by name, typed: a field added to the
     result and not to `Measured` could not be set there."""
-    own = {"version", "study", "number", "attempt", "outcome", "error", "worker_pid", "worker_host", "ran"}
+    own = {
+        "version",
+        "study",
+        "number",
+        "attempt",
+        "outcome",
+        "error",
+        "worker_pid",
+        "worker_host",
+        "ran",
+    }
     assert set(get_type_hints(Measured)) == set(TrialResult.model_fields) - own
 
 
@@ -120,7 +130,10 @@ def test_a_record_writes_only_what_is_set() -> None:
 
 def test_a_told_record_is_the_results_attrs_and_the_drivers() -> None:
     result = TrialResult.here(
-        REQUEST, Outcome.OK, metrics={"v": 1.0, "bad": math.nan}, duration_s=7200,
+        REQUEST,
+        Outcome.OK,
+        metrics={"v": 1.0, "bad": math.nan},
+        duration_s=7200,
         gpu_model="NVIDIA H100",
     )
     attrs = TrialRecord.told(
