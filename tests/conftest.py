@@ -21,6 +21,11 @@ from trialq.local import LocalCluster
 
 TESTS_DIR = Path(__file__).parent
 
+TEST_RESULT_SECRET = "the-test-suite-result-secret-0123456789"
+"""The deployment secret of every test: the workers `start_workers` starts hold it, and every
+driver and worker a test starts finds it in its environment, so that their tasks and results
+verify (a test of another secret, or of none, sets its own)."""
+
 
 @pytest.fixture
 def redis_url() -> Iterator[str]:
@@ -86,6 +91,7 @@ def start_workers(redis_url: str, tmp_path: Path) -> Iterator[Callable[..., Loca
             extra_env={**env, **(extra_env or {})},
             broker_url=broker_url or redis_url,
             log_dir=tmp_path / f"workers-{len(clusters)}",
+            result_secret=TEST_RESULT_SECRET,
         )
         clusters.append(cluster.__enter__())
         return cluster
@@ -137,10 +143,12 @@ def _in_fast_tier(item: pytest.Item) -> bool:
 
 @pytest.fixture(autouse=True)
 def _isolated_settings(monkeypatch: pytest.MonkeyPatch) -> None:
-    """No TRIALQ_* variable of the developer's shell leaks into a test."""
+    """No TRIALQ_* variable of the developer's shell leaks into a test; the suite's secret is
+    in every test's environment (`TEST_RESULT_SECRET`)."""
     for name in list(os.environ):
         if name.startswith("TRIALQ_") and name != "TRIALQ_TEST_REDIS_URL":
             monkeypatch.delenv(name)
+    monkeypatch.setenv("TRIALQ_RESULT_SECRET", TEST_RESULT_SECRET)
 
 
 # --- the fault and compose tables, printed where the run ends (tests/ledger.py) ------------

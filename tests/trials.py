@@ -622,3 +622,9 @@ def logs_into_its_mlflow_run(params: dict[str, Any], trial: TrialContext) -> dic
     if trial.number == 0 and trial.attempt == 1:
         os.kill(os.getpid(), 9)
     return reports_three(params, trial)
+
+
+def echoes_a_lie(params: dict[str, Any], trial: TrialContext) -> dict[str, float]:
+    """What a broker writer would swap an allowed entrypoint for: any params, a value of its
+    choosing."""
+    return {"echo": -1e9}

@@ -86,10 +86,13 @@ class LocalCluster:
         broker_url: str | None = None,
         log_dir: Path | None = None,
         log_level: str = "INFO",
+        result_secret: str | None = None,
     ) -> None:
         """`log_dir`: where the workers' and Redis's logs go, kept after the run (emptied
         first); without one, a temporary folder removed when the cluster stops. `log_level`:
-        the workers' (INFO: a line as each trial starts and ends, with its outcome)."""
+        the workers' (INFO: a line as each trial starts and ends, with its outcome).
+        `result_secret`: the one its workers hold (a driver of its own sends with it too);
+        without one, a secret made for this cluster alone."""
         self.log_level = log_level
         self.workers = workers
         self.queue = queue
@@ -111,9 +114,9 @@ class LocalCluster:
         self._tmp = Path(tempfile.mkdtemp(prefix="trialq-local-tmp-"))
         """The workers' TMPDIR (their trial slots' lock files, their trials' temporary
         files): removed with the cluster, also after workers that were killed outright."""
-        self.result_secret = secrets.token_hex(32)
-        """What the workers sign results and reports with, made for this cluster alone: the
-        driver of `--local` checks them with it (`trialq.wire.signing`)."""
+        self.result_secret = result_secret or secrets.token_hex(32)
+        """What the workers sign results and reports with and check tasks by: the driver of
+        `--local` signs and checks with it (`trialq.wire.signing`)."""
 
     def __enter__(self) -> LocalCluster:
         """Start everything and wait for every worker's heartbeat."""

@@ -310,8 +310,9 @@ def _checked_before_the_study(
 
 
 UNAUTHENTICATED_RESULTS = (
-    "warning: no result secret (TRIALQ_RESULT_SECRET_FILE): results are not authenticated, "
-    "and anyone who can write to the broker can tell a trial's result (docs/deployment.md#security)"
+    "warning: no result secret (TRIALQ_RESULT_SECRET_FILE): tasks and results are not "
+    "authenticated, and anyone who can write to the broker can choose what a trial runs and "
+    "tell its result (docs/deployment.md#security)"
 )
 """Said once at the start of a run without a secret (`--local` makes its own)."""
 

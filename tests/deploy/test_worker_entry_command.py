@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -106,7 +107,9 @@ def _send_trial(client: Any, number: int, x: float) -> Any:
         entrypoint=f"{PROBE_MODULE}:train",
         timeout_s=60,
     )
-    return client.send_task("trialq.run_trial", args=[request.model_dump(mode="json")], queue="gpu")
+    task_id = str(uuid.uuid4())
+    payload = Seal(RESULT_SECRET).sign_task(task_id, request.model_dump(mode="json"))
+    return client.send_task("trialq.run_trial", args=[payload], task_id=task_id, queue="gpu")
 
 
 def test_worker_command_takes_trials_and_stops_cleanly(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -132,7 +133,7 @@ class DriverRun:
         ]  # fmt: skip
         return subprocess.Popen(
             command, env=env, cwd=self.folder, text=True,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=_ctrl_c_as_in_a_shell,
         )  # fmt: skip
 
     def run(self, *extra: str, timeout: float = 300) -> tuple[int, str]:
@@ -167,6 +168,12 @@ class DriverRun:
             outcomes=dict(Counter(str(t.user_attrs.get("outcome")) for t in finished)),
         )
         return record_verdict(verdict)
+
+
+def _ctrl_c_as_in_a_shell() -> None:
+    """The driver takes SIGINT as Ctrl-C in a terminal does: a test run started in the
+    background (`pytest ... &`) has it ignored, and a child inherits that."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def delete_study(run: DriverRun) -> None:

@@ -58,30 +58,33 @@ def test_a_hung_database_is_an_outage_and_past_the_limit_exit_3(
     assert code == 0, err
 
 
-def test_ctrl_c_ends_the_driver_while_the_database_hangs(
+@pytest.mark.parametrize("after_s", [0.0, 0.1, 0.3, 1.0])
+def test_ctrl_c_ends_the_driver_while_the_database_hangs_and_the_rerun_ends(
+    after_s: float,
     run_via_proxy: DriverRun,
     proxy: OutageProxy,
     postgres_url: str,
     start_workers: Callable[..., LocalCluster],
 ) -> None:
+    """Ctrl-C at any instant after the hang, the first send's record held included: the
+    driver ends at once, and the rerun finds every unfinished trial's task, or takes it for
+    lost within the heartbeat TTL, and ends."""
     run = run_via_proxy
     start_workers(2, extra_env=FAST_HEARTBEAT)
     run.write_spec(fault_spec("sleeps", grid("sleep_s", 1.0), 6))
     driver = run.start()
     wait_until(lambda: finished_count(run) >= 1, 120, "a trial to finish")
     proxy.hang()
-    # A fixed wait, not a wait on the first held statement: interrupted that early, the rerun
-    # below waited minutes on its unfinished trials (a driver bug, not yet fixed).
-    time.sleep(4.0)  # the driver's checks of its lock and of the study are waiting by now
+    time.sleep(after_s)  # the instant of the interrupt is what this test varies
     driver.send_signal(signal.SIGINT)
     took, err = _ended(driver, 10)
     assert driver.returncode == 130, err
     assert took < 8, (took, err)  # not the 10 s bound on an answer: the interrupt comes first
-    print(f"hung database: Ctrl-C ended the driver in {took:.1f} s")
+    print(f"hung database: Ctrl-C {after_s:g} s in ended the driver in {took:.1f} s")
 
     _heal(proxy, postgres_url, driver.pid)
-    code, err = run.run()
-    assert_clean(run.judge("PostgreSQL hung, Ctrl-C, rerun", 6))
+    code, err = run.run(timeout=120)
+    assert_clean(run.judge(f"PostgreSQL hung, Ctrl-C {after_s:g} s in, rerun", 6))
     assert code == 0, err
 
 

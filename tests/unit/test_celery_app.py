@@ -14,6 +14,8 @@ from trial_requests import trial_request
 from trialq._celery.app import create_app
 from trialq._celery.dispatcher import CeleryDispatcher
 from trialq.settings import Settings
+from trialq.wire.messages import TrialRequest
+from trialq.wire.signing import Seal
 
 
 def test_the_design_settings_are_pinned() -> None:
@@ -57,7 +59,9 @@ def test_the_worker_command_line_carries_the_apps_design_settings() -> None:
 
     settings = Settings()
     conf = create_app(settings).conf
-    options = WorkerOptions(queue="q1", concurrency=3, hostname=None, loglevel="DEBUG", extra=["-E"])
+    options = WorkerOptions(
+        queue="q1", concurrency=3, hostname=None, loglevel="DEBUG", extra=["-E"]
+    )
     argv = worker_argv(settings, options)
     flags = dict(zip(argv[2:-3:2], argv[3:-3:2], strict=True))
     assert argv[1] == "worker", "the app is handed to Celery's command, not named"
@@ -80,17 +84,39 @@ class _SendingApp:
         self.sent = {"name": name, **options}
 
 
-def test_the_dispatcher_sends_the_requests_hard_limit_and_leaves_the_soft_one_to_the_trial() -> None:
+def test_the_dispatcher_sends_the_requests_hard_limit_and_leaves_the_soft_one_to_the_trial(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Celery's soft limit counts the trial process's waits on Redis before the trial too
     (issue 38, row 4): the trial process arms its own (`trialq.trial.soft_limit`)."""
+    monkeypatch.delenv("TRIALQ_RESULT_SECRET")  # without a secret: sent as it is
     app = _SendingApp()
-    dispatcher = CeleryDispatcher(Settings(broker_url="redis://127.0.0.1:1/0"), app=app)  # type: ignore[arg-type]
+    settings = Settings(broker_url="redis://127.0.0.1:1/0")
+    dispatcher = CeleryDispatcher(settings, app=app)  # type: ignore[arg-type]
     request = trial_request(study="limits", timeout_s=60, hard_limit_s=90)
 
     assert dispatcher.submit(request, "gpu", task_id="t-1") == "t-1"
 
     assert app.sent["time_limit"] == 90 and "soft_time_limit" not in app.sent
-    assert app.sent["args"] == [request.model_dump(mode="json")]
+    assert app.sent["args"] == [request.model_dump(mode="json", exclude={"signature"})]
+
+
+def test_the_dispatcher_signs_each_request_for_its_task_id() -> None:
+    """With a secret, the request goes out signed for its task id (a worker runs no other:
+    `WorkerChild.run`); without one, unsigned."""
+    secret = "a-deployment-secret-0123456789"
+    app = _SendingApp()
+    settings = Settings(broker_url="redis://127.0.0.1:1/0", result_secret=secret)
+    dispatcher = CeleryDispatcher(settings, app=app)  # type: ignore[arg-type]
+    request = trial_request(study="signed")
+
+    dispatcher.submit(request, "gpu", task_id="t-1")
+
+    (sent,) = app.sent["args"]
+    assert sent["signature"] is not None
+    assert Seal(secret).task_refusal("t-1", sent) is None
+    assert Seal(secret).task_refusal("t-2", sent) is not None
+    assert TrialRequest.model_validate(sent).model_copy(update={"signature": None}) == request
 
 
 @pytest.mark.parametrize(

@@ -63,6 +63,7 @@ USED_UP = Resends(retries=2)
 PREEMPTED_OUT = Resends(preemptions=3)
 CROWDED_OUT = _result(Outcome.OOM, oom_caused_by_neighbour=True)
 OK = _result(Outcome.OK, metrics={"value": 0.5})
+VALUE = {"metrics": {"value": 0.5}}
 
 # (case, known, expected action type, expected outcome told or resends after)
 TABLE: list[tuple[str, Known, type, Any]] = [
@@ -92,6 +93,18 @@ TABLE: list[tuple[str, Known, type, Any]] = [
         _known(FINISHED, result=_result(Outcome.REFUSED, error="not allowed"), resends=USED_UP),
         Resend,
         USED_UP,
+    ),
+    (
+        "a result of the request sent is told",
+        _known(FINISHED, result=TrialResult.of(REQUEST, Outcome.OK).model_copy(update=VALUE)),
+        Tell,
+        Outcome.OK,
+    ),
+    (
+        "a result of other params than sent: never told, re-sent, no retry used",
+        _known(FINISHED, result=_result(Outcome.OK, metrics={"value": 9.0}, ran="0" * 64)),
+        Resend,
+        Resends(),
     ),
     (
         "oom caused by a neighbour: re-sent, no retry used",

@@ -87,7 +87,17 @@ def test_a_result_here_names_this_process() -> None:
 def test_measured_names_every_field_past_the_address() -> None:
     """`TrialResult.here` takes every measured field by name, typed: a field added to the
     result and not to `Measured` could not be set there."""
-    own = {"version", "study", "number", "attempt", "outcome", "error", "worker_pid", "worker_host"}
+    own = {
+        "version",
+        "study",
+        "number",
+        "attempt",
+        "outcome",
+        "error",
+        "worker_pid",
+        "worker_host",
+        "ran",
+    }
     assert set(get_type_hints(Measured)) == set(TrialResult.model_fields) - own
 
 

@@ -11,7 +11,14 @@ from trial_requests import trial_request
 
 from trialq.settings import Settings
 from trialq.wire.messages import Outcome, TrialResult
-from trialq.wire.signing import MISMATCH, UNSIGNED, Seal, stored_result_refusal
+from trialq.wire.signing import (
+    MISMATCH,
+    TASK_MISMATCH,
+    TASK_UNSIGNED,
+    UNSIGNED,
+    Seal,
+    stored_result_refusal,
+)
 from trialq.worker.result_store import ResultStore
 
 SECRET = "a-deployment-secret-0123456789"
@@ -79,3 +86,42 @@ def test_the_secret_comes_from_its_file_and_must_be_long_enough(tmp_path: Path) 
         Settings(result_secret_file=secret)
     with pytest.raises(ValidationError, match="cannot read"):
         Settings(result_secret_file=tmp_path / "missing")
+
+
+def _sent(task_id: str = "task-1", **changes: object) -> dict[str, object]:
+    payload = trial_request(params={"x": 0.5}).model_dump(mode="json", exclude={"signature"})
+    return Seal(SECRET).sign_task(task_id, {**payload, **changes})
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("params", {"x": 0.75}),
+        ("entrypoint", "trials:fails"),
+        ("study", "another"),
+        ("number", 8),
+        ("attempt", 2),
+        ("timeout_s", 1e6),
+    ],
+)
+def test_a_task_verifies_only_as_its_driver_signed_it(field: str, value: object) -> None:
+    seal = Seal(SECRET)
+    sent = _sent()
+    assert seal.task_refusal("task-1", sent) is None
+    assert seal.task_refusal("task-1", {**sent, field: value}) == TASK_MISMATCH
+
+
+def test_a_task_is_refused_unsigned_on_another_task_or_under_another_secret() -> None:
+    seal = Seal(SECRET)
+    unsigned = {k: v for k, v in _sent().items() if k != "signature"}
+    assert seal.task_refusal("task-1", unsigned) == TASK_UNSIGNED
+    assert seal.task_refusal("task-2", _sent("task-1")) == TASK_MISMATCH  # an old one replayed
+    assert Seal("another-secret-0123456789").task_refusal("task-1", _sent()) == TASK_MISMATCH
+
+
+def test_one_payload_signed_as_one_kind_does_not_verify_as_another() -> None:
+    seal = Seal(SECRET)
+    signature = seal.sign("task", ["t", {"a": 1}])
+    assert seal.refusal("task", ["t", {"a": 1}], signature) is None
+    assert seal.refusal("function", ["t", {"a": 1}], signature) == MISMATCH
+    assert seal.refusal("task", ["t", {"a": 2}], signature) == MISMATCH

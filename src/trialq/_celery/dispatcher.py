@@ -123,15 +123,19 @@ class CeleryDispatcher:
             raise BrokerUnreachable(f"broker unreachable: {_without_password(exc)}") from None
 
     def submit(self, request: TrialRequest, queue: str, task_id: str | None = None) -> str:
-        """Publish the request on the queue with its hard time limit. Its soft limit is the
+        """Publish the request, signed for its task id with the deployment's secret where
+        there is one, on the queue with its hard time limit. Its soft limit is the
         trial process's own, counted from when the trial's code starts
         (`trialq.trial.soft_limit`): Celery's counts the waits on Redis before it too."""
         task_id = task_id or str(uuid.uuid4())
         self._announcements.listen(request.study)  # before the send: none is missed
+        payload = request.model_dump(mode="json", exclude={"signature"})
+        if self._seal is not None:
+            payload = self._seal.sign_task(task_id, payload)
         try:
             self._app.send_task(
                 TASK_NAME,
-                args=[request.model_dump(mode="json")],
+                args=[payload],
                 task_id=task_id,
                 queue=queue,
                 time_limit=request.hard_limit_s,

@@ -108,6 +108,13 @@ def _run_trial_task(self: Any, payload: dict[str, Any]) -> dict[str, Any]:
     result = child().run(self.request.id, payload, timeout_errors=(SoftTimeLimitExceeded,))
     if result is None:
         # Withdrawn by the driver, or a redelivery of a trial that already ended: not run.
+        if child().withdrawn_of == self.request.id:
+            # Celery stored STARTED as the task began, and stores nothing on `Ignore`: a task
+            # left STARTED on a live worker reads as running for good, and a driver rerun
+            # after an interrupt waited on it without bound. Withdrawn reads as withdrawn.
+            # Best effort: raising here would store a failure, and the trial be told FAIL.
+            with contextlib.suppress(Exception):
+                self.backend.mark_as_revoked(self.request.id, "withdrawn by its driver")
         raise Ignore()
     return result
 

@@ -162,6 +162,9 @@ def _action(known: Known, limits: Limits) -> Action:
 def _finished(known: Known, limits: Limits) -> Action:
     result = known.status.result
     assert result is not None, "a FINISHED status carries its result"
+    if result.ran is not None and result.ran != known.request.what_ran():
+        reason = "its result names other params or another entrypoint than were sent"
+        return Resend(known.resends, reason, new_attempt=False, refusal=reason)
     if result.device_refused:  # it never ran: the worker's device was not clean
         return _lost(known, limits, result.error or "the worker's device was not clean")
     if result.outcome.resent is Resent.WITHIN_PREEMPTIONS:

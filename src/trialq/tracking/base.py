@@ -1,6 +1,7 @@
 """The seam between the driver and the trackers: what a tracker is given, and `Tracking`,
-which runs the trackers on a thread of its own so a slow or absent tracking server never
-holds the loop up, and says once, in one line, when one fails.
+which runs the trackers on a daemon thread of its own so a slow, absent or silent tracking
+server never holds the loop, nor the end of the run past a deadline, and says in one line a
+tracker the trials it missed.
 
 A tracker records a trial under a key of the study's name and the trial's number, and looks
 it up before it creates anything: a trial told again (a re-sent attempt, a driver restarted
@@ -9,22 +10,22 @@ on the same study) updates its record, never makes a second one.
 
 from __future__ import annotations
 
+import queue
 import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
-from concurrent.futures import wait as wait_for
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
+from trialq.tracking.quiet import quiet_tracking_libraries
 from trialq.wire.record import TrialRecord
 
-CLOSE_WAIT_S = 60.0
+CLOSE_WAIT_S = 30.0
 """How long the end of a run waits for the trackers' last records; what is left is said
-missing."""
+missing (docs/tracking.md promises the command ends within 60 s of its last trial)."""
 
 
 @dataclass(frozen=True)
@@ -96,9 +97,11 @@ class Tracker(Protocol):
 
 @dataclass
 class Tracking:
-    """The trackers of a run, on one thread: `told` returns at once; a tracker that fails
-    is warned of once and its trial kept, tried again with the next (catching up), and said
-    missing at `close` if it never went in."""
+    """The trackers of a run, on one daemon thread: `told` returns at once; a tracker that
+    fails keeps its trial, tried again with the next (catching up). At `close` the run waits
+    for the last records until a deadline, never longer (a call that hangs is left to its
+    daemon thread, never joined, so it cannot hold the process at exit), and says in one line
+    a tracker the trials it missed, with why."""
 
     trackers: Sequence[Tracker]
     study: StudyInfo | None = None
@@ -107,17 +110,20 @@ class Tracking:
     missing: dict[str, list[int]] = field(default_factory=dict)
     _pending: dict[str, list[ToldTrial]] = field(default_factory=dict)
     _started: set[str] = field(default_factory=set)
-    _warned: set[str] = field(default_factory=set)
+    _failures: dict[str, str] = field(default_factory=dict)
+    """Each tracker's last failure, in one line; gone once it answers again."""
     _lock: threading.Lock = field(default_factory=threading.Lock)
-    _futures: list[Future[None]] = field(default_factory=list)
-    _thread: ThreadPoolExecutor | None = None
+    _work: queue.Queue[Callable[[], None]] = field(default_factory=queue.Queue)
+    _thread: threading.Thread | None = None
 
     def start(self, study: StudyInfo) -> None:
         """Open each tracker's study record (on the tracking thread)."""
         self.study = study
         if self.trackers:
-            self._thread = ThreadPoolExecutor(1, thread_name_prefix="trialq-tracking")
-            self._submit(self._start_all)
+            quiet_tracking_libraries()
+            self._thread = threading.Thread(target=self._serve, name="trialq-tracking", daemon=True)
+            self._thread.start()
+            self._work.put(self._start_all)
 
     @property
     def active(self) -> bool:
@@ -127,30 +133,32 @@ class Tracking:
     def told(self, trial: ToldTrial) -> None:
         """Record `trial` in every tracker, behind the loop's back."""
         if self._thread is not None:
-            self._submit(lambda: self._record_all(trial))
+            with self._lock:
+                for tracker in self.trackers:
+                    self._pending.setdefault(tracker.name, []).append(trial)
+            self._work.put(self._record_all)
 
     def close(self) -> dict[str, list[int]]:
-        """Wait (bounded) for the records on their way; the trial numbers each tracker
-        missed, said in one line each."""
+        """Wait, until the deadline, for the records on their way; the trial numbers each
+        tracker missed, said in one line each."""
         if self._thread is None:
             return {}
-        self._submit(self._close_all)
-        _, waiting = wait_for(self._futures, timeout=self.close_wait_s)
-        self._thread.shutdown(wait=False, cancel_futures=True)
+        closed = threading.Event()
+        self._work.put(self._close_all)
+        self._work.put(closed.set)
+        closed.wait(timeout=self.close_wait_s)
         with self._lock:
             for tracker in self.trackers:
                 left = [t.number for t in self._pending.get(tracker.name, [])]
-                if waiting or left:
+                if left or not closed.is_set():
                     self.missing[tracker.name] = sorted(left)
         for name, numbers in self.missing.items():
-            shown = ", ".join(f"#{n}" for n in numbers[:10]) or "the last trials"
-            self.warn(f"warning: tracking: {name}: not recorded: {shown} (the study is whole)")
+            self.warn(_missing_line(name, numbers, self._failures.get(name)))
         return self.missing
 
-    def _submit(self, work: Callable[[], None]) -> None:
-        assert self._thread is not None
-        self._futures = [f for f in self._futures if not f.done()]
-        self._futures.append(self._thread.submit(work))
+    def _serve(self) -> None:
+        while True:
+            self._work.get()()
 
     def _start_all(self) -> None:
         for tracker in self.trackers:
@@ -166,16 +174,20 @@ class Tracking:
             self._started.add(tracker.name)
         return True
 
-    def _record_all(self, trial: ToldTrial) -> None:
+    def _record_all(self) -> None:
         for tracker in self.trackers:
-            with self._lock:
-                pending = self._pending.setdefault(tracker.name, [])
-                pending.append(trial)
             if not self._open(tracker):
                 continue
-            while pending and self._guarded(tracker, partial(tracker.record, pending[0])):
+            while (trial := self._next(tracker)) is not None:
+                if not self._guarded(tracker, partial(tracker.record, trial)):
+                    break
                 with self._lock:
-                    pending.pop(0)
+                    self._pending[tracker.name].pop(0)
+
+    def _next(self, tracker: Tracker) -> ToldTrial | None:
+        with self._lock:
+            pending = self._pending.get(tracker.name)
+            return pending[0] if pending else None
 
     def _close_all(self) -> None:
         for tracker in self.trackers:
@@ -183,14 +195,22 @@ class Tracking:
                 self._guarded(tracker, tracker.close)
 
     def _guarded(self, tracker: Tracker, work: Callable[[], None]) -> bool:
-        """Run one tracker's work; a failure is warned of once a tracker, never raised."""
+        """Run one tracker's work; a failure is kept (said with what it missed), never
+        raised."""
         try:
             work()
         except Exception as exc:
-            if tracker.name not in self._warned:
-                self._warned.add(tracker.name)
-                reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-                self.warn(f"warning: tracking: {tracker.name} failed, the study goes on "
-                          f"(its records catch up when it answers): {reason}")  # fmt: skip
+            self._failures[tracker.name] = (str(exc).strip().splitlines() or [type(exc).__name__])[
+                0
+            ][:300]
             return False
+        self._failures.pop(tracker.name, None)
         return True
+
+
+def _missing_line(name: str, numbers: list[int], failure: str | None) -> str:
+    """The one line said of a tracker that missed trials: which, and why where known."""
+    shown = ", ".join(f"#{n}" for n in numbers[:10]) or "the last trials"
+    more = f" and {len(numbers) - 10} more" if len(numbers) > 10 else ""
+    why = f": {failure}" if failure else ": it did not answer in time"
+    return f"warning: tracking: {name}: not recorded: {shown}{more} (the study is whole){why}"

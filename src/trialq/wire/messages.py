@@ -8,6 +8,8 @@ its default from an older writer) and keeps the version; anything else bumps it.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import os
 import re
@@ -125,6 +127,18 @@ class TrialRequest(_Message):
     mlflow: MlflowTarget | None = None
     """The study's MLflow run store where it tracks with MLflow; None: it does not (or an
     older driver sent it), and `trial.mlflow_run_id` is None."""
+    signature: str | None = None
+    """The driver's signature of every other field and the task id, under the deployment's
+    secret (`trialq.wire.signing.Seal.sign_task`); a worker with the secret runs no request
+    without a good one. Set as the request is sent, never read from this model."""
+
+    def what_ran(self) -> str:
+        """The digest of what this request runs (its study, number, attempt, params and
+        entrypoint), which its result names: the driver tells a result only for the request
+        it sent."""
+        ran = [self.study, self.number, self.attempt, self.params, str(self.entrypoint)]
+        text = json.dumps(ran, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()
 
     @model_validator(mode="after")
     def _killed_after_the_soft_limit(self) -> TrialRequest:
@@ -157,7 +171,7 @@ class GpuGuardFigures(BaseModel):
 
 class Measured(TypedDict, total=False):
     """What a trial process measured of its attempt: `TrialResult`'s fields past its address,
-    outcome, error, pid and host (tests/unit/test_outcome.py keeps the two alike)."""
+    outcome, error, pid, host and what ran (tests/unit/test_outcome.py keeps the two alike)."""
 
     metrics: dict[str, float]
     duration_s: float
@@ -254,6 +268,8 @@ class TrialResult(_Message):
     log_file: str | None = None
     """The attempt's own log on its worker's host (`worker/attempt_log.py`), where the
     worker writes one (`TRIALQ_TRIAL_LOG_DIR`; `--local` does)."""
+    ran: str | None = None
+    """What the attempt ran (`TrialRequest.what_ran`); None from an older worker."""
 
     @classmethod
     def of(cls, request: TrialRequest, outcome: Outcome, error: str | None = None) -> TrialResult:
@@ -282,7 +298,7 @@ class TrialResult(_Message):
         """The one constructor both go through: the attempt's address, how it ended, the rest."""
         return cls(
             study=request.study, number=request.number, attempt=request.attempt,
-            outcome=outcome, error=error, **fields,
+            outcome=outcome, error=error, ran=request.what_ran(), **fields,
         )  # fmt: skip
 
     @classmethod
@@ -328,6 +344,6 @@ class TrialResult(_Message):
         records")."""
         internal = {
             "version", "study", "number", "attempt", "last_step", "device_refused",
-            "checkpoint_removed", "artifacts",
+            "checkpoint_removed", "artifacts", "ran",
         }  # fmt: skip
         return self.model_dump(mode="json", exclude=internal)

@@ -10,6 +10,12 @@ with its attempt's address, step and value. The driver sets aside what does not 
 
 A result carries its signature as one more field (`SIGNATURE_FIELD`): a reader without a
 secret (an older driver) ignores it, as it ignores any field it does not know.
+
+The driver signs each task the same way (`sign_task`): the whole request as sent (params,
+entrypoint, study, number, attempt and every other field) with its task id, so a worker runs
+nothing a broker writer rewrote, moved onto another task id or made up (`task_refusal`).
+`sign` and `refusal` sign any canonical JSON payload under a kind of its own, for what else
+crosses the broker and must come from the driver or a worker.
 """
 
 from __future__ import annotations
@@ -32,11 +38,46 @@ UNSIGNED = "unsigned: its worker holds no result secret, or someone else wrote i
 MISMATCH = "its signature does not verify: its worker holds another secret, or it was forged"
 
 
+TASK_UNSIGNED = "unsigned: its driver holds no result secret, or someone else wrote it"
+TASK_MISMATCH = (
+    "its signature does not verify: rewritten on the broker, moved onto another task, "
+    "or its driver holds another secret"
+)
+
+
 class Seal:
-    """Signs results and reports with the deployment's secret, and checks them."""
+    """Signs tasks, results and reports with the deployment's secret, and checks them."""
 
     def __init__(self, secret: str) -> None:
         self._key = secret.encode()
+
+    def sign(self, kind: str, payload: Any) -> str:
+        """The signature of a JSON `payload` (keys sorted, no NaN) of one `kind`: a kind of
+        its own keeps a payload signed as one thing from verifying as another."""
+        return self._digest([kind, payload])
+
+    def refusal(self, kind: str, payload: Any, signature: object) -> str | None:
+        """Why `signature` is not `payload`'s of `kind` under this secret, or None."""
+        if signature is None:
+            return UNSIGNED
+        try:
+            expected = self.sign(kind, payload)
+        except ValueError:  # NaN or infinity: never what trialq signs
+            return MISMATCH
+        return None if _same(signature, expected) else MISMATCH
+
+    def sign_task(self, task_id: str, request: dict[str, Any]) -> dict[str, Any]:
+        """The request JSON `request` as sent for `task_id`: its fields and the signature of
+        all of them but the signature itself."""
+        body = {k: v for k, v in request.items() if k != SIGNATURE_FIELD}
+        return {**body, SIGNATURE_FIELD: self.sign("task", [task_id, body])}
+
+    def task_refusal(self, task_id: str, request: dict[str, Any]) -> str | None:
+        """Why the request JSON a worker took for `task_id` is not to be run, or None: it is
+        unsigned, or its signature is not its driver's for this task and these fields."""
+        body = {k: v for k, v in request.items() if k != SIGNATURE_FIELD}
+        refusal = self.refusal("task", [task_id, body], request.get(SIGNATURE_FIELD))
+        return {UNSIGNED: TASK_UNSIGNED, MISMATCH: TASK_MISMATCH}.get(refusal or "", refusal)
 
     def signed(self, task_id: str, message: str) -> str:
         """The result JSON `message`, signed for `task_id`."""

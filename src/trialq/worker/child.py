@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import time
 from collections.abc import Callable, Mapping
 from contextvars import Token
@@ -36,7 +37,7 @@ from trialq.trial.runner import run_trial
 from trialq.wire.channel import ReportChannel
 from trialq.wire.heartbeat import RunningTrial, TrialBeacon
 from trialq.wire.keys import result_key, withdrawn_key
-from trialq.wire.messages import TrialRequest, TrialResult
+from trialq.wire.messages import Outcome, TrialRequest, TrialResult
 from trialq.wire.queue_running import QueueClaim
 from trialq.wire.signing import stored_result_refusal
 from trialq.worker.attempt_log import AttemptLog
@@ -80,6 +81,9 @@ class WorkerChild:
         self._log_token: Token[Mapping[str, str]] | None = None
         self.stored_result_of: str | None = None
         """The task whose result this process stored under trialq's own key (the last run)."""
+        self.withdrawn_of: str | None = None
+        """The task this process took and did not run, its driver having withdrawn it: its
+        queue's edge records it withdrawn, so that it never reads as started for good."""
         self._attempt_log: AttemptLog | None = None
         self.results = ResultStore(
             self.redis, settings.key_ttl_s, settings.max_result_bytes, settings.seal
@@ -157,6 +161,9 @@ class WorkerChild:
         """Run one trial attempt and return its `TrialResult` as JSON (stored first); None
         for one not run: withdrawn by the driver, or a redelivery of one that ended."""
         request = TrialRequest.model_validate(payload)
+        refusal = self._task_refusal(task_id, payload)
+        if refusal is not None:
+            return self._refuse(request, task_id, refusal, timeout_errors)
         if self._withdrawn_or_ended(task_id):
             return None
         share = self._take_slot()
@@ -184,6 +191,29 @@ class WorkerChild:
             _stop_taking_trials()
         return json.loads(message)  # type: ignore[no-any-return]
 
+    def _task_refusal(self, task_id: str, payload: dict[str, Any]) -> str | None:
+        """Why this worker will not run the task: with a secret, a request its driver did not
+        sign for this task id as it reads now (`trialq.wire.signing.Seal.task_refusal`)."""
+        seal = self.settings.seal
+        return None if seal is None else seal.task_refusal(task_id, payload)
+
+    def _refuse(
+        self,
+        request: TrialRequest,
+        task_id: str,
+        refusal: str,
+        timeout_errors: tuple[type[BaseException], ...],
+    ) -> dict[str, Any]:
+        """Run nothing; leave a signed `refused` result naming why, so that the driver sends
+        its own request again (a run of refusals stops the run: `max_failures_in_a_row`)."""
+        logger.warning("task %s refused, nothing runs: %s", task_id, refusal)
+        reason = f"the task was refused by worker {socket.gethostname()}: {refusal}"
+        result = TrialResult.here(request, Outcome.REFUSED, reason)
+        message = self.results.bounded_json(task_id, result)
+        away_until = time.monotonic() + (request.hard_limit_s or request.timeout_s or 0.0)
+        _despite(timeout_errors, lambda: self._keep(request, task_id, message, away_until))
+        return json.loads(message)  # type: ignore[no-any-return]
+
     def _keep(self, request: TrialRequest, task_id: str, message: str, away_until: float) -> None:
         """Store the result under trialq's key, and remember whether it is there."""
         kept = self.results.keep(request, task_id, message, away_until)
@@ -197,6 +227,7 @@ class WorkerChild:
         pipe.exists(withdrawn_key(task_id))
         pipe.get(result_key(task_id))
         withdrawn, stored = pipe.execute()
+        self.withdrawn_of = task_id if withdrawn else None
         if withdrawn or stored is None:
             return bool(withdrawn)
         refusal = stored_result_refusal(self.settings.seal, task_id, stored)
