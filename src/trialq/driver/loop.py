@@ -131,7 +131,7 @@ class StudyDriver:
         """What ended the run short of a budget (`interrupted`, `max_failures_in_a_row`,
         `spec_error`, or the failing budget), as the last run's `stopped_by` says it."""
         self.left_in_flight = 0
-        """Trials a failing stop found in flight: stopped, RUNNING in the study for the
+        """Trials a failing stop or an interrupt found in flight: RUNNING in the study for the
         next run to send again (using no retry), as a hard wall leaves them."""
 
     @property
@@ -167,6 +167,7 @@ class StudyDriver:
             self._store.set_study_attr(LAST_RUN_ATTR, self.ledger.last_run())
         except KeyboardInterrupt:
             self.ended_by = "interrupted"
+            self.left_in_flight = len(self.sender.in_flight)  # RUNNING, for the next run
             raise Interrupted(_interrupted(self.sender.withdraw_waiting())) from None
         except FailingTrials:
             self.ended_by = self.stop.budget if self.stop else "max_failures_in_a_row"

@@ -21,6 +21,7 @@ import sqlalchemy
 from trialq.driver._storage.engine import rdb_storage
 from trialq.driver._storage.mirror import mirrored, rdb_under
 from trialq.driver.outage import FIRST_RETRY_S, LONGEST_RETRY_S
+from trialq.driver.pruner_args import check_pruner_args, rehearse
 from trialq.driver.sampling.args import check_sampler_args
 from trialq.driver.sampling.distinct import DistinctFromRunning
 from trialq.driver.sampling.gp import OneThreadGP, gp_and_tpe
@@ -330,8 +331,14 @@ def make_pruner(spec: StudySpec) -> optuna.pruners.BasePruner:
         "hyperband": optuna.pruners.HyperbandPruner,
         "successive_halving": optuna.pruners.SuccessiveHalvingPruner,
     }
-    pruner_class = classes[spec.study.pruner]
-    return _construct(pruner_class, dict(spec.study.pruner_args), "study.pruner_args", spec.where)  # type: ignore[no-any-return]
+    pruner_class, args = classes[spec.study.pruner], dict(spec.study.pruner_args)
+    key = "study.pruner_args"
+    try:
+        check_pruner_args(pruner_class, args, key)
+    except SpecError as exc:
+        raise SpecError(f"{spec.where}: {exc}") from None
+    rehearse(_construct(pruner_class, args, key, spec.where), f"{spec.where}: {key}")
+    return _construct(pruner_class, args, key, spec.where)  # type: ignore[no-any-return]
 
 
 def distributions(spec: StudySpec) -> dict[str, optuna.distributions.BaseDistribution]:
