@@ -234,6 +234,10 @@ BAD_SPECS = {
         ),
         "space.x: sampler 'grid' lists every value",
     ),
+    "space name past the storage's column": (
+        spec_text(space=f'[space.{"x" * 600}]\ntype = "float"\nlow = 0\nhigh = 1'),
+        "a param name of 600 characters; the storage holds at most 512",
+    ),
     **{
         f"pruner {pruner} with {args}": (
             spec_text(study=GOOD["study"] + f'\npruner = "{pruner}"\npruner_args = {{ {args} }}'),

@@ -18,6 +18,7 @@ from typing import Any
 import optuna
 import sqlalchemy
 
+from trialq.driver._storage.columns import name_columns
 from trialq.driver._storage.engine import rdb_storage
 from trialq.driver._storage.mirror import mirrored, rdb_under
 from trialq.driver.outage import FIRST_RETRY_S, LONGEST_RETRY_S
@@ -88,6 +89,7 @@ def open_study(spec: StudySpec, url: str, retry_for_s: float = 0.0) -> optuna.St
     tried again for up to `retry_for_s`, as the driver's loop rides out an outage: seen on a
     lossy link between hosts. A retry is safe: an existing study is loaded.
     """
+    check_names_fit(spec)
     sampler = make_sampler(spec)
     pruner = make_pruner(spec)
     deadline, wait_s = time.monotonic() + retry_for_s, FIRST_RETRY_S
@@ -107,6 +109,28 @@ def open_study(spec: StudySpec, url: str, retry_for_s: float = 0.0) -> optuna.St
                 raise
             time.sleep(wait_s)
             wait_s = min(wait_s * 2, LONGEST_RETRY_S)
+
+
+NAME_SHOWN = 60
+"""How much of a name too long an error line shows."""
+
+
+def check_names_fit(spec: StudySpec) -> None:
+    """Raise `SpecError` for a name longer than the storage's column holds: the study's or
+    a param's (`[space.*]`, `[[enqueue]]`). Metric names are stored inside a value, which
+    has no such bound."""
+    limits = name_columns()
+    names = [("study.name", spec.study.name, "study name")]
+    names += [(f"space.{name}", name, "param name") for name in spec.space]
+    for index, params in enumerate(spec.enqueue):
+        names += [(f"enqueue.{index}.{name}", name, "param name") for name in params]
+    for key, name, kind in names:
+        if len(name) > limits[kind]:
+            shown = key if len(key) <= NAME_SHOWN else key[: NAME_SHOWN - 3] + "..."
+            raise SpecError(
+                f"{spec.where}: {shown}: a {kind} of {len(name)} characters; the storage "
+                f"holds at most {limits[kind]}"
+            )
 
 
 def release_connections(study: optuna.Study) -> None:
