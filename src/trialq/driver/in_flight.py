@@ -43,7 +43,7 @@ class InFlight:
     @property
     def address(self) -> TrialAddress:
         """The channel address of the attempt in flight."""
-        return TrialAddress(self.request.study, self.request.number, self.request.attempt)
+        return TrialAddress.of(self.request)
 
     @property
     def worker_host(self) -> str | None:

@@ -122,7 +122,7 @@ def _attempt(
     share: GpuShare | None = None,
     soft_limit_s: float | None = None,
 ) -> TrialResult:
-    address = TrialAddress(request.study, request.number, request.attempt)
+    address = TrialAddress.of(request)
     reports = _reports(channel)
     mlflow = request.mlflow
     find_run = (

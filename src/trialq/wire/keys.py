@@ -28,7 +28,9 @@ RUNNING_PREFIX = "trialq:running:"
 prefix apart from the workers', so that a reader of those never meets another kind of value."""
 
 TRIAL_PREFIX = "trialq:trial:"
-"""+ `STUDY:NUMBER:ATTEMPT:PART`: the report channel of one attempt of one trial."""
+"""+ `STUDY:NUMBER:ATTEMPT:PART`: the report channel of one attempt of one trial. STUDY is the
+study's key (`TrialRequest.study_key`: its storage and id, hashed), its name in a request of
+an older driver."""
 
 REPORTS = "reports"
 """Channel part: the stream of intermediate values, written by the trial."""
@@ -98,7 +100,8 @@ def running_key(worker: str, pid: int) -> str:
 
 
 def trial_key(study: str, number: int, attempt: int, part: str) -> str:
-    """A key of one attempt's report channel; `part` is `REPORTS`, `PRUNE` or
+    """A key of one attempt's report channel (`study`: the study's key, or its name); `part`
+    is `REPORTS`, `PRUNE` or
     `MEMORY_EXCEEDED`. The attempt is in it, so a retry's reports never mix with the last's."""
     return f"{TRIAL_PREFIX}{study}:{number}:{attempt}:{part}"
 

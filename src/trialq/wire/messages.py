@@ -21,6 +21,8 @@ from trialq.wire.entrypoint import EntrypointRef
 from trialq.wire.frameworks import FrameworkChoice
 from trialq.wire.outcome import Outcome as Outcome
 
+STUDY_KEY_PATTERN = r"^[0-9a-f]{16}$"
+"""A study's key on the broker: 16 hex digits of a hash."""
 CHECKPOINT_KEY_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,199}/[0-9]{1,12}-[0-9a-f]{6,32}$"
 """`<study>/<number>-<token>`: a path under a worker's checkpoint root, never outside it
 (one `/`, and no part that starts with a dot; see `trialq.trial.checkpoints`)."""
@@ -125,6 +127,10 @@ class TrialRequest(_Message):
     mlflow: MlflowTarget | None = None
     """The study's MLflow run store where it tracks with MLflow; None: it does not (or an
     older driver sent it), and `trial.mlflow_run_id` is None."""
+    study_key: str | None = Field(default=None, pattern=STUDY_KEY_PATTERN)
+    """The study's identity on the broker: its storage and its id there, hashed
+    (`trialq.driver.study.study_key`). The attempt's report keys are named by it, not by the
+    study's name, which two storages may both hold. None: an older driver's request."""
 
     @model_validator(mode="after")
     def _killed_after_the_soft_limit(self) -> TrialRequest:
