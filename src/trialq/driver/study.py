@@ -7,6 +7,7 @@ the storage.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import importlib.util
 import sqlite3
 import time
@@ -96,7 +97,7 @@ def open_study(spec: StudySpec, url: str, retry_for_s: float = 0.0) -> optuna.St
     while True:
         try:
             with storage_errors(url):
-                return optuna.create_study(
+                study = optuna.create_study(
                     storage=mirrored(rdb_storage(url)),
                     study_name=spec.study.name,
                     directions=list(spec.study.objective_directions),
@@ -104,6 +105,10 @@ def open_study(spec: StudySpec, url: str, retry_for_s: float = 0.0) -> optuna.St
                     pruner=pruner,
                     load_if_exists=True,
                 )
+            held = len(study.get_trials(deepcopy=False))
+            if held and "seed" in spec.study.sampler_args:  # resumed: new draws, not replays
+                study.sampler = make_sampler(spec, held=held)
+            return study
         except optuna.exceptions.StorageInternalError:
             if time.monotonic() + wait_s > deadline:
                 raise
@@ -131,6 +136,16 @@ def check_names_fit(spec: StudySpec) -> None:
                 f"{spec.where}: {shown}: a {kind} of {len(name)} characters; the storage "
                 f"holds at most {limits[kind]}"
             )
+
+
+def study_key(study: optuna.Study) -> str:
+    """The study's identity on the broker (`TrialRequest.study_key`): its storage's URL (the
+    password left out) and its id there, hashed. Two studies of one name in two storages
+    differ; a rerun on the same storage URL finds the keys of the trials it re-attaches."""
+    backend = rdb_under(study._storage)
+    where = repr(study._storage) if backend is None else _without_password(backend.url)
+    text = f"{where}#{study._study_id}"
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def release_connections(study: optuna.Study) -> None:
@@ -238,7 +253,7 @@ def tpe_defaults(spec: StudySpec) -> dict[str, Any]:
 
 
 def make_sampler(
-    spec: StudySpec, gp_available: bool | None = None, started: bool = False
+    spec: StudySpec, gp_available: bool | None = None, started: bool = False, held: int = 0
 ) -> optuna.samplers.BaseSampler:
     """The spec's sampler (`auto`: the one `sampling.rule.chosen_sampler` picks), built with
     the spec's arguments (over `tpe_defaults` for TPE). TPE or GP with trials in flight on
@@ -247,6 +262,8 @@ def make_sampler(
     `space_filling_start` trials have finished. `gp_available`: whether GP runs here
     (looked up when not given: torch and scipy installed). `started`: for an ask process
     (`trialq.driver.asking`), which asks only once the driver has made the start itself.
+    `held`: the trials the study holds, from which a seeded sampler's seed for this run is
+    derived (`run_seed`).
     `ask_processes` is for TPE alone: each of its asks is a draw from the study as it stands,
     where the grid, CMA-ES and NSGA-II keep state across asks that copies in several processes
     would repeat, random needs no help, and GP serves short studies the driver keeps up with."""
@@ -279,14 +296,27 @@ def make_sampler(
         check_sampler_args(classes[name], args, "study.sampler_args")
     except SpecError as exc:
         raise SpecError(f"{spec.path}: {exc}") from None
+    seed = args.get("seed")
+    if seed is not None and held:
+        args["seed"] = run_seed(seed, held)
     sampler: optuna.samplers.BaseSampler = _construct(
         classes[name], args, "study.sampler_args", spec.where
     )
     modelled = name in ("tpe", "gp", "gp+tpe") and spec.study.search_space is None
     if modelled and spec.study.max_in_flight != 1:
         start = 0 if started else space_filling_start(spec)
-        return DistinctFromRunning(sampler, distributions(spec), seed=args.get("seed"), start=start)
+        # the Halton start keeps the study's seed: its points are indexed by trial number
+        return DistinctFromRunning(sampler, distributions(spec), seed=seed, start=start)
     return sampler
+
+
+def run_seed(seed: int, held: int) -> int:
+    """The seed of a run of a seeded study that holds `held` trials: the study's own seed
+    for its first run, and one derived from both after, so a resumed study draws new
+    parameters (with the study's seed again, a random sampler replayed every trial it had
+    run) and a rerun from the same state draws the same."""
+    digest = hashlib.sha256(f"{seed}:{held}".encode()).digest()
+    return int.from_bytes(digest[:4], "big") >> 1  # below 2**31, as every sampler takes
 
 
 _GP_FIX = "torch and scipy, which Optuna's GP sampler runs on: pip install torch scipy"
