@@ -26,7 +26,7 @@ def one_number(value: object) -> float | None:
         try:
             return float(value)
         except OverflowError:  # only an int overflows: its digits, not the number itself
-            digits = _digits(value)
+            digits = _digits(int(value))
             raise NotOneNumber(f"an int of about {digits} digits, past a float's range") from None
     if not _is_array(value):
         return None
@@ -67,7 +67,7 @@ def _dims(shape: Any) -> tuple[int | None, ...]:
         return (None,)
 
 
-def _digits(value: float) -> int:
+def _digits(value: int) -> int:
     """How many decimal digits an int has, without writing it out (Python refuses to write
     ints of over 4300 digits)."""
     return int(abs(value).bit_length() * 0.30103) + 1
