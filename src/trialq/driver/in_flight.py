@@ -36,6 +36,9 @@ class InFlight:
     """A trial process's beacon for it was seen, in any phase: from then on the beacon alone
     says whether the attempt lives (`watch.Watch`)."""
     sent_at: float = field(default_factory=time.time)
+    running_since: float | None = None
+    """When the driver first saw the attempt's trial process beat (`time.time()`): how long
+    an attempt whose process wrote no result of its own ran (killed, crashed, lost)."""
     log_file: str | None = None
     """The attempt's own log, as its beacon last named it: named on a result its process
     never wrote (killed at its hard limit, crashed, lost)."""
@@ -44,6 +47,15 @@ class InFlight:
     def address(self) -> TrialAddress:
         """The channel address of the attempt in flight."""
         return TrialAddress.of(self.request)
+
+    def saw_running(self) -> None:
+        """Its trial process beats: it runs from now, unless seen running before."""
+        self.running_since = self.running_since or time.time()
+
+    def ran_for_s(self) -> float:
+        """How long the attempt has run, as the driver saw it: since its process's first beat,
+        else since it was sent."""
+        return round(time.time() - (self.running_since or self.sent_at), 3)
 
     @property
     def worker_host(self) -> str | None:

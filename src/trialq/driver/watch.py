@@ -101,6 +101,8 @@ class Watch:
             else self._dispatcher.attempt_alive(entry.task_id)
         )
         entry.beacon_seen = entry.beacon_seen or beating
+        if beating:
+            entry.saw_running()
         return beating
 
     def _prune_overdue(self, entry: InFlight) -> bool:
