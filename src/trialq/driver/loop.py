@@ -182,7 +182,8 @@ class StudyDriver:
             if not self._store.lost_to_deletion(exc):
                 raise
             self.sender.withdraw_waiting()
-            raise StudyDeleted.named(self.study.study_name) from None
+            deleted = exc if isinstance(exc, StudyDeleted) else None
+            raise deleted or StudyDeleted.named(self.study.study_name) from None
         finally:
             self._stop_asking()
             self._give_back_spares()
