@@ -185,6 +185,7 @@ class StudyDriver:
             deleted = exc if isinstance(exc, StudyDeleted) else None
             raise deleted or StudyDeleted.named(self.study.study_name) from None
         finally:
+            outages.settled()
             self._stop_asking()
             self._give_back_spares()
             self._record_early_end()
