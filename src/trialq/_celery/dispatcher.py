@@ -234,6 +234,14 @@ class CeleryDispatcher:
         ids.discard(None)
         return ids  # type: ignore[return-value]
 
+    def _reserved_ids(self) -> set[str]:
+        """Ids of the messages kombu holds reserved and unacknowledged (`unacked`: a few per
+        worker, whatever the number of trials)."""
+        entries = self._broker.hvals(KOMBU_UNACKED)
+        ids = {_message_id(_reserved_message(raw)) for raw in entries}
+        ids.discard(None)
+        return ids  # type: ignore[return-value]
+
     def worker_alive(self, worker: str) -> bool:
         """Whether the worker's heartbeat key is still there."""
         with _broker_errors("reading a heartbeat"):
@@ -278,9 +286,13 @@ class CeleryDispatcher:
             self._app.control.revoke(task_id, terminate=True, signal="SIGKILL")
 
     def forget_results(self, task_ids: Iterable[str]) -> None:
-        """Delete trialq's result and Celery's task meta of each attempt; the key TTL
-        (`TRIALQ_KEY_TTL_S`) stays the safety net for what a driver never forgets (it died,
-        or gave up on an attempt whose process may still write)."""
+        """Delete trialq's result and Celery's task meta of each attempt. One whose message
+        kombu still holds reserved (a worker lost before it acknowledged) is marked withdrawn:
+        handed out again after the visibility timeout, it finds the mark and is not run,
+        where it found no result and ran the whole trial again. Only those: a told trial
+        leaves no key behind. The key TTL (`TRIALQ_KEY_TTL_S`) stays the safety net for what
+        a driver never forgets (it died, or gave up on an attempt whose process may still
+        write)."""
         ids = list(task_ids)
         if not ids:
             return
@@ -290,7 +302,12 @@ class CeleryDispatcher:
             keys = [result_key(task_id) for task_id in ids]
             if self._metas_on_broker:
                 keys += [self._backend.get_key_for_task(task_id) for task_id in ids]
-            self._broker.delete(*keys)
+            reserved = self._reserved_ids().intersection(ids)
+            pipe = self._broker.pipeline(transaction=False)
+            pipe.delete(*keys)
+            for task_id in reserved:
+                pipe.set(withdrawn_key(task_id), 1, ex=self._key_ttl_s)
+            pipe.execute()
             if not self._metas_on_broker:
                 for task_id in ids:
                     self._backend.forget(task_id)
@@ -521,9 +538,21 @@ def _status(meta: dict[str, Any] | None) -> TaskStatus:
     )
 
 
-def _message_id(raw: bytes | str | dict[str, Any]) -> str | None:
+def _reserved_message(raw: bytes | str) -> dict[str, Any] | None:
+    """The message of an `unacked` entry (`[message, exchange, routing key]`); None for an
+    entry of another shape."""
+    try:
+        entry = json.loads(raw)
+    except ValueError:
+        return None
+    return entry[0] if isinstance(entry, list) and entry and isinstance(entry[0], dict) else None
+
+
+def _message_id(raw: bytes | str | dict[str, Any] | None) -> str | None:
     """The task id of a queued message; None for an entry that is no message of Celery's
     (anyone with the broker's password can push one: workers set it aside, issue 26.2)."""
+    if raw is None:
+        return None
     try:
         message = json.loads(raw) if isinstance(raw, bytes | str) else raw
         task_id = (message.get("headers") or {}).get("id")

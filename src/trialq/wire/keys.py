@@ -50,8 +50,9 @@ ORPHANED_CHECKPOINTS = "trialq:checkpoints:orphaned"
 later trial process removes them."""
 
 WITHDRAWN_PREFIX = "trialq:withdrawn:"
-"""+ a task id: the driver withdrew the task, a worker must not run it (revokes are not
-durable)."""
+"""+ a task id: the driver withdrew the task, or told its trial while kombu still held its
+message reserved, and a worker must not run it (revokes are not durable; a reserved message
+is handed out again after the visibility timeout)."""
 
 ATTEMPT_PREFIX = "trialq:attempt:"
 """+ a task id: present while the trial process running that attempt beats (its beacon, with
