@@ -51,7 +51,7 @@ BAD_SPECS = {
         "space.x.lwo: unknown key (did you mean low?)",
     ),
     "param without type": (
-        spec_text(space='[space.x]\nlow = 0\nhigh = 1'),
+        spec_text(space="[space.x]\nlow = 0\nhigh = 1"),
         "space.x: missing required key type (float, int or categorical)",
     ),
     "wrong type": (spec_text(study='name = "s"\nn_trials = "many"'), "study.n_trials"),
@@ -107,11 +107,15 @@ BAD_SPECS = {
         "study.sampler_args:",
     ),
     "sampler count below its range": (
-        spec_text(study=GOOD["study"] + '\nsampler = "tpe"\nsampler_args = { n_startup_trials = -1 }'),
+        spec_text(
+            study=GOOD["study"] + '\nsampler = "tpe"\nsampler_args = { n_startup_trials = -1 }'
+        ),
         "study.sampler_args.n_startup_trials: -1 is out of range: 0 to",
     ),
     "sampler candidates of none": (
-        spec_text(study=GOOD["study"] + '\nsampler = "tpe"\nsampler_args = { n_ei_candidates = 0 }'),
+        spec_text(
+            study=GOOD["study"] + '\nsampler = "tpe"\nsampler_args = { n_ei_candidates = 0 }'
+        ),
         "study.sampler_args.n_ei_candidates: 0 is out of range: 1 to",
     ),
     "sampler count of a wrong type": (
@@ -135,7 +139,9 @@ BAD_SPECS = {
         "study.sampler_args.seed: 2.5 is not an int",
     ),
     "nsga2 population of one": (
-        spec_text(study=GOOD["study"] + '\nsampler = "nsga2"\nsampler_args = { population_size = 1 }'),
+        spec_text(
+            study=GOOD["study"] + '\nsampler = "nsga2"\nsampler_args = { population_size = 1 }'
+        ),
         "study.sampler_args.population_size: 1 is out of range: 2 to",
     ),
     "bad pruner args": (
@@ -228,6 +234,28 @@ BAD_SPECS = {
         ),
         "space.x: sampler 'grid' lists every value",
     ),
+    "space name past the storage's column": (
+        spec_text(space=f'[space.{"x" * 600}]\ntype = "float"\nlow = 0\nhigh = 1'),
+        "a param name of 600 characters; the storage holds at most 512",
+    ),
+    **{
+        f"pruner {pruner} with {args}": (
+            spec_text(study=GOOD["study"] + f'\npruner = "{pruner}"\npruner_args = {{ {args} }}'),
+            f"study.pruner_args.{expected}",
+        )
+        for pruner, args, expected in [
+            ("hyperband", "min_resource = 0", "min_resource: 0 is out of range: 1 to"),
+            ("hyperband", "reduction_factor = 1", "reduction_factor: 1 is out of range: 2 to"),
+            ("hyperband", "bootstrap_count = -1", "bootstrap_count: -1 is out of range: 0 to"),
+            ("hyperband", "max_resource = -3", "max_resource: -3 is out of range: 1 to"),
+            ("hyperband", "reduction_factor = 2.5", "reduction_factor: 2.5 is not an int"),
+            ("hyperband", "min_resource = 4, max_resource = 2", "max_resource: 2 is below"),
+            ("successive_halving", 'min_resource = "all"', "min_resource: 'all': use a number"),
+            ("successive_halving", "min_resource = 2.5", "min_resource: 2.5 is not a str or int"),
+            ("median", "n_startup_trials = 2.5", "n_startup_trials: 2.5 is not an int"),
+            ("median", "interval_steps = 0", "interval_steps: 0 is out of range: 1 to"),
+        ]
+    },
 }
 
 

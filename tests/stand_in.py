@@ -147,4 +147,4 @@ class StandInDispatcher:
 
 
 def _address(request: TrialRequest) -> TrialAddress:
-    return TrialAddress(request.study, request.number, request.attempt)
+    return TrialAddress.of(request)

@@ -441,10 +441,10 @@ def stops_at_once(params: dict[str, Any], trial: TrialContext) -> float:
     """Raises its own stop notice on every attempt (study `faults`): always preempted."""
     import redis
 
-    from trialq.wire.channel import ReportChannel, TrialAddress
+    from trialq.wire.channel import ReportChannel
 
     channel = ReportChannel(redis.Redis.from_url(os.environ["TRIALQ_BROKER_URL"]))
-    channel.request_stop(TrialAddress("faults", trial.number, trial.attempt))
+    channel.request_stop(trial._address)  # its own attempt's, named by its study's key
     # Asked as a training loop asks, once a step: a flag is as fresh as FLAG_WAIT_S allows,
     # and a loaded host may answer one call late.
     deadline = time.monotonic() + 30

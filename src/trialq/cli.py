@@ -42,25 +42,43 @@ class _Parser(argparse.ArgumentParser):
 
 def submit_study_main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `submit-study`."""
-    return _run(lambda: _submit_study(_submit_parser().parse_args(argv)))
+    as_json = _asks_for_json(argv)
+    return _run(lambda: _submit_study(_submit_parser().parse_args(argv)), as_json)
 
 
 def trialq_main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `trialq`."""
-    return _run(lambda: _dispatch_trialq(*_trialq_parser().parse_known_args(argv)))
+    as_json = _asks_for_json(argv)
+    return _run(lambda: _dispatch_trialq(*_trialq_parser().parse_known_args(argv)), as_json)
 
 
-def _run(command: Callable[[], int]) -> int:
-    """Run a command, turning trialq's errors into one line and an exit code."""
+def _asks_for_json(argv: Sequence[str] | None) -> bool:
+    """Whether the command line holds `--json`, read before parsing: a command line argparse
+    refuses still answers in JSON."""
+    return "--json" in (sys.argv[1:] if argv is None else argv)
+
+
+def _run(command: Callable[[], int], as_json: bool = False) -> int:
+    """Run a command, turning trialq's errors into one line and an exit code; under `--json`,
+    an exit with no summary printed prints one JSON object too (`exit_code`, `error`)."""
+    code, message, summary = _exit_of(command)
+    if message is not None:
+        print(message, file=sys.stderr)
+        if as_json:
+            _show_json({**(summary or {}), "exit_code": code, "error": message})
+    return code
+
+
+def _exit_of(command: Callable[[], int]) -> tuple[int, str | None, dict[str, Any] | None]:
+    """The command's exit code, its error line (None when it ended on its own) and the
+    summary of a run the error ended."""
     signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     try:
-        return command()
+        return command(), None, None
     except TrialqError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return exc.exit_code
+        return exc.exit_code, f"error: {exc}", exc.summary
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return Interrupted.exit_code
+        return Interrupted.exit_code, "interrupted", None
     except Exception as exc:
         from pydantic import ValidationError
 
@@ -70,17 +88,14 @@ def _run(command: Callable[[], int]) -> int:
             error = exc.errors()[0]
             where = ".".join(str(part) for part in error["loc"]) or "settings"
             message = error["msg"].removeprefix("Value error, ")
-            print(f"error: environment: {where}: {message}", file=sys.stderr)
-            return UsageError.exit_code
+            return UsageError.exit_code, f"error: environment: {where}: {message}", None
         service = service_lost(exc)
         if service is not None:  # lost where no outage is ridden out (before the loop)
             reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            print(f"error: {service} unreachable: {reason}", file=sys.stderr)
-            return ServiceUnreachable.exit_code
+            return ServiceUnreachable.exit_code, f"error: {service} unreachable: {reason}", None
         traceback.print_exc()
-        print(f"error: internal error (a bug of trialq's; the traceback is above): {exc!r}",
-              file=sys.stderr)  # fmt: skip
-        return INTERNAL_ERROR_EXIT_CODE
+        internal = f"error: internal error (a bug of trialq's; the traceback is above): {exc!r}"
+        return INTERNAL_ERROR_EXIT_CODE, internal, None
 
 
 def _raise_keyboard_interrupt(signum: int, frame: Any) -> None:
@@ -251,11 +266,15 @@ def _submit_study(args: argparse.Namespace) -> int:
     try:
         summary = _submitted(args, settings, local_gpus)
     except TrialqError as exc:
-        if exc.summary is not None:  # a run that stopped early still says what it did
-            _show_summary(exc.summary, args.json)
+        if exc.summary is not None and not args.json:  # a run stopped early says what it did
+            _print_outcome(exc.summary)  # (under --json, the error's object holds it)
         raise
-    _show_summary(summary, args.json)
-    return 0 if summary["n_complete"] > 0 else 1
+    code = 0 if summary["n_complete"] > 0 else 1
+    if args.json:
+        _show_json({**summary, "exit_code": code})
+    else:
+        _print_outcome(summary)
+    return code
 
 
 def _submitted(
@@ -278,12 +297,10 @@ def _submitted(
     )
 
 
-def _show_summary(summary: dict[str, Any], as_json: bool) -> None:
-    if as_json:
-        json.dump(summary, sys.stdout, default=str)
-        sys.stdout.write("\n")
-    else:
-        _print_outcome(summary)
+def _show_json(summary: dict[str, Any]) -> None:
+    """One JSON object on stdout, one line: what a script piping into `jq` reads."""
+    json.dump(summary, sys.stdout, default=str)
+    sys.stdout.write("\n")
 
 
 def _log_to_stderr(verbose: bool, settings: Settings) -> None:

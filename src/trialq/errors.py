@@ -126,6 +126,20 @@ class StudyDeleted(TrialqError):
         )
 
 
+class StorageDeleted(StudyDeleted):
+    """Raised when the study's SQLite file was deleted while its driver ran: SQLite refuses
+    the writes ("readonly database"), which would read as an outage and be waited on, for a
+    file that never comes back."""
+
+    @classmethod
+    def file(cls, path: str) -> StorageDeleted:
+        """The one line for the database file at `path`."""
+        return cls(
+            f"the study's database {path} was deleted while the driver ran: its queued "
+            "trials were withdrawn and nothing more is written to it"
+        )
+
+
 class LocalClusterError(TrialqError):
     """Raised when `--local` cannot start its embedded Redis or its workers."""
 

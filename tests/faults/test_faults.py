@@ -213,6 +213,8 @@ def test_failing_trials_get_their_outcome_and_are_not_retried(
     assert code == 1, err  # done, with no complete trial
     for trial in run.study().trials:
         assert trial.state.name == "FAIL", trial.user_attrs
+        if "hard kill" in fault:  # killed 3 s in: not a trial that took no time
+            assert trial.user_attrs["duration_s"] >= 2.0, trial.user_attrs
         assert trial.user_attrs["outcome"] == outcome, trial.user_attrs
         assert trial.user_attrs["attempts"] == 1
 

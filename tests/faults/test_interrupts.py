@@ -32,11 +32,13 @@ def test_trials_withdrawn_by_an_interrupt_are_sent_again_without_a_retry(
     start_workers(1, extra_env=FAST_HEARTBEAT)
     body = fault_spec("sleeps", grid("sleep_s", 1.0, 1.1, 1.2, 1.3), 4, max_retries=0)
     run.write_spec(body.replace("max_in_flight = 2", "max_in_flight = 4"))
-    driver = run.start()
+    driver = run.start("--json")
     wait_until(lambda: _sent(run) == 4 and _started(redis_url), 120, "4 sent, one started")
     driver.send_signal(stop)
-    _, err = driver.communicate(timeout=60)
+    out, err = driver.communicate(timeout=60)
     assert driver.returncode == 130, err
+    left = sum(t.state.name == "RUNNING" for t in run.study().trials)
+    assert json.loads(out)["left_in_flight"] == left == 4, "the summary miscounts what it left"
 
     code, err = run.run()
 

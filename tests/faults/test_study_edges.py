@@ -86,3 +86,24 @@ def _has_trials(run: DriverRun) -> bool:
         return bool(run.study().trials)
     except KeyError:
         return False
+
+
+def test_the_sqlite_file_deleted_while_it_runs_ends_the_driver_with_one_line(
+    tmp_path: Path, redis_url: str, start_workers: Callable[..., LocalCluster]
+) -> None:
+    """Taken for an outage before: 300 s of waiting on a file that will never come back, and
+    a line saying the storage was unreachable."""
+    run = DriverRun(tmp_path, redis_url)
+    start_workers(1)
+    run.write_spec(fault_spec("sleeps", grid("sleep_s", 2.0, 2.5, 3.0), 3))
+    driver = run.start("--outage-limit", "100")
+    wait_until(lambda: _has_trials(run), 60, "the driver to ask its first trial")
+    database = Path(run.storage.removeprefix("sqlite:///"))
+    database.unlink()
+    started = time.monotonic()
+    _, err = driver.communicate(timeout=120)
+    assert driver.returncode == 2, err
+    assert time.monotonic() - started < 30, "the driver waited for the file to come back"
+    lines = err.strip().splitlines()
+    assert lines[-1].startswith(f"error: the study's database {database} was deleted"), err
+    assert "Traceback" not in err and "unreachable" not in err, err

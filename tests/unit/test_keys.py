@@ -19,6 +19,8 @@ def test_trialqs_own_keys_keep_their_strings() -> None:
     assert address.key(keys.REPORTS) == "trialq:trial:s:3:2:reports"
     assert address.key(keys.PRUNE) == "trialq:trial:s:3:2:prune"
     assert address.key(keys.MEMORY_EXCEEDED) == "trialq:trial:s:3:2:memory_exceeded"
+    keyed = TrialAddress("s", 3, 2, study_key="0123456789abcdef")
+    assert keyed.key(keys.REPORTS) == "trialq:trial:0123456789abcdef:3:2:reports"
     running = RunningTrial("w@h", "s", 3, 2, "t-1", 42, 0.0)
     assert running.key == "trialq:running:w@h:42"
 

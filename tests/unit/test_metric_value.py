@@ -61,6 +61,9 @@ def test_one_number_as_a_framework_hands_it_back(
         (torch.ones(3), "the trial returned tensor of shape (3,), not one number"),
         ({"z": np.complex64(1j)}, "metric z: array of dtype complex64, not a real number"),
         (torch.tensor(True), "the trial returned tensor of shape (); return a number"),
+        (10**400, "the trial returned an int of about 401 digits, past a float's range"),
+        ({"score": -(10**400)}, "metric score: an int of about 401 digits, past a float's"),
+        ({"score": "abc"}, "the trial returned a mapping with no number in it (score: str)"),
     ],
 )
 def test_anything_else_is_one_line_naming_the_key(returned: object, message: str) -> None:
@@ -131,6 +134,20 @@ def test_a_trial_returning_a_tensor_records_the_float(tmp_path: Path) -> None:
     )
     assert result.outcome is Outcome.OK, result.error
     assert result.metrics["val_accuracy"] == 0.5 and type(result.metrics["val_accuracy"]) is float
+
+
+def test_a_metric_no_float_holds_fails_the_trial_in_one_line_naming_it(tmp_path: Path) -> None:
+    (tmp_path / "huge_trial.py").write_text("def train(params):\n    return {'score': 10**400}\n")
+    result = run_trial(
+        trial_request(number=1, params={}, entrypoint=f"{tmp_path}/huge_trial.py:train"),
+        channel=None,
+        device=FakeDevice(),
+        allowed_modules=(f"{tmp_path}/",),
+    )
+    assert result.outcome is Outcome.ERROR
+    assert (
+        result.error == "TypeError: metric score: an int of about 401 digits, past a float's range"
+    )
 
 
 def test_converting_imports_no_framework() -> None:

@@ -11,7 +11,7 @@ import pytest
 import redis
 import sqlalchemy
 
-from trialq.driver.outage import LONGEST_RETRY_S, Outages, service_lost
+from trialq.driver.outage import LONGEST_RETRY_S, SETTLED_S, Outages, service_lost
 from trialq.errors import BrokerUnreachable, StorageUnreachable
 from trialq.local import free_port
 
@@ -100,3 +100,39 @@ def test_the_broker_is_back_after_a_clean_pass_and_bugs_go_through() -> None:
     assert not outages.away("broker")
     with pytest.raises(KeyError), outages.tolerated():
         raise KeyError("a bug is no outage")
+
+
+def test_an_outage_that_comes_and_goes_is_said_once_each_way(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A full Redis answers reads: passes that only read go through between those that
+    write, and an 8 s outage was said "unreachable" and "back" five times each."""
+    clock = _Clock()
+    outages = Outages(limit_s=60, clock=clock, sleep=clock.sleep)
+    while clock.now < 8:  # a pass that writes is refused, the next only reads
+        with outages.tolerated():
+            raise BrokerUnreachable("OOM command not allowed when used memory > 'maxmemory'")
+        with outages.tolerated():
+            clock.now += 0.5
+    outage_ended = clock.now
+    while clock.now < outage_ended + SETTLED_S:
+        with outages.tolerated():
+            clock.now += 1.0
+
+    lines = [r.getMessage() for r in caplog.records if r.name == "trialq.outage"]
+    assert len(lines) == 2, lines
+    assert lines[0].startswith("broker unreachable (")
+    assert lines[1].startswith("broker back after ") and lines[1].endswith(" s"), lines
+    assert 7.0 <= float(lines[1].split()[3]) <= outage_ended, "not the outage's length"
+
+
+def test_a_service_back_as_the_run_ends_is_said_back(caplog: pytest.LogCaptureFixture) -> None:
+    clock = _Clock()
+    outages = Outages(limit_s=60, clock=clock, sleep=clock.sleep)
+    with outages.tolerated():
+        raise BrokerUnreachable("no Redis")
+    with outages.tolerated():
+        pass
+    assert not any("back" in r.getMessage() for r in caplog.records)
+    outages.settled()
+    assert [r.getMessage() for r in caplog.records][-1] == "broker back after 0.5 s"

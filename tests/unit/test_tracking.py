@@ -6,10 +6,12 @@ tests/integration/test_python_api_runs.py."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 
@@ -248,3 +250,64 @@ def test_a_told_trial_carries_its_record_whole_and_trackers_read_its_summary() -
         "duration_s": 1.5,
     }  # fmt: skip
     assert told.final_metrics == {"aux": 3.0}
+
+
+@pytest.mark.slow
+def test_the_mlflow_study_run_holds_the_best_value_and_its_trial(tmp_path: Path) -> None:
+    mlflow = pytest.importorskip("mlflow")
+    from trialq.tracking.mlflow import BEST_TRIAL_TAG, MlflowTracker
+
+    for numbers in ([2, 0], [3, 1]):  # told out of order, over two runs of the driver
+        tracker = MlflowTracker(MlflowTracking(tracking_uri="sqlite:///mlflow.db"))
+        tracker.start(_study(tmp_path))
+        for number in numbers:  # values 2, 0, then 3, 1: the best is #3's, then not beaten
+            tracker.record(_trial(number))
+        tracker.close()
+
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    runs = mlflow.search_runs(experiment_names=["s"], output_format="list")
+    (parent,) = (run for run in runs if run.data.tags["trialq.role"] == "study")
+    assert parent.data.metrics["best/score"] == 3.0
+    assert parent.data.tags[BEST_TRIAL_TAG] == "3"
+
+
+def test_a_tensorboard_pruned_trial_is_no_success(tmp_path: Path) -> None:
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader
+    from tensorboard.compat.proto import event_pb2
+    from tensorboard.plugins.hparams import api_pb2, metadata
+
+    from trialq.tracking.tensorboard import EVENTS_FILE, TensorboardTracker
+
+    board = TensorboardTracker(TensorboardTracking(log_dir="tb"))
+    board.start(_study(tmp_path))
+    board.record(replace(_trial(0), state="PRUNED", values=None))
+    path = tmp_path / "tb" / "trial-00000" / EVENTS_FILE
+    events = [event_pb2.Event.FromString(raw) for raw in RawEventFileLoader(str(path)).Load()]
+    ends = [
+        metadata.parse_session_end_info_plugin_data(value.metadata.plugin_data.content)
+        for event in events
+        for value in event.summary.value
+        if value.tag == metadata.SESSION_END_INFO_TAG
+    ]
+    assert [end.status for end in ends] == [api_pb2.STATUS_UNKNOWN]
+
+
+def test_a_wandb_dir_that_cannot_be_written_is_said_not_left_for_a_temporary_folder(
+    tmp_path: Path,
+) -> None:
+    pytest.importorskip("wandb")
+    from trialq.tracking.config import WandbTracking
+    from trialq.tracking.wandb import WandbTracker
+
+    unwritable = Path("/proc/1")  # even root cannot write there, as W&B's own test finds
+    assert not os.access(unwritable, os.W_OK)
+    lines: list[str] = []
+    tracking = Tracking([WandbTracker(WandbTracking(mode="offline", dir=str(unwritable)))],
+                        warn=lines.append)  # fmt: skip
+    tracking.start(_study(tmp_path))
+    tracking.told(_trial(0))
+
+    assert tracking.close() == {"wandb": [0]}
+    assert len(lines) == 1 and "wandb: not recorded: #0" in lines[0], lines
+    assert "dir /proc/1 cannot be written" in lines[0], lines

@@ -204,12 +204,11 @@ class CeleryDispatcher:
         """Celery's meta, decoded only where it changed since the last read (a pass reads
         every trial in flight now and then, and most of them still run: issue 42)."""
         last = self._metas_read.get(task_id)
-        meta = last[1] if last is not None and last[0] == raw else self._decode(raw)
+        if last is not None and last[0] == raw:
+            return last[1]
+        meta = None if raw is None else self._backend.decode_result(raw)
         self._metas_read[task_id] = (raw, meta)
         return meta
-
-    def _decode(self, raw: Any) -> dict[str, Any] | None:
-        return None if raw is None else self._backend.decode_result(raw)
 
     def pending_ids(self, queue: str) -> set[str]:
         """Ids of the queue's waiting messages and of every reserved (unacked) one younger
@@ -282,9 +281,13 @@ class CeleryDispatcher:
             self._app.control.revoke(task_id, terminate=True, signal="SIGKILL")
 
     def forget_results(self, task_ids: Iterable[str]) -> None:
-        """Delete trialq's result and Celery's task meta of each attempt; the key TTL
-        (`TRIALQ_KEY_TTL_S`) stays the safety net for what a driver never forgets (it died,
-        or gave up on an attempt whose process may still write)."""
+        """Delete trialq's result and Celery's task meta of each attempt. One whose message
+        kombu still holds reserved (a worker lost before it acknowledged) is marked withdrawn:
+        handed out again after the visibility timeout, it finds the mark and is not run,
+        where it found no result and ran the whole trial again. Only those: a told trial
+        leaves no key behind. The key TTL (`TRIALQ_KEY_TTL_S`) stays the safety net for what
+        a driver never forgets (it died, or gave up on an attempt whose process may still
+        write)."""
         ids = list(task_ids)
         if not ids:
             return
@@ -294,7 +297,12 @@ class CeleryDispatcher:
             keys = [result_key(task_id) for task_id in ids]
             if self._metas_on_broker:
                 keys += [self._backend.get_key_for_task(task_id) for task_id in ids]
-            self._broker.delete(*keys)
+            reserved = _reserved_ids(self._broker).intersection(ids)
+            pipe = self._broker.pipeline(transaction=False)
+            pipe.delete(*keys)
+            for task_id in reserved:
+                pipe.set(withdrawn_key(task_id), 1, ex=self._key_ttl_s)
+            pipe.execute()
             if not self._metas_on_broker:
                 for task_id in ids:
                     self._backend.forget(task_id)
@@ -525,9 +533,30 @@ def _status(meta: dict[str, Any] | None) -> TaskStatus:
     )
 
 
-def _message_id(raw: bytes | str | dict[str, Any]) -> str | None:
+def _reserved_ids(broker: redis.Redis) -> set[str]:
+    """Ids of the messages kombu holds reserved and unacknowledged (`unacked`: a few per
+    worker, whatever the number of trials)."""
+    entries: Any = broker.hvals(KOMBU_UNACKED)
+    ids = {_message_id(_reserved_message(raw)) for raw in entries}
+    ids.discard(None)
+    return ids  # type: ignore[return-value]
+
+
+def _reserved_message(raw: bytes | str) -> dict[str, Any] | None:
+    """The message of an `unacked` entry (`[message, exchange, routing key]`); None for an
+    entry of another shape."""
+    try:
+        entry = json.loads(raw)
+    except ValueError:
+        return None
+    return entry[0] if isinstance(entry, list) and entry and isinstance(entry[0], dict) else None
+
+
+def _message_id(raw: bytes | str | dict[str, Any] | None) -> str | None:
     """The task id of a queued message; None for an entry that is no message of Celery's
     (anyone with the broker's password can push one: workers set it aside, issue 26.2)."""
+    if raw is None:
+        return None
     try:
         message = json.loads(raw) if isinstance(raw, bytes | str) else raw
         task_id = (message.get("headers") or {}).get("id")

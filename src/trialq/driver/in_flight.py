@@ -50,6 +50,9 @@ class InFlight:
     """A trial process's beacon for it was seen, in any phase: from then on the beacon alone
     says whether the attempt lives (`watch.Watch`)."""
     sent_at: float = field(default_factory=time.time)
+    running_since: float | None = None
+    """When the driver first saw the attempt's trial process beat (`time.time()`): how long
+    an attempt whose process wrote no result of its own ran (killed, crashed, lost)."""
     log_file: str | None = None
     """The attempt's own log, as its beacon last named it: named on a result its process
     never wrote (killed at its hard limit, crashed, lost)."""
@@ -61,11 +64,18 @@ class InFlight:
         self.log_file = sighting.log_file or self.log_file
         self.claimed = self.claimed or sighting.claimed
         self.beacon_seen = self.beacon_seen or sighting.beating
+        if sighting.beating:  # it runs from its process's first beat the driver saw
+            self.running_since = self.running_since or time.time()
 
     @property
     def address(self) -> TrialAddress:
         """The channel address of the attempt in flight."""
-        return TrialAddress(self.request.study, self.request.number, self.request.attempt)
+        return TrialAddress.of(self.request)
+
+    def ran_for_s(self) -> float:
+        """How long the attempt has run, as the driver saw it: since its process's first beat,
+        else since it was sent."""
+        return round(time.time() - (self.running_since or self.sent_at), 3)
 
     @property
     def worker_host(self) -> str | None:

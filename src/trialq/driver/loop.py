@@ -129,7 +129,7 @@ class StudyDriver:
         """What ended the run short of a budget (`interrupted`, `max_failures_in_a_row`,
         `spec_error`, or the failing budget), as the last run's `stopped_by` says it."""
         self.left_in_flight = 0
-        """Trials a failing stop found in flight: stopped, RUNNING in the study for the
+        """Trials a failing stop or an interrupt found in flight: RUNNING in the study for the
         next run to send again (using no retry), as a hard wall leaves them."""
 
     @property
@@ -160,6 +160,7 @@ class StudyDriver:
             self._store.set_study_attr(LAST_RUN_ATTR, self.ledger.last_run().to_json())
         except KeyboardInterrupt:
             self.ended_by = "interrupted"
+            self.left_in_flight = len(self.sender.in_flight)  # RUNNING, for the next run
             raise Interrupted(_interrupted(self.sender.withdraw_waiting())) from None
         except FailingTrials:
             self.ended_by = self.stop.budget if self.stop else "max_failures_in_a_row"
@@ -174,8 +175,10 @@ class StudyDriver:
             if not self._store.lost_to_deletion(exc):
                 raise
             self.sender.withdraw_waiting()
-            raise StudyDeleted.named(self.study.study_name) from None
+            deleted = exc if isinstance(exc, StudyDeleted) else None
+            raise deleted or StudyDeleted.named(self.study.study_name) from None
         finally:
+            outages.settled()
             self.sender.new_trials.stop_asking()
             self.sender.new_trials.give_back_spares()
             self._record_early_end()

@@ -27,6 +27,10 @@ _log = logging.getLogger("trialq.outage")  # the name log lines show; kept when 
 FIRST_RETRY_S = 0.5
 LONGEST_RETRY_S = 5.0
 """Backoff between retries: doubling from the first to the longest."""
+SETTLED_S = 10.0
+"""How long a service must have answered before it is said back. A Redis full or refusing
+writes still answers reads, so passes that only read went through between those that write:
+an 8 s outage was said "unreachable" and "back" five times each."""
 
 _STORAGE_OUTAGES = (
     sqlalchemy.exc.OperationalError,  # connection refused or lost, server shutting down
@@ -72,6 +76,8 @@ class Outages:
         self._clock = clock
         self._sleep = sleep
         self._since: dict[str, float] = {}  # service -> when its outage began
+        self._said: dict[str, float] = {}  # service said unreachable -> when, not yet back
+        self._back: dict[str, float] = {}  # service answering again -> since when
         self._retry_s = FIRST_RETRY_S
 
     def away(self, service: str) -> bool:
@@ -93,12 +99,15 @@ class Outages:
             # Every pass that has work asks Redis; the storage may go unasked for a while, so
             # it is back only when it answers (`recovered`).
             self.recovered("broker")
+            self.settled(SETTLED_S)
 
     def _wait(self, service: str, exc: BaseException) -> None:
         now = self._clock()
         since = self._since.setdefault(service, now)
         reason = _first_line(_what_happened(exc))
-        if since == now:
+        self._back.pop(service, None)  # not back after all: the same outage goes on
+        if service not in self._said:
+            self._said[service] = now
             _log.warning(
                 "%s unreachable (%s); the trials in flight keep running, retrying for up to %g s",
                 service, reason, self._limit_s,
@@ -110,12 +119,22 @@ class Outages:
         self._retry_s = min(self._retry_s * 2, LONGEST_RETRY_S)
 
     def recovered(self, service: str) -> None:
-        """`service` answered: its outage, if any, is over."""
-        since = self._since.pop(service, None)
-        if since is not None:
-            _log.warning("%s back after %.1f s", service, self._clock() - since)
+        """`service` answered: its outage, if any, is over (said once it has answered for
+        `SETTLED_S`, or at the run's end: `settled`)."""
+        if self._since.pop(service, None) is not None:
+            self._back.setdefault(service, self._clock())
         if not self._since:
             self._retry_s = FIRST_RETRY_S
+
+    def settled(self, for_s: float = 0.0) -> None:
+        """Say "back" of each service that has answered for `for_s` since its outage (0: of
+        every service answering again, as the run ends)."""
+        now = self._clock()
+        for service, back in list(self._back.items()):
+            if now - back >= for_s:
+                began = self._said.pop(service, back)
+                del self._back[service]
+                _log.warning("%s back after %.1f s", service, back - began)
 
 
 def _what_happened(exc: BaseException) -> BaseException:

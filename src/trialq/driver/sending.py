@@ -22,6 +22,7 @@ from trialq.driver.fate import Resends
 from trialq.driver.in_flight import InFlight, Recording
 from trialq.driver.new_trials import NewTrials
 from trialq.driver.search_space import DefineSpace
+from trialq.driver.study import study_key
 from trialq.errors import BrokerError
 from trialq.spec import StudySpec
 from trialq.tracking.mlflow_runs import tracking_uri
@@ -48,6 +49,7 @@ class Sender:
         self._spec, self._study, self._dispatcher = spec, study, dispatcher
         self._store, self._clock = store, clock
         self._mlflow = mlflow_target(spec)
+        self._study_key = study_key(study)
         self._in_flight: dict[str, InFlight] = {}
         self.recording: list[Recording] = []
         """Trials whose record is on its way to the database, in the order they were asked."""
@@ -102,6 +104,7 @@ class Sender:
             framework=trial_spec.framework,
             cpus=trial_spec.cpus,
             mlflow=self._mlflow,
+            study_key=self._study_key,
         )
 
     def send(

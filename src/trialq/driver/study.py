@@ -7,6 +7,7 @@ the storage.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import importlib.util
 import sqlite3
 import time
@@ -18,9 +19,11 @@ from typing import Any
 import optuna
 import sqlalchemy
 
+from trialq.driver._storage.columns import name_columns
 from trialq.driver._storage.engine import rdb_storage
 from trialq.driver._storage.mirror import mirrored, rdb_under
 from trialq.driver.outage import FIRST_RETRY_S, LONGEST_RETRY_S
+from trialq.driver.pruner_args import check_pruner_args, rehearse
 from trialq.driver.sampling.args import check_sampler_args
 from trialq.driver.sampling.distinct import DistinctFromRunning
 from trialq.driver.sampling.gp import OneThreadGP, gp_and_tpe
@@ -85,13 +88,14 @@ def open_study(spec: StudySpec, url: str, retry_for_s: float = 0.0) -> optuna.St
     tried again for up to `retry_for_s`, as the driver's loop rides out an outage: seen on a
     lossy link between hosts. A retry is safe: an existing study is loaded.
     """
+    check_names_fit(spec)
     sampler = make_sampler(spec)
     pruner = make_pruner(spec)
     deadline, wait_s = time.monotonic() + retry_for_s, FIRST_RETRY_S
     while True:
         try:
             with storage_errors(url):
-                return optuna.create_study(
+                study = optuna.create_study(
                     storage=mirrored(rdb_storage(url)),
                     study_name=spec.study.name,
                     directions=list(spec.study.objective_directions),
@@ -99,11 +103,47 @@ def open_study(spec: StudySpec, url: str, retry_for_s: float = 0.0) -> optuna.St
                     pruner=pruner,
                     load_if_exists=True,
                 )
+            held = len(study.get_trials(deepcopy=False))
+            if held and "seed" in spec.study.sampler_args:  # resumed: new draws, not replays
+                study.sampler = make_sampler(spec, held=held)
+            return study
         except optuna.exceptions.StorageInternalError:
             if time.monotonic() + wait_s > deadline:
                 raise
             time.sleep(wait_s)
             wait_s = min(wait_s * 2, LONGEST_RETRY_S)
+
+
+NAME_SHOWN = 60
+"""How much of a name too long an error line shows."""
+
+
+def check_names_fit(spec: StudySpec) -> None:
+    """Raise `SpecError` for a name longer than the storage's column holds: the study's or
+    a param's (`[space.*]`, `[[enqueue]]`). Metric names are stored inside a value, which
+    has no such bound."""
+    limits = name_columns()
+    names = [("study.name", spec.study.name, "study name")]
+    names += [(f"space.{name}", name, "param name") for name in spec.space]
+    for index, params in enumerate(spec.enqueue):
+        names += [(f"enqueue.{index}.{name}", name, "param name") for name in params]
+    for key, name, kind in names:
+        if len(name) > limits[kind]:
+            shown = key if len(key) <= NAME_SHOWN else key[: NAME_SHOWN - 3] + "..."
+            raise SpecError(
+                f"{spec.where}: {shown}: a {kind} of {len(name)} characters; the storage "
+                f"holds at most {limits[kind]}"
+            )
+
+
+def study_key(study: optuna.Study) -> str:
+    """The study's identity on the broker (`TrialRequest.study_key`): its storage's URL (the
+    password left out) and its id there, hashed. Two studies of one name in two storages
+    differ; a rerun on the same storage URL finds the keys of the trials it re-attaches."""
+    backend = rdb_under(study._storage)
+    where = repr(study._storage) if backend is None else _without_password(backend.url)
+    text = f"{where}#{study._study_id}"
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def release_connections(study: optuna.Study) -> None:
@@ -185,7 +225,7 @@ def storage_errors(url: str) -> Iterator[None]:
         raise
 
 
-def make_sampler(spec: StudySpec) -> optuna.samplers.BaseSampler:
+def make_sampler(spec: StudySpec, held: int = 0) -> optuna.samplers.BaseSampler:
     """The spec's sampler (`auto`: Optuna's default TPE, `sampling.rule`), built with the
     spec's `sampler_args` and nothing else: `tpe` is the installed Optuna's
     `TPESampler(**sampler_args)` (its history bounded past 500 finished trials,
@@ -194,7 +234,8 @@ def make_sampler(spec: StudySpec) -> optuna.samplers.BaseSampler:
     sampler's own. `ask_processes` is for TPE alone: each of its asks is a draw from the
     study as it stands, where the grid, CMA-ES and NSGA-II keep state across asks that copies
     in several processes would repeat, random needs no help, and GP serves short studies the
-    driver keeps up with."""
+    driver keeps up with. `held`: the trials the study holds, from which a seeded sampler's
+    seed for this run is derived (`run_seed`)."""
     name, args = chosen_sampler(spec), dict(spec.study.sampler_args)
     if spec.study.ask_processes and name != "tpe":
         raise SpecError(
@@ -221,13 +262,25 @@ def make_sampler(spec: StudySpec) -> optuna.samplers.BaseSampler:
         check_sampler_args(classes[name], args, "study.sampler_args")
     except SpecError as exc:
         raise SpecError(f"{spec.path}: {exc}") from None
+    seed = args.get("seed")
+    if seed is not None and held:
+        args["seed"] = run_seed(seed, held)
     sampler: optuna.samplers.BaseSampler = _construct(
         classes[name], args, "study.sampler_args", spec.where
     )
     modelled = name in ("tpe", "gp", "gp+tpe") and spec.study.search_space is None
     if modelled and spec.study.max_in_flight != 1:
-        return DistinctFromRunning(sampler, distributions(spec), seed=args.get("seed"))
+        return DistinctFromRunning(sampler, distributions(spec), seed=seed)
     return sampler
+
+
+def run_seed(seed: int, held: int) -> int:
+    """The seed of a run of a seeded study that holds `held` trials: the study's own seed
+    for its first run, and one derived from both after, so a resumed study draws new
+    parameters (with the study's seed again, a random sampler replayed every trial it had
+    run) and a rerun from the same state draws the same."""
+    digest = hashlib.sha256(f"{seed}:{held}".encode()).digest()
+    return int.from_bytes(digest[:4], "big") >> 1  # below 2**31, as every sampler takes
 
 
 _GP_FIX = "torch and scipy, which Optuna's GP sampler runs on: pip install torch scipy"
@@ -273,8 +326,14 @@ def make_pruner(spec: StudySpec) -> optuna.pruners.BasePruner:
         "hyperband": optuna.pruners.HyperbandPruner,
         "successive_halving": optuna.pruners.SuccessiveHalvingPruner,
     }
-    pruner_class = classes[spec.study.pruner]
-    return _construct(pruner_class, dict(spec.study.pruner_args), "study.pruner_args", spec.where)  # type: ignore[no-any-return]
+    pruner_class, args = classes[spec.study.pruner], dict(spec.study.pruner_args)
+    key = "study.pruner_args"
+    try:
+        check_pruner_args(pruner_class, args, key)
+    except SpecError as exc:
+        raise SpecError(f"{spec.where}: {exc}") from None
+    rehearse(_construct(pruner_class, args, key, spec.where), f"{spec.where}: {key}")
+    return _construct(pruner_class, args, key, spec.where)  # type: ignore[no-any-return]
 
 
 def distributions(spec: StudySpec) -> dict[str, optuna.distributions.BaseDistribution]:

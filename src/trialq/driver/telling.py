@@ -6,7 +6,6 @@ and the progress shown. What to tell is the fate rule's (`trialq.driver.fate`); 
 from __future__ import annotations
 
 import logging
-import time
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
@@ -60,6 +59,8 @@ class Teller:
     def tell(self, entry: InFlight, verdict: Tell) -> None:
         """Record the result on the trial and tell Optuna, once, as the verdict says."""
         result, state = verdict.result, verdict.state
+        if result.worker_pid is None:  # no process's own result: it measured nothing
+            result = result.model_copy(update={"duration_s": entry.ran_for_s()})
         record = TrialRecord.told(
             result, task_id=entry.task_id, attempts=entry.request.attempt,
             retries=entry.resends.retries, preemptions=entry.resends.preemptions, gpus=self._gpus,
@@ -96,7 +97,7 @@ class Teller:
             error=verdict.note,
             attempts=entry.request.attempt,
             task_id=entry.task_id,
-            duration_s=round(time.time() - entry.sent_at, 3),
+            duration_s=entry.ran_for_s(),
             worker_host=entry.worker_host,
         )
         self._store.annotate(entry.trial, record.attrs())

@@ -34,6 +34,8 @@ from trialq.tracking.mlflow_runs import (
 )
 
 _STATUS = {"COMPLETE": "FINISHED", "PRUNED": "KILLED", "FAIL": "FAILED"}
+BEST_TRIAL_TAG = "trialq.best_trial"
+"""The study run's tag naming the trial of its best value (`best/<objective>`)."""
 
 
 class MlflowTracker:
@@ -77,10 +79,25 @@ class MlflowTracker:
         end = int(trial.ended.timestamp() * 1000) if trial.ended else None
         self._client.set_terminated(run_id, status=_STATUS.get(trial.state, "FINISHED"),
                                     end_time=end)  # fmt: skip
+        self._note_best(trial)
 
     def close(self) -> None:
         if self._client is not None and self.parent_run_id:
             self._client.set_terminated(self.parent_run_id, status="FINISHED")
+
+    def _note_best(self, trial: ToldTrial) -> None:
+        """The study's run holds the best value so far (`best/<objective>`) and its trial
+        (`trialq.best_trial`), for one objective; each better one is logged at step 0, so
+        MLflow's latest value, the last logged, is the best whatever order trials end in."""
+        assert self._client is not None and self._study is not None
+        study = self._study
+        if trial.state != "COMPLETE" or not trial.values or len(study.directions) != 1:
+            return
+        key, value = f"best/{study.metric_names[0]}", trial.values[0]
+        held = self._client.get_run(self.parent_run_id).data.metrics.get(key)
+        if held is None or (value > held if study.directions[0] == "maximize" else value < held):
+            self._client.log_metric(self.parent_run_id, key, value, step=0)
+            self._client.set_tag(self.parent_run_id, BEST_TRIAL_TAG, str(trial.number))
 
     def _create(self, trial: ToldTrial) -> str:
         assert self._client is not None and self._study is not None

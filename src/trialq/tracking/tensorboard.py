@@ -27,7 +27,7 @@ EVENTS_FILE = "events.out.tfevents.trialq"
 
 _STATUS = {
     "COMPLETE": api_pb2.STATUS_SUCCESS,
-    "PRUNED": api_pb2.STATUS_SUCCESS,  # stopped early on purpose, not a failure
+    "PRUNED": api_pb2.STATUS_UNKNOWN,  # stopped early: neither a success nor a failure
     "FAIL": api_pb2.STATUS_FAILURE,
 }
 

@@ -11,6 +11,7 @@ the id) is not written again, so a restarted driver does not log a trial's histo
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,11 @@ class WandbTracker:
         self._study = study
         self.dir = study.spec_folder / (self._config.dir or ".")
         self.dir.mkdir(parents=True, exist_ok=True)
+        if not os.access(self.dir, os.W_OK | os.R_OK):  # W&B's own test, before it falls back
+            raise PermissionError(
+                f"dir {self.dir} cannot be written (W&B would write the runs into a temporary "
+                "folder instead): give [tracking.wandb] dir a folder this user can write"
+            )
 
     def record(self, trial: ToldTrial) -> None:
         assert self._study is not None

@@ -12,17 +12,22 @@ from typing import Any
 
 
 class NotOneNumber(TypeError):
-    """Raised when a value is an array or tensor that holds other than one real number."""
+    """Raised when a value is an array or tensor that holds other than one real number, or
+    an int past a float's range."""
 
 
 def one_number(value: object) -> float | None:
     """`value` as a float; None when it is no number at all (text, None, a list, a bool,
     which is not a metric); `NotOneNumber` saying what it was for an array or tensor that
-    is not one real number."""
+    is not one real number, or an int no float holds (`10**400`)."""
     if isinstance(value, bool):
         return None
     if isinstance(value, int | float):
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:  # only an int overflows: its digits, not the number itself
+            digits = _digits(int(value))
+            raise NotOneNumber(f"an int of about {digits} digits, past a float's range") from None
     if not _is_array(value):
         return None
     return _array_number(value, _dims(getattr(value, "shape", ())))
@@ -60,6 +65,12 @@ def _dims(shape: Any) -> tuple[int | None, ...]:
         return tuple(None if d is None else int(d) for d in shape)
     except TypeError:  # a TensorShape of unknown rank
         return (None,)
+
+
+def _digits(value: int) -> int:
+    """How many decimal digits an int has, without writing it out (Python refuses to write
+    ints of over 4300 digits)."""
+    return int(abs(value).bit_length() * 0.30103) + 1
 
 
 def _kind(value: object) -> str:

@@ -141,7 +141,7 @@ def _attempt(
     artifact_saver: Saver | None = None,
     checkpoint_sync: Callable[[], None] | None = None,
 ) -> TrialResult:
-    address = TrialAddress(request.study, request.number, request.attempt)
+    address = TrialAddress.of(request)
     reports = _reports(setup.channel)
     context = _context(request, setup, reports, checkpoint_dir, artifact_saver, checkpoint_sync)
     started = time.monotonic()
@@ -167,7 +167,7 @@ def _context(
     checkpoint_sync: Callable[[], None] | None,
 ) -> TrialContext:
     """The `trial` argument the entrypoint gets."""
-    address = TrialAddress(request.study, request.number, request.attempt)
+    address = TrialAddress.of(request)
     mlflow = request.mlflow
     find_run = (
         partial(mlflow_run_id, mlflow, request.study, request.number, setup.timeout_errors)
@@ -231,6 +231,8 @@ def _outcome(
         return Outcome.TIMEOUT, {}, f"soft time limit of {request.timeout_s:g} s exceeded"
     except EntrypointRefused as exc:  # this worker cannot run it: not the trial's failure
         return Outcome.REFUSED, {}, str(exc)
+    except NoMetrics as exc:  # a TypeError of the trial's, as it always read
+        return Outcome.ERROR, {}, f"TypeError: {exc}"
     except Exception as exc:
         if failures.optuna_pruned(exc):
             return Outcome.PRUNED, {}, None
@@ -379,27 +381,41 @@ def call_train(train: Callable[..., Any], params: dict[str, Any], context: Trial
     return train(params, context) if takes_context else train(params)
 
 
+class NoMetrics(TypeError):
+    """Raised when what the trial returned holds no metric trialq can record: the trial's
+    mistake, said in one line (its error has no traceback: the frames would be trialq's)."""
+
+
 def numeric_metrics(returned: object) -> dict[str, float]:
     """A returned number becomes `{"value": x}`; a mapping keeps its numeric entries. A 0-d
     tensor or NumPy scalar is a number (`metric_value.one_number`); an array or tensor of
-    more than one number is refused, naming its key."""
+    more than one number, or an int no float holds, is refused, naming its key."""
     if isinstance(returned, bool):
-        raise TypeError("the trial returned a bool; return a number or a mapping of metrics")
+        raise NoMetrics("the trial returned a bool; return a number or a mapping of metrics")
     if isinstance(returned, Mapping):
         metrics = _mapped_metrics(returned)
         if metrics:
             return metrics  # NaN and inf kept as such: the driver judges an objective
-    else:
-        try:
-            number = one_number(returned)
-        except NotOneNumber as exc:
-            raise TypeError(f"the trial returned {exc}") from None
-        if number is not None:
-            return {"value": number}
-    raise TypeError(
+        raise NoMetrics(
+            f"the trial returned a mapping with no number in it ({_kinds(returned)}); "
+            "return a mapping of metric names to numbers"
+        )
+    try:
+        number = one_number(returned)
+    except NotOneNumber as exc:
+        raise NoMetrics(f"the trial returned {exc}") from None
+    if number is not None:
+        return {"value": number}
+    raise NoMetrics(
         f"the trial returned {describe(returned)}; "
         "return a number or a mapping of metric names to numbers"
     )
+
+
+def _kinds(returned: Mapping[Any, Any], shown: int = 5) -> str:
+    """`score: str, epoch: NoneType`: what each entry of a mapping was, the first few."""
+    kinds = [f"{name}: {describe(value)}" for name, value in list(returned.items())[:shown]]
+    return ", ".join(kinds) + (", ..." if len(returned) > shown else "") or "empty"
 
 
 def _mapped_metrics(returned: Mapping[Any, Any]) -> dict[str, float]:
@@ -409,7 +425,7 @@ def _mapped_metrics(returned: Mapping[Any, Any]) -> dict[str, float]:
         try:
             number = one_number(value)
         except NotOneNumber as exc:
-            raise TypeError(f"metric {name}: {exc}") from None
+            raise NoMetrics(f"metric {name}: {exc}") from None
         if number is not None:
             metrics[str(name)] = number
     return metrics

@@ -28,6 +28,7 @@ from trialq.wire.keys import (
     STOP,
     trial_key,
 )
+from trialq.wire.messages import TrialRequest
 from trialq.wire.signing import REPORT_SIGNATURE_FIELD, Seal
 
 _log = logging.getLogger("trialq.reports")
@@ -43,10 +44,19 @@ class TrialAddress:
     study: str
     number: int
     attempt: int
+    study_key: str | None = None
+    """The study's identity on the broker (`TrialRequest.study_key`), which its keys are
+    named by: two studies of one name in two storages never read each other's reports. None:
+    the name stands for it (a request of an older driver, `trialq run-trial`)."""
+
+    @classmethod
+    def of(cls, request: TrialRequest) -> TrialAddress:
+        """The address of the attempt `request` runs."""
+        return cls(request.study, request.number, request.attempt, request.study_key)
 
     def key(self, part: str) -> str:
         """A Redis key that belongs to this attempt (`trialq.wire.keys.trial_key`)."""
-        return trial_key(self.study, self.number, self.attempt, part)
+        return trial_key(self.study_key or self.study, self.number, self.attempt, part)
 
     @property
     def parts(self) -> tuple[str, int, int]:

@@ -28,7 +28,9 @@ RUNNING_PREFIX = "trialq:running:"
 prefix apart from the workers', so that a reader of those never meets another kind of value."""
 
 TRIAL_PREFIX = "trialq:trial:"
-"""+ `STUDY:NUMBER:ATTEMPT:PART`: the report channel of one attempt of one trial."""
+"""+ `STUDY:NUMBER:ATTEMPT:PART`: the report channel of one attempt of one trial. STUDY is the
+study's key (`TrialRequest.study_key`: its storage and id, hashed), its name in a request of
+an older driver."""
 
 REPORTS = "reports"
 """Channel part: the stream of intermediate values, written by the trial."""
@@ -48,8 +50,9 @@ ORPHANED_CHECKPOINTS = "trialq:checkpoints:orphaned"
 later trial process removes them."""
 
 WITHDRAWN_PREFIX = "trialq:withdrawn:"
-"""+ a task id: the driver withdrew the task, a worker must not run it (revokes are not
-durable)."""
+"""+ a task id: the driver withdrew the task, or told its trial while kombu still held its
+message reserved, and a worker must not run it (revokes are not durable; a reserved message
+is handed out again after the visibility timeout)."""
 
 ATTEMPT_PREFIX = "trialq:attempt:"
 """+ a task id: present while the trial process running that attempt beats (its beacon, with
@@ -98,7 +101,8 @@ def running_key(worker: str, pid: int) -> str:
 
 
 def trial_key(study: str, number: int, attempt: int, part: str) -> str:
-    """A key of one attempt's report channel; `part` is `REPORTS`, `PRUNE` or
+    """A key of one attempt's report channel (`study`: the study's key, or its name); `part`
+    is `REPORTS`, `PRUNE` or
     `MEMORY_EXCEEDED`. The attempt is in it, so a retry's reports never mix with the last's."""
     return f"{TRIAL_PREFIX}{study}:{number}:{attempt}:{part}"
 

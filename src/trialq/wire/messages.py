@@ -23,6 +23,8 @@ from trialq.wire.entrypoint import EntrypointRef
 from trialq.wire.frameworks import FrameworkChoice
 from trialq.wire.outcome import Outcome as Outcome
 
+STUDY_KEY_PATTERN = r"^[0-9a-f]{16}$"
+"""A study's key on the broker: 16 hex digits of a hash."""
 CHECKPOINT_KEY_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,199}/[0-9]{1,12}-[0-9a-f]{6,32}$"
 """`<study>/<number>-<token>`: a path under a worker's checkpoint root, never outside it
 (one `/`, and no part that starts with a dot; see `trialq.trial.checkpoints`)."""
@@ -131,6 +133,10 @@ class TrialRequest(_Message):
     """The driver's signature of every other field and the task id, under the deployment's
     secret (`trialq.wire.signing.Seal.sign_task`); a worker with the secret runs no request
     without a good one. Set as the request is sent, never read from this model."""
+    study_key: str | None = Field(default=None, pattern=STUDY_KEY_PATTERN)
+    """The study's identity on the broker: its storage and its id there, hashed
+    (`trialq.driver.study.study_key`). The attempt's report keys are named by it, not by the
+    study's name, which two storages may both hold. None: an older driver's request."""
 
     def what_ran(self) -> str:
         """The digest of what this request runs (its study, number, attempt, params and

@@ -45,7 +45,7 @@ def send_stop_notices(broker_url: str, requests: Sequence[TrialRequest], key_ttl
         client = redis.Redis.from_url(broker_url, socket_timeout=5)
         channel = ReportChannel(client, key_ttl_s)
         for request in requests:
-            channel.request_stop(TrialAddress(request.study, request.number, request.attempt))
+            channel.request_stop(TrialAddress.of(request))
     except redis.RedisError as exc:
         logger.warning("stop notice not sent (Redis: %s); the trials run on until killed", exc)
 

@@ -23,11 +23,14 @@ keepalives and `tcp_user_timeout` never fire; only a bound kept by the client wo
 from __future__ import annotations
 
 import select
+from pathlib import Path
 from typing import Any
 
 import optuna
 import sqlalchemy
 from sqlalchemy.pool import NullPool
+
+from trialq.errors import StorageDeleted
 
 ANSWER_WITHIN_S = 10.0
 """How long the database may leave a connect or a statement unanswered before it counts as
@@ -38,11 +41,29 @@ KEEPALIVE = {"keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5}
 
 
 def rdb_storage(url: str) -> optuna.storages.RDBStorage:
-    """Optuna's RDB storage at `url`, its connections bounded in time."""
+    """Optuna's RDB storage at `url`, its connections bounded in time; a SQLite file's
+    errors said as its deletion once the file is gone (`_said_deleted`)."""
     rdb = optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs(url))
     if _bound_psycopg3(rdb.engine):
         rdb.engine.dispose()  # the connection that checked the schema was an unbounded one
+    _said_deleted(rdb.engine)
     return rdb
+
+
+def _said_deleted(engine: sqlalchemy.Engine) -> None:
+    """On a SQLite file's engine, an error met once the file is gone raises
+    `StorageDeleted`: no outage, which the driver would wait on for a file that never comes
+    back (SQLite says "attempt to write a readonly database" on a file deleted under it)."""
+    database = engine.url.database
+    if engine.url.get_backend_name() != "sqlite" or database in (None, "", ":memory:"):
+        return
+    path = Path(database)
+
+    def handle_error(context: sqlalchemy.engine.ExceptionContext) -> None:
+        if not path.exists():
+            raise StorageDeleted.file(str(path)) from context.original_exception
+
+    sqlalchemy.event.listen(engine, "handle_error", handle_error)
 
 
 def lock_engine(url: sqlalchemy.URL, application_name: str) -> sqlalchemy.Engine:

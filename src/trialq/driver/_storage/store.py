@@ -27,6 +27,7 @@ from optuna.distributions import BaseDistribution
 from optuna.trial import FrozenTrial, TrialState
 
 from trialq.driver._storage.mirror import FLUSH_WAIT_S, MirroredStorage
+from trialq.errors import StudyDeleted
 from trialq.wire.messages import ARTIFACTS_ATTR_PREFIX, ArtifactMeta
 
 LAST_WRITE_WAIT_S = 2.0
@@ -102,7 +103,10 @@ class TrialStore(ABC):
 
     def lost_to_deletion(self, exc: Exception) -> bool:
         """Whether `exc`, raised by a write, is the study deleted from the storage by someone
-        else (`optuna.delete_study`): a row the driver writes to is gone, and so is the study."""
+        else (`optuna.delete_study`): a row the driver writes to is gone, and so is the study;
+        or its storage itself deleted (`StudyDeleted`, a SQLite file)."""
+        if isinstance(exc, StudyDeleted):
+            return True
         if not isinstance(exc, KeyError | sqlalchemy.exc.IntegrityError):
             return False
         try:

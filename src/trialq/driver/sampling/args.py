@@ -40,15 +40,21 @@ _TABLES = ("dict[", "Mapping[", "Sequence[", "list[")
 """Annotations whose values a TOML table or array gives; the sampler checks what is in it."""
 
 
-def check_sampler_args(factory: Callable[..., Any], args: Mapping[str, Any], key: str) -> None:
+def check_sampler_args(
+    factory: Callable[..., Any],
+    args: Mapping[str, Any],
+    key: str,
+    at_least: Mapping[str, float] = AT_LEAST,
+) -> None:
     """Raise `SpecError` ("`key`.NAME: ...") for the first argument the factory's signature
-    does not take, takes as another type, or that is past its range."""
+    does not take, takes as another type, or that is past its range (`at_least`: the
+    counts of the factory's family, and the least each takes)."""
     parameters = _parameters(factory)
     for name, value in args.items():
         annotation = parameters.get(name)
         if annotation is None:
             continue  # unknown names: the factory's own TypeError says so
-        problem = _type_problem(annotation, value) or _range_problem(name, value)
+        problem = _type_problem(annotation, value) or _range_problem(name, value, at_least)
         if problem is not None:
             raise SpecError(f"{key}.{name}: {problem}")
 
@@ -91,12 +97,12 @@ def _type_problem(annotation: str, value: Any) -> str | None:
     return f"{value!r} is not {'an' if wanted.startswith('int') else 'a'} {wanted}"
 
 
-def _range_problem(name: str, value: Any) -> str | None:
+def _range_problem(name: str, value: Any, at_least: Mapping[str, float]) -> str | None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
     if isinstance(value, float) and not math.isfinite(value):
         return f"{value!r} is not a finite number"
-    least = AT_LEAST.get(name)
+    least = at_least.get(name)
     if least is not None and not least <= value <= INT32_MAX:
         return f"{value!r} is out of range: {least:g} to {INT32_MAX}"
     if name in ABOVE_ZERO and value <= 0:
