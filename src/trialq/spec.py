@@ -280,8 +280,6 @@ class StudySpec(_Frozen):
     def _check_space(self) -> StudySpec:
         if self.space and self.study.search_space:
             raise ValueError("give [space.*] or study.search_space, not both")
-        if not self.space and not self.study.search_space:
-            raise ValueError("no search space: add [space.NAME] tables or study.search_space")
         for params in self.enqueue:
             unknown = sorted(set(params) - set(self.space)) if self.space else []
             if unknown:
@@ -290,6 +288,13 @@ class StudySpec(_Frozen):
             if inexact:
                 raise ValueError(f"enqueue: {', '.join(inexact)}: an int past 2**53")
         return self
+
+    @property
+    def trial_suggests(self) -> bool:
+        """No `[space.*]` and no `study.search_space`: the trial function draws its own
+        params (`trial.suggest_*`, an Optuna objective taking the trial alone), answered by
+        the driver's sampler (docs/design.md, "The Python API")."""
+        return not self.space and self.study.search_space is None
 
     @property
     def directory(self) -> Path:

@@ -41,6 +41,7 @@ from trialq.wire.keys import (
 )
 from trialq.wire.messages import Outcome, TrialRequest, TrialResult
 from trialq.wire.signing import Seal, stored_result_refusal
+from trialq.wire.suggest import QuestionChannel
 
 _log = logging.getLogger("trialq.driver")  # the loop's name: log lines read as before
 
@@ -298,6 +299,10 @@ class CeleryDispatcher:
     def reports(self) -> DriverReports:
         """Trials report on the broker's Redis (`trialq.wire.channel`)."""
         return DriverReports(ReportChannel(self._broker, self._key_ttl_s, self._seal))
+
+    def questions(self) -> QuestionChannel:
+        """Trials ask their driver on the broker's Redis (`trialq.wire.suggest`)."""
+        return ReportChannel(self._broker, self._key_ttl_s, self._seal).questions()
 
     def live_worker_count(self, queue: str) -> int:
         """Workers whose heartbeat is fresh and who consume the queue."""

@@ -30,6 +30,7 @@ from optuna.trial import TrialState
 from trialq import logs
 from trialq.driver import fate
 from trialq.driver._storage.store import LAST_WRITE_WAIT_S, TrialStore, store_for
+from trialq.driver.answering import Answering
 from trialq.driver.asking.pool import AskPool
 from trialq.driver.bounded import within
 from trialq.driver.budget import Budget, Stop
@@ -121,6 +122,9 @@ class StudyDriver:
             self._store, self.study_lock, clock, self.options.outside_check_interval_s
         )
         self.forgetting = Forgetting(self.dispatcher)
+        self.answering = Answering(self.dispatcher.questions(), self.study.study_name,
+                                   lambda: self.sender.in_flight, self._store, channel, clock,
+                                   reporting=objectives == 1)  # fmt: skip
         self.pacing = PassPacing()
         self.limits = fate.Limits(spec.trial.max_retries, spec.trial.max_preemptions,
                                   spec.trial.memory_limit_mb, spec.trial.retry_crashes,
@@ -158,6 +162,7 @@ class StudyDriver:
         self._written = self._store.flush_behind()
         outages = Outages(self.options.outage_limit_s, self.options.clock)
         self._start_asking()
+        self.answering.start()
         try:
             while self._step(n_trials, outages):
                 self._pause(self.pacing.pause_s(self.options.clock()), outages, n_trials)
@@ -183,6 +188,7 @@ class StudyDriver:
             self.sender.withdraw_waiting()
             raise StudyDeleted.named(self.study.study_name) from None
         finally:
+            self.answering.stop()
             self._stop_asking()
             self._give_back_spares()
             self._record_early_end()
@@ -234,7 +240,8 @@ class StudyDriver:
                 ahead = self.spec.study.ask_ahead
                 self.sender.ask_ahead(ahead, n_trials, self.counts.finished)
                 self._sync_asking(n_trials)
-        self.dispatcher.wait_for_results(max(0.0, deadline - clock()))
+        with self.answering.open():  # trials' questions answered while the loop waits
+            self.dispatcher.wait_for_results(max(0.0, deadline - clock()))
 
     def _start_asking(self) -> None:
         """The spec's ask processes (`[study] ask_processes`), started with the study as it is;

@@ -27,6 +27,7 @@ from trialq.gpu.telemetry import DeviceBaseline, Sampler
 from trialq.trial import checkpoints, output_cap, process_group
 from trialq.trial.artifacts import Saver, artifact_saver
 from trialq.trial.context import Reports, TrialContext
+from trialq.trial.driver_questions import AttemptLost, DriverQuestions
 from trialq.trial.frameworks.session import FrameworkRecord, FrameworkSession
 from trialq.trial.memory_guard import MemoryGuard
 from trialq.trial.metric_value import NotOneNumber, describe, one_number
@@ -130,9 +131,14 @@ def _attempt(
         if mlflow
         else None
     )
+    questions = (
+        DriverQuestions(channel.questions(), address)
+        if request.answers and isinstance(channel, ReportChannel)
+        else None
+    )
     context = TrialContext(
         address, request.params, reports, checkpoint_dir, artifact_saver, checkpoint_sync,
-        find_run,
+        find_run, questions, request.distributions,
     )  # fmt: skip
     started = time.monotonic()
     framework = FrameworkSession(request.framework, share)
@@ -187,6 +193,8 @@ def _outcome(
             metrics = _call_entrypoint(request, context, device, importable, framework)
     except TrialPruned:
         return Outcome.PRUNED, {}, None
+    except AttemptLost as exc:  # its driver cannot answer it: re-sent as a lost one is
+        return Outcome.WORKER_LOST, {}, f"the driver did not answer: {exc}"
     except timeout_errors:
         return Outcome.TIMEOUT, {}, f"soft time limit of {request.timeout_s:g} s exceeded"
     except EntrypointRefused as exc:  # this worker cannot run it: not the trial's failure
@@ -300,7 +308,7 @@ def _call_entrypoint(
         before = set(sys.modules)
         train = _load(entrypoint)
     framework.after_import(before)
-    returned = call_train(train, request.params, context)
+    returned = call_train(train, request.params, context, suggests=request.suggests)
     return numeric_metrics(returned)
 
 
@@ -330,13 +338,38 @@ def _memory_cap(
     return MemoryGuard(request.memory_limit_mb * 1024 * 1024, leave_word)
 
 
-def call_train(train: Callable[..., Any], params: dict[str, Any], context: TrialContext) -> Any:
-    """`train(params, trial)`, or `train(params)` for a function that takes one argument."""
+def call_train(
+    train: Callable[..., Any],
+    params: dict[str, Any],
+    context: TrialContext,
+    *,
+    suggests: bool = False,
+) -> Any:
+    """`train(trial)` for an Optuna objective (`suggests`: it draws its own params);
+    else `train(params, trial)`, or `train(params)` for a function of one argument."""
+    if suggests:
+        return _call_objective(train, context)
     try:
         takes_context = len(inspect.signature(train).parameters) >= 2
     except (TypeError, ValueError):
         takes_context = True
     return train(params, context) if takes_context else train(params)
+
+
+def _call_objective(train: Callable[..., Any], context: TrialContext) -> Any:
+    """`train(trial)`; a function that wants `(params, trial)` in a study that declares no
+    space is said in one line, not met as a TypeError deep inside it."""
+    try:
+        arity = len(inspect.signature(train).parameters)
+    except (TypeError, ValueError):
+        arity = 1
+    if arity >= 2:
+        raise TypeError(
+            f"{getattr(train, '__qualname__', train)} takes (params, trial), but the study "
+            "declares no space ([space.*] or search_space): a function that draws its own "
+            "params takes the trial alone and calls trial.suggest_*"
+        )
+    return train(context)
 
 
 def numeric_metrics(returned: object) -> dict[str, float]:

@@ -12,7 +12,7 @@ import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
 from redis.backoff import NoBackoff
@@ -29,6 +29,9 @@ from trialq.wire.keys import (
     trial_key,
 )
 from trialq.wire.signing import REPORT_SIGNATURE_FIELD, Seal
+
+if TYPE_CHECKING:
+    from trialq.wire.suggest import QuestionChannel
 
 _log = logging.getLogger("trialq.reports")
 
@@ -128,6 +131,12 @@ class ReportChannel:
         awaited `seconds` at most, and never retried: for a caller that retries itself."""
         client = _client_with_timeout(self._client, seconds)
         return ReportChannel(client, self._key_ttl_s, self._seal)
+
+    def questions(self) -> QuestionChannel:
+        """The channel on which the same attempts ask their driver (`trialq.wire.suggest`)."""
+        from trialq.wire.suggest import QuestionChannel  # it builds on this module
+
+        return QuestionChannel(self._client, self._seal, self._key_ttl_s)
 
     def send_reports(self, address: TrialAddress, reports: Sequence[NumberedReport]) -> None:
         """Append numbered values in one round trip; raises `redis.RedisError` if Redis did

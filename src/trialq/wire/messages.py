@@ -126,6 +126,17 @@ class TrialRequest(_Message):
     """The study's MLflow run store where it tracks with MLflow; None: it does not (or an
     older driver sent it), and `trial.mlflow_run_id` is None."""
 
+    suggests: bool = False
+    """The trial's function takes the trial alone and draws its own params with
+    `trial.suggest_*` (an Optuna objective); False: it takes `params` drawn by the driver."""
+    distributions: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    """Where `suggests`: the distribution each param in `params` was drawn from, as
+    Optuna's JSON; a suggest of one of them with the same distribution needs no driver."""
+    answers: bool = False
+    """The driver answers this attempt's questions (`trialq.wire.suggest`): a suggest of a
+    param not carried, and `should_prune()`'s verdict on the step just reported. False from
+    an older driver: the trial reads the prune flag only."""
+
     @model_validator(mode="after")
     def _killed_after_the_soft_limit(self) -> TrialRequest:
         if self.hard_limit_s is not None and self.hard_limit_s <= self.timeout_s:
