@@ -149,3 +149,47 @@ def test_a_question_or_answer_under_another_secret_is_refused(redis_url: str) ->
     assert raw is not None
     assert trial_side._trusted_answer(question, raw) is None, "a forged answer is none"
     assert QuestionChannel(client, Seal("a" * 32))._trusted_answer(question, raw) is None
+
+
+FAST_EPOCHS_SPEC = """
+    [study]
+    name = "fast"
+    direction = "maximize"
+    n_trials = 20
+    max_in_flight = 1
+    sampler = "random"
+    sampler_args = { seed = 7 }
+    pruner = "median"
+    pruner_args = { n_startup_trials = 3, n_warmup_steps = 1 }
+    [trial]
+    entrypoint = "trials:fast_epochs_objective"
+    """
+
+
+def test_fast_epochs_prune_as_optuna_prunes_in_one_process(
+    write_spec: Callable[..., Path], start_workers: Callable[..., LocalCluster], redis_url: str
+) -> None:
+    """8 epochs in about 0.25 s: `should_prune()` answers for the step just reported, so the
+    study prunes what Optuna's own `study.optimize` prunes with the same sampler, pruner and
+    seed (within one), where a flag raised a pass later pruned none."""
+    cluster = start_workers(1)
+    spec = write_spec(FAST_EPOCHS_SPEC)
+    _run(spec, redis_url, cluster.result_secret)
+    queued = _study(spec, "fast").trials
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    in_process = optuna.create_study(
+        direction="maximize",
+        sampler=optuna.samplers.RandomSampler(seed=7),
+        pruner=optuna.pruners.MedianPruner(n_startup_trials=3, n_warmup_steps=1),
+    )
+    in_process.optimize(trials.fast_epochs_objective, n_trials=20)
+
+    def pruned(trials_: list[optuna.trial.FrozenTrial]) -> int:
+        return sum(t.state is optuna.trial.TrialState.PRUNED for t in trials_)
+
+    assert pruned(in_process.trials) >= 3, "the case prunes in one process"
+    assert abs(pruned(queued) - pruned(in_process.trials)) <= 1, (
+        [(t.state.name, max(t.intermediate_values, default=None)) for t in queued],
+        [(t.state.name, max(t.intermediate_values, default=None)) for t in in_process.trials],
+    )

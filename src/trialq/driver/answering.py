@@ -124,9 +124,13 @@ class Answering:
     def _answer(self, question: Question, entry: InFlight | None) -> Answer:
         if entry is None:
             return Answer(error=NOT_IN_FLIGHT, lost=True)
-        if question.kind == "suggest":
-            return _suggested(entry.trial, question)
-        return self._judged(entry, question)
+        try:
+            if question.kind == "suggest":
+                return _suggested(entry.trial, question)
+            return self._judged(entry, question)
+        except Exception as exc:  # a sampler's or pruner's bug: said, the thread goes on
+            _log.exception("a trial's question not answered")
+            return Answer(error=f"the driver could not answer: {type(exc).__name__}: {exc}")
 
     def _judged(self, entry: InFlight, question: Question) -> Answer:
         """The pruner's verdict on the step reported (recorded first, as Optuna's
@@ -134,7 +138,7 @@ class Answering:
         if not self._reporting or question.step is None or question.value is None:
             return Answer(prune=False)
         self._store.record_intermediate(entry.trial, question.step, question.value)
-        prune = entry.trial.should_prune()
+        prune = bool(entry.trial.should_prune())  # a pruner may say it as numpy's bool
         if prune and entry.prune_requested_at is None:
             with contextlib.suppress(Exception):  # the flag is a fallback only
                 self._reports.request_prune(entry.address)
