@@ -178,6 +178,7 @@ class LocalCluster:
             "TRIALQ_BROKER_URL": self.broker_url,
             "TRIALQ_RESULT_BACKEND": self.broker_url,
             "TRIALQ_ALLOWED_MODULES": ",".join(self.allowed_modules),
+            "TRIALQ_ACCEPT_CODE": "1",  # signed with this cluster's own secret, made per run
             "TMPDIR": str(self._tmp),
         }
         env.setdefault("TRIALQ_TRIAL_LOG_DIR", str(self.log_dir))

@@ -4,6 +4,9 @@ Optuna storage); the same function run by Optuna's own `study.optimize`."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -193,3 +196,47 @@ def test_fast_epochs_prune_as_optuna_prunes_in_one_process(
         [(t.state.name, max(t.intermediate_values, default=None)) for t in queued],
         [(t.state.name, max(t.intermediate_values, default=None)) for t in in_process.trials],
     )
+
+
+def test_an_objective_of_a_script_runs_unchanged_on_local_workers(tmp_path: Path) -> None:
+    """`study.optimize(objective, n_trials=...)` become `trialq.optimize(objective, ...)`:
+    the function of `__main__` is carried to the workers, signed with `--local`'s secret,
+    and each call runs `n_trials` more, as Optuna's does; another function of the same name
+    is refused in one line, not handed the first one's study."""
+    script = tmp_path / "search.py"
+    script.write_text(
+        textwrap.dedent("""
+        import trialq
+        OFFSET = 2
+        def objective(trial):
+            x = trial.suggest_float("x", -10, 10)
+            return (x - OFFSET) ** 2
+        study = trialq.optimize(objective, n_trials=3, progress=False)
+        study = trialq.optimize(objective, n_trials=2, progress=False)
+        print(len(study.trials), study.best_params["x"], study.best_value)
+        print(sum(t.state.name == "COMPLETE" for t in study.trials))
+        def objective(trial):  # another function under the same name: not its study
+            return trial.suggest_float("y", 0, 1)
+        try:
+            trialq.optimize(objective, n_trials=2, progress=False)
+        except trialq.UsageError as exc:
+            print(exc)
+        """)
+    )
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          cwd=tmp_path, timeout=300)  # fmt: skip
+
+    assert done.returncode == 0, done.stderr
+    count, x, value = done.stdout.splitlines()[0].split()
+    assert int(count) == 5, "3, then 2 more"
+    assert float(value) == pytest.approx((float(x) - 2) ** 2)
+    assert done.stdout.splitlines()[1] == "5"
+    refusal = done.stdout.splitlines()[2:]
+    assert len(refusal) == 1, done.stdout
+    assert refusal[0].startswith(
+        "trialq.optimize(): the study 'objective' was run with the trial function "
+        "__main__:objective (source "
+    ), refusal
+    assert "give this one another study name (name=...)" in refusal[0]
+    logs = "".join(p.read_text() for p in tmp_path.glob("objective-logs/*/worker*.log"))
+    assert "trial functions carried as code: accepted when signed" in logs

@@ -25,7 +25,7 @@ from pydantic import ValidationError
 from trialq._celery.app import TASK_NAME, create_app
 from trialq.errors import BrokerError, BrokerUnreachable
 from trialq.settings import Settings
-from trialq.wire import heartbeat
+from trialq.wire import carried_code, heartbeat
 from trialq.wire.broker_away import broker_away
 from trialq.wire.channel import Report, ReportChannel, TrialAddress
 from trialq.wire.dispatch import TaskPhase, TaskStatus
@@ -132,7 +132,7 @@ class CeleryDispatcher:
         try:
             self._app.send_task(
                 TASK_NAME,
-                args=[request.model_dump(mode="json")],
+                args=[self._signed_code(request).model_dump(mode="json")],
                 task_id=task_id,
                 queue=queue,
                 time_limit=request.hard_limit_s,
@@ -299,6 +299,14 @@ class CeleryDispatcher:
     def reports(self) -> DriverReports:
         """Trials report on the broker's Redis (`trialq.wire.channel`)."""
         return DriverReports(ReportChannel(self._broker, self._key_ttl_s, self._seal))
+
+    def _signed_code(self, request: TrialRequest) -> TrialRequest:
+        """A request carrying its trial function as code, signed with the cluster's secret
+        (`trialq.wire.carried_code`); unsigned without one, and refused by every worker."""
+        if request.code is None or self._seal is None:
+            return request
+        signed = carried_code.signature(self._seal, request.code)
+        return request.model_copy(update={"code_signature": signed})
 
     def questions(self) -> QuestionChannel:
         """Trials ask their driver on the broker's Redis (`trialq.wire.suggest`)."""

@@ -131,6 +131,7 @@ class Sender:
             suggests=self._spec.trial_suggests,
             distributions=carried_distributions(trial) if self._spec.trial_suggests else {},
             answers=True,
+            code=self._spec.carried_code,
         )
 
     def send(

@@ -34,10 +34,11 @@ from trialq.trial.metric_value import NotOneNumber, describe, one_number
 from trialq.trial.mlflow_run import mlflow_run_id
 from trialq.trial.report_sender import ReportSender
 from trialq.trial.soft_limit import SoftLimitPassed, soft_limit
-from trialq.wire import failures
+from trialq.wire import carried_code, failures
 from trialq.wire.channel import ReportChannel, TrialAddress
 from trialq.wire.entrypoint import Entrypoint, importable_from
 from trialq.wire.messages import Outcome, TrialRequest, TrialResult
+from trialq.wire.signing import Seal
 
 _log = logging.getLogger("trialq.runner")  # the name log lines show; kept when the module moved
 
@@ -50,6 +51,18 @@ class Importable:
 
     allowed_modules: tuple[str, ...]
     import_paths: tuple[str, ...] = ()
+    code_gate: CodeGate | None = None
+    """Where a function carried as code may run (None: nowhere)."""
+
+
+@dataclass(frozen=True)
+class CodeGate:
+    """Whether this worker runs a trial function carried as code, and the secret its
+    signature is checked with (`trialq.wire.carried_code`): the worker's settings, never a
+    message's."""
+
+    seal: Seal | None = None
+    accepts: bool = False
 
 
 def run_trial(
@@ -67,6 +80,7 @@ def run_trial(
     gpu: GpuShare | None = None,
     output_max_bytes: int = 0,
     soft_limit_s: float | None = None,
+    code_gate: CodeGate = CodeGate(),
 ) -> TrialResult:
     """Run the request's entrypoint once and describe how it ended, in the trial's logs too.
 
@@ -87,7 +101,7 @@ def run_trial(
     `SoftLimitPassed` ends it as `timeout` (`trialq.trial.soft_limit`).
     """
     share = _gpu_share(gpu)
-    importable = Importable(allowed_modules, import_paths)
+    importable = Importable(allowed_modules, import_paths, code_gate)
     group = process_group.own_group() if own_process_group else nullcontext()
     capped = output_cap.capped_output(output_max_bytes)
     with logs.trial_context(request), group, capped:
@@ -296,6 +310,12 @@ def _call_entrypoint(
 ) -> dict[str, float]:
     """Allowed, then: the framework's environment, the import, its cap, the call."""
     entrypoint = request.entrypoint
+    if request.code is not None:
+        gate = importable.code_gate or CodeGate()
+        device.prepare()
+        train = carried_code.loaded(request.code, request.code_signature, gate.seal, gate.accepts)
+        return numeric_metrics(call_train(train, request.params, context,
+                                          suggests=request.suggests))  # fmt: skip
     allowed_modules = importable.allowed_modules
     if not entrypoint.is_allowed(allowed_modules):
         raise EntrypointRefused(

@@ -132,6 +132,12 @@ class TrialRequest(_Message):
     distributions: dict[str, dict[str, Any]] = Field(default_factory=dict)
     """Where `suggests`: the distribution each param in `params` was drawn from, as
     Optuna's JSON; a suggest of one of them with the same distribution needs no driver."""
+    code: str | None = None
+    """The trial function itself, where it was defined in `__main__` or a notebook: base64
+    of cloudpickle's bytes (`trialq.wire.carried_code`); None: `entrypoint` is imported."""
+    code_signature: str | None = None
+    """`code`'s signature with the cluster's secret, put on by the dispatcher; a worker
+    unpickles nothing that does not verify."""
     answers: bool = False
     """The driver answers this attempt's questions (`trialq.wire.suggest`): a suggest of a
     param not carried, and `should_prune()`'s verdict on the step just reported. False from
