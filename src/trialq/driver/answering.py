@@ -105,12 +105,19 @@ class Answering:
                 if self._stopping.is_set():
                     return
                 answers = self.answer_all(questions)
+            if answers is None:  # the storage away: asked again once it may be back
+                self._stopping.wait(TAKE_WAIT_S)
+                with contextlib.suppress(redis.RedisError):
+                    self._channel.ask_again(questions)
+                continue
             for question, answer in answers:
                 with contextlib.suppress(redis.RedisError):  # the trial asks again
                     self._channel.answer(question, answer)
 
-    def answer_all(self, questions: list[Question]) -> list[tuple[Question, Answer]]:
-        """Each question's answer; params drawn are committed before any answer goes."""
+    def answer_all(self, questions: list[Question]) -> list[tuple[Question, Answer]] | None:
+        """Each question's answer; params drawn are committed before any answer goes. None
+        where the commit failed: the questions wait for the storage (their trials wait up
+        to `driver_questions.SUGGEST_WAIT_S`, as the driver waits out an outage)."""
         by_address = {entry.address: entry for entry in self._in_flight().values()}
         answers = [(q, self._answer(q, by_address.get(q.address))) for q in questions]
         if any(q.kind == "suggest" and a.error is None for q, a in answers):
@@ -118,7 +125,7 @@ class Answering:
                 self._store.flush()
             except Exception as exc:  # the storage away: the trial asks again, later
                 _log.warning("a suggested param not written, not answered yet: %s", exc)
-                return []
+                return None
         return answers
 
     def _answer(self, question: Question, entry: InFlight | None) -> Answer:

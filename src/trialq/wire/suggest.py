@@ -203,6 +203,12 @@ class QuestionChannel:
                 questions.append(question)
         return questions
 
+    def ask_again(self, questions: list[Question]) -> None:
+        """Put questions taken and not answered back on their list (the driver could not
+        answer them yet); raises `redis.RedisError`."""
+        for question in questions:
+            self._push(question)
+
     def answer(self, question: Question, answer: Answer) -> None:
         """Push the answer where the asking attempt waits; raises `redis.RedisError`."""
         body = answer.body()
