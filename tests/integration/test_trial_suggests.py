@@ -16,6 +16,7 @@ import pytest
 import redis
 import trials
 
+import trialq
 from trialq.local import LocalCluster
 from trialq.settings import Settings
 from trialq.submit import submit_study
@@ -240,3 +241,24 @@ def test_an_objective_of_a_script_runs_unchanged_on_local_workers(tmp_path: Path
     assert "give this one another study name (name=...)" in refusal[0]
     logs = "".join(p.read_text() for p in tmp_path.glob("objective-logs/*/worker*.log"))
     assert "trial functions carried as code: accepted when signed" in logs
+
+
+def test_a_worker_that_takes_no_code_refuses_a_carried_function_unrun(
+    start_workers: Callable[..., LocalCluster], redis_url: str, tmp_path: Path
+) -> None:
+    cluster = start_workers(1, extra_env={"TRIALQ_ACCEPT_CODE": "0"})
+    marker = tmp_path / "ran"
+
+    def objective(trial: Any) -> float:
+        marker.touch()
+        return float(trial.suggest_float("x", 0, 1))
+
+    objective.__module__ = "__main__"
+    spec = trialq.study_spec(objective, n_trials=2, max_failures_in_a_row=2, directory=tmp_path)
+
+    with pytest.raises(trialq.TrialqError, match="refused by their workers"):
+        trialq.run(spec, broker=redis_url, progress=False)
+
+    assert not marker.exists(), "nothing of the function ran"
+    logs = "".join(p.read_text() for p in cluster.log_dir.glob("worker*.log"))
+    assert "trial functions carried as code: refused (TRIALQ_ACCEPT_CODE=1 accepts" in logs

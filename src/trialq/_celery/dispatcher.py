@@ -132,7 +132,7 @@ class CeleryDispatcher:
         try:
             self._app.send_task(
                 TASK_NAME,
-                args=[self._signed_code(request).model_dump(mode="json")],
+                args=[self._sealed(request).model_dump(mode="json")],
                 task_id=task_id,
                 queue=queue,
                 time_limit=request.hard_limit_s,
@@ -300,13 +300,14 @@ class CeleryDispatcher:
         """Trials report on the broker's Redis (`trialq.wire.channel`)."""
         return DriverReports(ReportChannel(self._broker, self._key_ttl_s, self._seal))
 
-    def _signed_code(self, request: TrialRequest) -> TrialRequest:
-        """A request carrying its trial function as code, signed with the cluster's secret
+    def _sealed(self, request: TrialRequest) -> TrialRequest:
+        """The request saying whether this driver signs its answers to the trial's questions,
+        and its trial function, where carried as code, signed with the cluster's secret
         (`trialq.wire.carried_code`); unsigned without one, and refused by every worker."""
-        if request.code is None or self._seal is None:
-            return request
-        signed = carried_code.signature(self._seal, request.code)
-        return request.model_copy(update={"code_signature": signed})
+        update: dict[str, object] = {"answers_signed": self._seal is not None}
+        if request.code is not None and self._seal is not None:
+            update["code_signature"] = carried_code.signature(self._seal, request.code)
+        return request.model_copy(update=update)
 
     def questions(self) -> QuestionChannel:
         """Trials ask their driver on the broker's Redis (`trialq.wire.suggest`)."""

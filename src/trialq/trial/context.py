@@ -143,7 +143,7 @@ class TrialContext:
     def should_prune(self) -> bool:
         """Whether the driver's pruner says this trial should stop; raise `TrialPruned` (or
         `optuna.TrialPruned`) if so. As Optuna's: the verdict on the step just reported,
-        waited for (bounded: `driver_questions.JUDGE_WAIT_S`); then, or where no driver
+        waited for (bounded: `driver_questions.JUDGE_WAIT_S`); where none came, or no driver
         answers, the prune flag the driver raised."""
         report = self._last_report
         if self._questions is not None and report is not None:
@@ -151,8 +151,8 @@ class TrialContext:
                 verdict = self._questions.judge(*report)
                 if verdict is not None:
                     self._verdict = (report[0], verdict)
-            if self._verdict is not None and self._verdict[1]:
-                return True
+            if self._verdict is not None and self._verdict[0] == report[0]:
+                return self._verdict[1]  # the pruner's word on the last step: no flag to read
         return self._channel is not None and self._channel.prune_requested(self._address)
 
     def suggest_float(

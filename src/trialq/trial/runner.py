@@ -146,7 +146,7 @@ def _attempt(
         else None
     )
     questions = (
-        DriverQuestions(channel.questions(), address)
+        DriverQuestions(channel.questions(request.answers_signed), address)
         if request.answers and isinstance(channel, ReportChannel)
         else None
     )

@@ -132,11 +132,12 @@ class ReportChannel:
         client = _client_with_timeout(self._client, seconds)
         return ReportChannel(client, self._key_ttl_s, self._seal)
 
-    def questions(self) -> QuestionChannel:
-        """The channel on which the same attempts ask their driver (`trialq.wire.suggest`)."""
+    def questions(self, answers_signed: bool = True) -> QuestionChannel:
+        """The channel on which the same attempts ask their driver (`trialq.wire.suggest`);
+        `answers_signed`: whether the driver signs its answers."""
         from trialq.wire.suggest import QuestionChannel  # it builds on this module
 
-        return QuestionChannel(self._client, self._seal, self._key_ttl_s)
+        return QuestionChannel(self._client, self._seal, self._key_ttl_s, answers_signed)
 
     def send_reports(self, address: TrialAddress, reports: Sequence[NumberedReport]) -> None:
         """Append numbered values in one round trip; raises `redis.RedisError` if Redis did

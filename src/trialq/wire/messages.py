@@ -138,6 +138,10 @@ class TrialRequest(_Message):
     code_signature: str | None = None
     """`code`'s signature with the cluster's secret, put on by the dispatcher; a worker
     unpickles nothing that does not verify."""
+    answers_signed: bool = False
+    """The driver signs its answers (it holds the cluster's secret), put on by the dispatcher:
+    a trial that holds the secret then takes no unsigned answer. Without it, answers are taken
+    as results are then, unauthenticated."""
     answers: bool = False
     """The driver answers this attempt's questions (`trialq.wire.suggest`): a suggest of a
     param not carried, and `should_prune()`'s verdict on the step just reported. False from

@@ -129,6 +129,9 @@ class QuestionChannel:
     client: redis.Redis
     seal: Seal | None = None
     key_ttl_s: int = DEFAULT_KEY_TTL_S
+    answers_signed: bool = True
+    """Whether the driver signs its answers: a trial with a seal refuses an unsigned one
+    only then (a driver without the secret signs nothing, as its results say)."""
     _blocking: redis.Redis | None = field(default=None, repr=False)
 
     def _waiter(self) -> redis.Redis:
@@ -178,7 +181,7 @@ class QuestionChannel:
         except (ValueError, AttributeError):
             _log.warning("an answer refused: not a JSON object")
             return None
-        if self.seal is not None:
+        if self.seal is not None and self.answers_signed:
             refusal = self.seal.message_refusal("answer", [question.body(), body], signature)
             if refusal is not None:
                 _log.warning("an answer refused: %s", refusal)
