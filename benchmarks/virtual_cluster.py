@@ -144,6 +144,9 @@ class VirtualCluster:
     def reports(self) -> VirtualChannel:
         return VirtualChannel(self)
 
+    def questions(self) -> None:
+        return None  # virtual trials ask nothing
+
     def live_worker_count(self, queue: str) -> int:
         return 1
 

@@ -92,7 +92,6 @@ BAD_SPECS = {
         spec_text(trial='entrypoint = "missing.py:train"'),
         "trial.entrypoint: file",
     ),
-    "no search space": (spec_text(space=""), "no search space"),
     "misspelt tracker": (
         spec_text() + "[tracking]\ntensorbord = true\n",
         "tracking.tensorbord: unknown key (did you mean tensorboard?)",

@@ -105,6 +105,9 @@ class StandInDispatcher:
     def reports(self) -> StandInReports:
         return self.channel
 
+    def questions(self) -> None:
+        return None  # stand-in trials ask nothing
+
     def pending_ids(self, queue: str) -> set[str]:
         return set()
 

@@ -628,3 +628,50 @@ def echoes_a_lie(params: dict[str, Any], trial: TrialContext) -> dict[str, float
     """What a broker writer would swap an allowed entrypoint for: any params, a value of its
     choosing."""
     return {"echo": -1e9}
+
+
+# Optuna objectives, unchanged: each takes the trial alone and draws its own params.
+
+
+def quadratic_objective(trial: Any) -> float:
+    x = trial.suggest_float("x", -10, 10)
+    return (x - 2) ** 2
+
+
+def objective_that_says_what_it_carried(trial: Any) -> dict[str, float]:
+    """Which params came with the task (no round trip) before it suggested any."""
+    carried = sorted(trial.params)
+    x = trial.suggest_float("x", -10, 10)
+    n = trial.suggest_int("n", 1, 4)
+    return {"value": (x - 2) ** 2 + n, "carried": float(len(carried))}
+
+
+def conditional_objective(trial: Any) -> float:
+    kind = trial.suggest_categorical("kind", ["linear", "tree"])
+    if kind == "linear":
+        return trial.suggest_float("alpha", 1e-3, 1.0, log=True)
+    return float(trial.suggest_int("depth", 1, 6))
+
+
+def asks_x_two_ways(trial: Any) -> float:
+    x = trial.suggest_float("x", 0, 1)
+    trial.suggest_categorical("x", ["a", "b"])
+    return x
+
+
+def fast_epochs_objective(trial: Any) -> float:
+    """8 epochs in about 0.25 s; a learning curve that a bad `lr` keeps low."""
+    import time
+
+    import optuna
+
+    lr = trial.suggest_float("lr", 1e-4, 1.0, log=True)
+    quality = 1.0 - abs(math.log10(lr) + 2) / 4
+    accuracy = 0.0
+    for epoch in range(8):
+        time.sleep(0.03)
+        accuracy = quality * (1 - 0.5 ** (epoch + 1))
+        trial.report(accuracy, epoch)
+        if trial.should_prune():
+            raise optuna.TrialPruned()
+    return accuracy

@@ -2,9 +2,10 @@
 notebook cell, and the `optuna.Study` back (docs/python-api.md).
 
 Keyword arguments are the spec's keys, checked by the same model and refused in the same one
-line (`UsageError`, naming the argument). A trial function is sent by name, never pickled:
-one the workers cannot import (defined in `__main__`, a notebook, a lambda or a nested
-function) is refused in one line that says how to make it importable. The run itself is
+line (`UsageError`, naming the argument). A trial function is sent by name where the
+workers can import it; one defined in `__main__` or a notebook is carried to them as code,
+signed (`trialq.wire.carried_code`); a lambda, a nested function or a method is refused in
+one line that says what to do. The run itself is
 `submit-study`'s (`trialq.submit.run_study`), imported when a study runs: `import trialq`
 stays light.
 """
@@ -26,6 +27,7 @@ from trialq.spec import (
     spec_from_mapping,
 )
 from trialq.spec import load_spec as load_spec_file
+from trialq.wire.carried_code import CARRIED_MODULE, packed, source_hash
 
 if TYPE_CHECKING:
     import optuna
@@ -63,10 +65,16 @@ def optimize(
     `tracking` (or `mlflow=`, `wandb=`, `tensorboard=`). The study runs on local workers
     (`submit-study --local`) unless `broker` names a Redis its workers consume. `directory`
     (default: the current one) holds the default SQLite storage, the local logs and
-    checkpoints, as a spec file's folder does."""
-    spec = study_spec(trial, space=space, directory=directory, **spec_keys)
+    checkpoints, as a spec file's folder does.
+
+    With no `space`, `trial` is an Optuna objective (`objective(trial)`, drawing its params
+    with `trial.suggest_*`), and `n_trials` means what it means to `study.optimize`: that
+    many more each call. With a `space`, it is the spec's: the study's finished trials to
+    reach (docs/python-api.md)."""
+    spec = _study_spec(trial, WHERE, space=space, directory=directory, **spec_keys)
+    more = _finished_before(spec, storage) + spec.study.n_trials if spec.trial_suggests else None
     return run(spec, local=local, broker=broker, workers=workers, storage=storage,
-               progress=progress, verbose=verbose)  # fmt: skip
+               n_trials=more, progress=progress, verbose=verbose)  # fmt: skip
 
 
 def study_spec(
@@ -77,12 +85,28 @@ def study_spec(
     **spec_keys: Any,
 ) -> StudySpec:
     """The spec `optimize` runs, checked as a spec file is (nothing runs)."""
-    entrypoint = entrypoint_of(trial)
+    return _study_spec(trial, "trialq.study_spec()", space=space, directory=directory,
+                       **spec_keys)  # fmt: skip
+
+
+def _study_spec(
+    trial: TrialFunction,
+    where: str,
+    *,
+    space: Mapping[str, Any] | None = None,
+    directory: str | Path | None = None,
+    **spec_keys: Any,
+) -> StudySpec:
+    """The spec of `trial`, its mistakes said as `where`'s."""
+    entrypoint = entrypoint_of(trial, where)
     spec_keys.setdefault("name", _default_name(entrypoint))
-    tables = spec_tables({"entrypoint": entrypoint, "space": space or {}, **spec_keys})
+    tables = spec_tables({"entrypoint": entrypoint, "space": space or {}, **spec_keys}, where)
     folder = Path(directory) if directory is not None else Path.cwd()
     path = folder / f"{spec_keys['name']}.toml"  # anchors relative paths; need not exist
-    return spec_from_mapping(tables, path, origin=WHERE, key_name=argument_name)
+    spec = spec_from_mapping(tables, path, origin=where, key_name=argument_name)
+    if entrypoint.startswith(f"{CARRIED_MODULE}:") and callable(trial):
+        return spec.carrying(packed(trial), source_hash(trial))
+    return spec
 
 
 def load_spec(path: str | Path, **overrides: Any) -> StudySpec:
@@ -137,6 +161,25 @@ def run(
     return study_run.load()
 
 
+def _finished_before(spec: StudySpec, storage: str | None) -> int:
+    """The study's finished trials before this call (0 where it does not exist yet)."""
+    import optuna
+
+    from trialq.driver.study import storage_url
+    from trialq.settings import Settings
+
+    url = storage_url(spec, storage, Settings().storage)
+    if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).exists():
+        return 0
+    try:
+        study = optuna.load_study(study_name=spec.study.name, storage=url)
+    except KeyError:  # no such study yet
+        return 0
+    states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED,
+              optuna.trial.TrialState.FAIL)  # fmt: skip
+    return len(study.get_trials(deepcopy=False, states=states))
+
+
 def _local_workers(local: bool | None, broker: str | None, workers: int | None) -> int | None:
     """How many local workers to start; None to use a broker's workers (`broker`, else
     `TRIALQ_BROKER_URL` with `local=False`)."""
@@ -155,30 +198,33 @@ def _default_name(entrypoint: str) -> str:
     return function if STUDY_NAME.fullmatch(function) else "study"
 
 
-def entrypoint_of(trial: TrialFunction) -> str:
-    """`module:function` for a function the workers can import by name; one line that
-    says how to make it importable for one they cannot."""
+def entrypoint_of(trial: TrialFunction, where: str = WHERE) -> str:
+    """`module:function` for a function the workers import by name; `__main__:function` for
+    one defined in `__main__` (a script, a notebook cell), which is carried to them as code
+    (`trialq.wire.carried_code`); one line saying what to do for any other."""
     if isinstance(trial, str):
         return trial
     module = getattr(trial, "__module__", None)
     qualname = getattr(trial, "__qualname__", None)
     name = getattr(trial, "__name__", None) or repr(trial)
-    if module in ("__main__", "__mp_main__"):
+    if name == "<lambda>":
         raise UsageError(
-            f"{WHERE}: {name} is defined in __main__ (this script or notebook), which the "
-            "workers cannot import (nothing is pickled): move it into a module, e.g. "
-            f"trials.py beside this one, and pass trials.{name} or 'trials:{name}'"
+            f"{where}: the trial function is a lambda, which names no study and no trial "
+            "function in its records: define it with def (in a notebook cell is fine) and "
+            "pass that function"
         )
+    if module in ("__main__", "__mp_main__") and name.isidentifier():
+        return f"{CARRIED_MODULE}:{name}"
     if module is None or not qualname or not qualname.isidentifier():
         raise UsageError(
-            f"{WHERE}: {qualname or name} is a lambda, a nested function or a method, which "
-            "the workers cannot import by name: define it at the top level of a module "
-            f"({module}) and pass that function"
+            f"{where}: {qualname or name} is a nested function or a method, which the "
+            f"workers cannot import by name: define it at the top level of a module "
+            f"({module}), or in this script or notebook, and pass that function"
         )
     return f"{module}:{qualname}"
 
 
-def spec_tables(arguments: Mapping[str, Any]) -> dict[str, Any]:
+def spec_tables(arguments: Mapping[str, Any], where: str = WHERE) -> dict[str, Any]:
     """Keyword arguments as the spec's tables: each `[study]` or `[trial]` key into its table,
     `space`, `enqueue` and `tracking` as they are. An unknown one is refused, with the name
     it looks like a typo of."""
@@ -196,7 +242,7 @@ def spec_tables(arguments: Mapping[str, Any]) -> dict[str, Any]:
             shorthand = {_SHORTHAND_KEY[key]: value} if isinstance(value, str) else value
             tables.setdefault("tracking", {})[key] = shorthand
         else:
-            raise UsageError(f"{WHERE}: {key}: unknown argument{_did_you_mean(key)}")
+            raise UsageError(f"{where}: {key}: unknown argument{_did_you_mean(key)}")
     return tables
 
 

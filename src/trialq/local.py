@@ -183,6 +183,7 @@ class LocalCluster:
         env = {
             **os.environ,
             "TRIALQ_RESULT_SECRET_FILE": str(self._secret_file()),
+            "TRIALQ_ACCEPT_CODE": "1",  # signed with this cluster's own secret, made per run
             **self.extra_env,
             "TRIALQ_BROKER_URL": self.broker_url,
             "TRIALQ_RESULT_BACKEND": self.broker_url,

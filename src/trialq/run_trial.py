@@ -31,8 +31,34 @@ from trialq.trial.runner import call_train, numeric_metrics
 from trialq.wire.channel import TrialAddress
 from trialq.wire.entrypoint import importable_from
 
-RUN_HERE_NUMBER = -1
-"""The trial number `trial.number` shows in a run here: no study numbered it."""
+
+class DrawnHere:
+    """Who answers a trial's `suggest_*` in a run here, for an objective that draws its own
+    params: a trial of an in-memory study with `--params` enqueued, so a name given is its
+    value and any other is drawn by Optuna's sampler (and printed); Optuna's own checks and
+    errors hold. Nothing prunes here: no verdict."""
+
+    def __init__(self, params: Mapping[str, Any]) -> None:
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        study = optuna.create_study()
+        study.enqueue_trial(dict(params))
+        self.trial = study.ask()
+        self._given = set(params)
+
+    def suggest(self, name: str, distribution: dict[str, Any]) -> Any:
+        """The value of `name`: as given in `--params`, else drawn here."""
+        from optuna.distributions import json_to_distribution
+
+        from trialq.driver.answering import suggest
+
+        value = suggest(self.trial, name, json_to_distribution(json.dumps(distribution)))
+        if name not in self._given:
+            print(f"suggest {name}: {value!r} (drawn here: not in --params)", file=sys.stderr)
+        return value
+
+    def judge(self, step: int, value: float) -> bool | None:
+        """No pruner runs here: never a verdict."""
+        return None
 
 
 class PrintedReports:
@@ -119,19 +145,28 @@ def _contains(distribution: optuna.distributions.BaseDistribution, value: Any) -
 
 def run_here(spec_path: Path, params_text: str, tell: bool, storage: str | None) -> int:
     """Run one trial here and print its metrics (JSON on stdout); 0 when it returned, 1
-    when it raised (its traceback shown). With `tell`, add it to the study as finished."""
+    when it raised (its traceback shown). With `tell`, add it to the study as finished.
+    `trial.number` is the number the study would give it next."""
     spec = load_spec(spec_path)
-    params, space = parsed_params(spec, params_text)
+    space: dict[str, optuna.distributions.BaseDistribution] = {}
+    if spec.trial_suggests:
+        params = _given_params(params_text)
+        drawn: DrawnHere | None = DrawnHere(params)
+    else:
+        (params, space), drawn = parsed_params(spec, params_text), None
     reports = PrintedReports()
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="trialq-run-trial-") as folder:
         context = TrialContext(
-            TrialAddress(spec.study.name, RUN_HERE_NUMBER, 1),
-            params,
+            TrialAddress(spec.study.name, _next_number(spec, storage), 1),
+            {} if drawn is not None else params,  # an objective's: each drawn as it asks
             reports,
             checkpoint_dir=Path(folder) / "checkpoints",
+            questions=drawn,
         )
         metrics, state = _call_here(spec, params, context)
+    if drawn is not None:  # what the objective drew is what the study is told
+        params, space = dict(drawn.trial.params), dict(drawn.trial.distributions)
     print(f"trial {state.name.lower()} in {time.monotonic() - started:.3f} s", file=sys.stderr)
     if metrics is not None:
         print(json.dumps(metrics))
@@ -148,7 +183,8 @@ def _call_here(
     try:
         with importable_from(spec.directory, Path.cwd()):
             train = entrypoint.load()
-        return numeric_metrics(call_train(train, params, context)), optuna.trial.TrialState.COMPLETE
+        returned = call_train(train, params, context, suggests=spec.trial_suggests)
+        return numeric_metrics(returned), optuna.trial.TrialState.COMPLETE
     except TrialPruned:
         return None, optuna.trial.TrialState.PRUNED
     except optuna.TrialPruned:  # code written for Optuna prunes so; a worker takes it too
@@ -158,6 +194,33 @@ def _call_here(
 
         traceback.print_exc()
         return None, optuna.trial.TrialState.FAIL
+
+
+def _given_params(text: str) -> dict[str, Any]:
+    """`--params` as a JSON object, for an objective that draws its own: any names."""
+    try:
+        params = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"run-trial: --params is not JSON: {exc}") from None
+    if not isinstance(params, dict):
+        raise UsageError("run-trial: --params must be a JSON object of param names to values")
+    return params
+
+
+def _next_number(spec: StudySpec, storage: str | None) -> int:
+    """The number the study would give the next trial: 0 where it has none yet (or its
+    storage cannot be read: a run here needs none)."""
+    from trialq.settings import Settings
+
+    url = storage_url(spec, storage, Settings().storage)
+    if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).exists():
+        return 0
+    try:
+        summaries = optuna.study.get_all_study_summaries(url)
+    except Exception:  # unreachable or not a study database: numbered from 0
+        return 0
+    found = [s for s in summaries if s.study_name == spec.study.name]
+    return found[0].n_trials if found else 0
 
 
 def _tell(

@@ -60,6 +60,12 @@ class Settings(BaseSettings):
     """Module prefixes a worker may import entrypoints from (comma separated in the env).
     A task naming any other module ends with outcome `error` and nothing is imported."""
 
+    accept_code: bool = False
+    """Whether this worker runs trial functions carried as code (`TRIALQ_ACCEPT_CODE`: a
+    function defined in `__main__` or a notebook, cloudpickled by the driver), each only
+    when signed with the cluster's secret (`trialq.wire.carried_code`). `--local`'s workers
+    do; a cluster's worker only when asked, since unpickling runs the code."""
+
     import_paths: Annotated[tuple[str, ...], NoDecode] = ()
     """Folders a worker puts first on `sys.path` to import entrypoints (`TRIALQ_IMPORT_PATHS`,
     separated by the OS path separator); `--local` sets the spec's folder and the current

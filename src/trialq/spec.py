@@ -275,13 +275,33 @@ class StudySpec(_Frozen):
     tracking: TrackingSection = Field(default_factory=TrackingSection)
     """`[tracking]`: where each told trial is also recorded (MLflow, W&B, TensorBoard)."""
     _origin: str | None = PrivateAttr(default=None)
+    _carried: str | None = PrivateAttr(default=None)
+    _carried_source: str | None = PrivateAttr(default=None)
+
+    @property
+    def carried_code(self) -> str | None:
+        """The trial function as code (`trialq.wire.carried_code`), where the Python API was
+        given one defined in `__main__`; None: the entrypoint is imported by name."""
+        return self._carried
+
+    def carrying(self, payload: str, source_hash: str) -> StudySpec:
+        """This spec, its trial function carried as `payload` (its source's hash: what
+        tells this function from another of the same name)."""
+        spec = self.model_copy()
+        spec._carried, spec._carried_source = payload, source_hash
+        return spec
+
+    @property
+    def trial_identity(self) -> str:
+        """What the study records of its trial function, and a re-run compares: the
+        entrypoint, and for a function carried as code its source's hash too."""
+        entrypoint = str(self.trial.entrypoint)
+        return f"{entrypoint} (source {self._carried_source})" if self._carried else entrypoint
 
     @model_validator(mode="after")
     def _check_space(self) -> StudySpec:
         if self.space and self.study.search_space:
             raise ValueError("give [space.*] or study.search_space, not both")
-        if not self.space and not self.study.search_space:
-            raise ValueError("no search space: add [space.NAME] tables or study.search_space")
         for params in self.enqueue:
             unknown = sorted(set(params) - set(self.space)) if self.space else []
             if unknown:
@@ -290,6 +310,13 @@ class StudySpec(_Frozen):
             if inexact:
                 raise ValueError(f"enqueue: {', '.join(inexact)}: an int past 2**53")
         return self
+
+    @property
+    def trial_suggests(self) -> bool:
+        """No `[space.*]` and no `study.search_space`: the trial function draws its own
+        params (`trial.suggest_*`, an Optuna objective taking the trial alone), answered by
+        the driver's sampler (docs/design.md, "The Python API")."""
+        return not self.space and self.study.search_space is None
 
     @property
     def directory(self) -> Path:
@@ -334,7 +361,8 @@ def spec_from_mapping(
         raise SpecError(f"{where}: {_first_problem(exc, key_name)}") from None
     spec._origin = origin
     entrypoint_key = key_name(("trial", "entrypoint")) if key_name else "trial.entrypoint"
-    spec.trial.entrypoint.check_importable(spec.directory, f"{where}: {entrypoint_key}")
+    if spec.trial.entrypoint.target != "__main__":  # a function carried as code: no import
+        spec.trial.entrypoint.check_importable(spec.directory, f"{where}: {entrypoint_key}")
     if spec.study.search_space:
         space_key = key_name(("study", "search_space")) if key_name else "study.search_space"
         spec.study.search_space.check_importable(spec.directory, f"{where}: {space_key}")

@@ -116,7 +116,9 @@ def test_the_dispatcher_signs_each_request_for_its_task_id() -> None:
     assert sent["signature"] is not None
     assert Seal(secret).task_refusal("t-1", sent) is None
     assert Seal(secret).task_refusal("t-2", sent) is not None
-    assert TrialRequest.model_validate(sent).model_copy(update={"signature": None}) == request
+    received = TrialRequest.model_validate(sent)
+    assert received.answers_signed  # this driver signs its answers to the trial's questions
+    assert received.model_copy(update={"signature": None, "answers_signed": False}) == request
 
 
 @pytest.mark.parametrize(

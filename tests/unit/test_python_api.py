@@ -4,8 +4,8 @@ import by name is refused in one line that says how to make it importable."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
+import base64
+import pickle
 import tempfile
 import textwrap
 import tomllib
@@ -19,8 +19,10 @@ from bad_inputs import BAD_SPECS
 
 import trialq
 from trialq.api import study_spec
-from trialq.errors import SpecError, UsageError
+from trialq.errors import EntrypointRefused, SpecError, UsageError
 from trialq.spec import load_spec
+from trialq.wire import carried_code
+from trialq.wire.signing import Seal
 
 SPACE = {"x": {"type": "float", "low": 0, "high": 1}}
 
@@ -45,28 +47,68 @@ def test_a_module_function_is_sent_by_its_module_and_name() -> None:
     assert spec.study.name == "quadratic", "the study is named after the function by default"
     assert spec.study.n_trials == 3
     assert spec.space["x"].type == "float"
-    assert spec.where == "trialq.optimize()"
+    assert spec.where == "trialq.study_spec()", "its errors name the call that was made"
     assert spec.directory == Path.cwd()
 
 
-def test_a_function_of_main_is_refused_with_how_to_make_it_importable() -> None:
+def test_a_function_of_main_is_carried_as_code_that_unpickles_to_it() -> None:
     def train(params: dict[str, Any], trial: Any) -> float:
-        return 0.0
+        return params["x"] * 2
 
     train.__module__, train.__qualname__ = "__main__", "train"
 
-    message = _error(train)
+    spec = study_spec(train, space=SPACE, n_trials=3)
 
-    assert message.startswith("trialq.optimize(): train is defined in __main__")
-    assert "move it into a module, e.g. trials.py beside this one" in message
+    assert str(spec.trial.entrypoint) == "__main__:train"
+    assert spec.study.name == "train"
+    assert spec.carried_code is not None
+    seal = Seal("k" * 32)
+    signed = carried_code.signature(seal, spec.carried_code)
+    carried = carried_code.loaded(spec.carried_code, signed, seal, accepts=True)
+    assert carried({"x": 1.5}, None) == 3.0
 
 
 @pytest.mark.parametrize(
-    "function",
-    [lambda params: 0.0, "nested", _Trainer().train, "".upper],
-    ids=["lambda", "nested", "method", "builtin"],
+    ("signed_with", "accepts", "refusal"),
+    [
+        (None, True, "unsigned"),
+        ("another secret, as long", True, "does not verify"),
+        ("k" * 32, False, "does not accept code: start it with TRIALQ_ACCEPT_CODE=1"),
+    ],
+    ids=["unsigned", "wrong-secret", "not-accepting"],
 )
-def test_a_lambda_or_nested_function_is_refused(function: Any) -> None:
+def test_carried_code_not_signed_with_the_workers_secret_is_refused_unloaded(
+    signed_with: str | None, accepts: bool, refusal: str, tmp_path: Path
+) -> None:
+    """Unpickling runs code: nothing of a refused payload is loaded."""
+    marker = tmp_path / "ran"
+
+    class Bomb:
+        def __reduce__(self) -> tuple[Any, ...]:
+            return (Path.touch, (marker,))
+
+    payload = base64.b64encode(pickle.dumps(Bomb())).decode()
+    signature = None if signed_with is None else carried_code.signature(Seal(signed_with), payload)
+
+    with pytest.raises(EntrypointRefused, match=refusal) as refused:
+        carried_code.loaded(payload, signature, Seal("k" * 32), accepts)
+
+    assert len(str(refused.value).splitlines()) == 1
+    assert not marker.exists(), "nothing of it ran"
+
+
+def test_a_lambda_is_refused_as_a_lambda() -> None:
+    message = _error(lambda trial: 0.0)
+
+    assert message.startswith("trialq.study_spec(): the trial function is a lambda")
+    assert "define it with def" in message
+    assert "__main__" not in message
+
+
+@pytest.mark.parametrize(
+    "function", ["nested", _Trainer().train, "".upper], ids=["nested", "method", "builtin"]
+)
+def test_a_nested_function_or_method_is_refused(function: Any) -> None:
     if function == "nested":
 
         def nested(params: dict[str, Any]) -> float:
@@ -79,38 +121,9 @@ def test_a_lambda_or_nested_function_is_refused(function: Any) -> None:
     assert "the workers cannot import by name" in message
 
 
-def test_a_script_that_passes_its_own_function_gets_one_line_and_no_traceback(
-    tmp_path: Path,
-) -> None:
-    """What a user sees: a `UsageError` naming the fix, raised before anything starts."""
-    script = tmp_path / "search.py"
-    script.write_text(
-        textwrap.dedent("""
-        import trialq
-        def train(params, trial):
-            return params["x"]
-        try:
-            trialq.optimize(train, space={"x": [1, 2]}, n_trials=2)
-        except trialq.UsageError as exc:
-            print(exc)
-    """)
-    )
-
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                          cwd=tmp_path, timeout=120)  # fmt: skip
-
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines() == [
-        "trialq.optimize(): train is defined in __main__ (this script or notebook), which the "
-        "workers cannot import (nothing is pickled): move it into a module, e.g. trials.py "
-        "beside this one, and pass trials.train or 'trials:train'"
-    ]
-    assert not list(tmp_path.glob("*.db")), "nothing was created"
-
-
 def test_a_misspelt_argument_is_named_with_the_key_it_looks_like() -> None:
     assert _error(n_trails=3) == (
-        "trialq.optimize(): n_trails: unknown argument (did you mean n_trials?)"
+        "trialq.study_spec(): n_trails: unknown argument (did you mean n_trials?)"
     )
 
 
@@ -161,7 +174,7 @@ def test_arguments_are_refused_as_the_same_keys_of_a_spec_file(case: str, tmp_pa
     expected = from_file.replace("study.", "", 1) if from_file.startswith("study.") else from_file
     expected = expected.replace("trial.entrypoint", "trial").replace("trial.", "", 1)
     got = str(raised.value).replace("unknown argument", "unknown key")
-    assert got == f"trialq.optimize(): {expected}"
+    assert got == f"trialq.study_spec(): {expected}"
 
 
 def test_a_space_may_be_lists_of_choices_or_optuna_distributions() -> None:
@@ -193,7 +206,7 @@ def test_tracking_is_a_table_or_a_shorthand_argument() -> None:
     assert spec.tracking.mlflow is not None
     assert spec.tracking.mlflow.tracking_uri == "sqlite:///mlflow.db"
     assert _error(tracking={"tensorbord": True}) == (
-        "trialq.optimize(): tracking.tensorbord: unknown key (did you mean tensorboard?)"
+        "trialq.study_spec(): tracking.tensorbord: unknown key (did you mean tensorboard?)"
     )
 
 

@@ -188,3 +188,51 @@ def test_a_search_space_that_raises_on_the_params_is_one_line_and_exit_2(
     err = capsys.readouterr().err
     assert code == 2 and "study.search_space failed on --params: KeyError: 'oops'" in err, err
     assert len(err.strip().splitlines()) == 1, err
+
+
+OBJECTIVE = """
+def objective(trial):
+    x = trial.suggest_float("x", -10, 10)
+    kind = trial.suggest_categorical("kind", ["a", "b"])
+    print("number", trial.number)
+    return (x - 2) ** 2 + (kind == "b")
+"""
+
+OBJECTIVE_SPEC = """
+[study]
+name = "objective"
+n_trials = 4
+[trial]
+entrypoint = "objective.py:objective"
+"""
+
+
+@pytest.fixture
+def objective_spec(tmp_path: Path) -> Path:
+    (tmp_path / "objective.py").write_text(OBJECTIVE)
+    path = tmp_path / "objective.toml"
+    path.write_text(textwrap.dedent(OBJECTIVE_SPEC))
+    return path
+
+
+def test_an_optuna_objective_runs_here_its_given_params_used_the_rest_drawn(
+    objective_spec: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The objective that runs on the workers runs here unchanged: a name in --params is
+    that value, any other is drawn here and said; --tell records what it drew, and
+    `trial.number` is the number the study gives it."""
+    args = ["run-trial", str(objective_spec), "--params", '{"x": 3.0}', "--tell"]
+
+    assert trialq_main(args) == 0
+    out, err = capsys.readouterr()
+    assert "number 0" in out
+    assert "suggest kind: " in err and "(drawn here: not in --params)" in err
+    assert trialq_main(args) == 0
+    assert "number 1" in capsys.readouterr().out, "the next run is the study's next trial"
+
+    storage = f"sqlite:///{objective_spec.parent / 'objective.db'}"
+    trials = optuna.load_study(study_name="objective", storage=storage).trials
+    assert [t.params["x"] for t in trials] == [3.0, 3.0]
+    for trial in trials:
+        assert trial.value == 1.0 + (trial.params["kind"] == "b")
+        assert set(trial.distributions) == {"x", "kind"}

@@ -25,7 +25,7 @@ from pydantic import ValidationError
 from trialq._celery.app import TASK_NAME, create_app
 from trialq.errors import BrokerError, BrokerUnreachable
 from trialq.settings import Settings
-from trialq.wire import heartbeat
+from trialq.wire import carried_code, heartbeat
 from trialq.wire.broker_away import broker_away
 from trialq.wire.channel import Report, ReportChannel, TrialAddress
 from trialq.wire.dispatch import TaskPhase, TaskStatus
@@ -41,6 +41,7 @@ from trialq.wire.keys import (
 )
 from trialq.wire.messages import Outcome, TrialRequest, TrialResult
 from trialq.wire.signing import Seal, stored_result_refusal
+from trialq.wire.suggest import QuestionChannel
 
 _log = logging.getLogger("trialq.driver")  # the loop's name: log lines read as before
 
@@ -129,7 +130,7 @@ class CeleryDispatcher:
         (`trialq.trial.soft_limit`): Celery's counts the waits on Redis before it too."""
         task_id = task_id or str(uuid.uuid4())
         self._announcements.listen(request.study)  # before the send: none is missed
-        payload = request.model_dump(mode="json", exclude={"signature"})
+        payload = _sealed(request, self._seal).model_dump(mode="json", exclude={"signature"})
         if self._seal is not None:
             payload = self._seal.sign_task(task_id, payload)
         try:
@@ -311,6 +312,10 @@ class CeleryDispatcher:
         """Trials report on the broker's Redis (`trialq.wire.channel`)."""
         return DriverReports(ReportChannel(self._broker, self._key_ttl_s, self._seal))
 
+    def questions(self) -> QuestionChannel:
+        """Trials ask their driver on the broker's Redis (`trialq.wire.suggest`)."""
+        return ReportChannel(self._broker, self._key_ttl_s, self._seal).questions()
+
     def live_worker_count(self, queue: str) -> int:
         """Workers whose heartbeat is fresh and who consume the queue."""
         with _broker_errors("reading heartbeats"):
@@ -325,6 +330,16 @@ class CeleryDispatcher:
     def results_announced(self) -> set[str] | None:
         """The task ids announced since the last call (`ResultAnnouncements.taken`)."""
         return self._announcements.taken()
+
+
+def _sealed(request: TrialRequest, seal: Seal | None) -> TrialRequest:
+    """The request saying whether this driver signs its answers to the trial's questions,
+    and its trial function, where carried as code, signed with the cluster's secret
+    (`trialq.wire.carried_code`); unsigned without one, and refused by every worker."""
+    update: dict[str, object] = {"answers_signed": seal is not None}
+    if request.code is not None and seal is not None:
+        update["code_signature"] = carried_code.signature(seal, request.code)
+    return request.model_copy(update=update)
 
 
 def _with_log_file(status: TaskStatus, beacon: bytes | None) -> TaskStatus:

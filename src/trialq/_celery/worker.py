@@ -215,6 +215,15 @@ def _on_worker_process_init(**_: Any) -> None:
         _child.prepare()
 
 
+def code_line(accepts: bool, has_secret: bool) -> str:
+    """The ready message's line on trial functions carried as code (`wire/carried_code.py`)."""
+    if not accepts:
+        return "trial functions carried as code: refused (TRIALQ_ACCEPT_CODE=1 accepts signed ones)"
+    if not has_secret:
+        return "trial functions carried as code: refused, no secret to check them with"
+    return "trial functions carried as code: accepted when signed with this cluster's secret"
+
+
 @signals.worker_ready.connect
 def _on_worker_ready(sender: Any = None, **_: Any) -> None:
     """Started: freeze what starting built, then start the heartbeat (whose thread and
@@ -225,6 +234,7 @@ def _on_worker_ready(sender: Any = None, **_: Any) -> None:
     queues = tuple(sorted(sender.app.amqp.queues.consume_from or [DEFAULT_QUEUE]))
     concurrency = sender.pool.num_processes if sender.pool is not None else 1
     _room.start_heartbeat(sender.hostname, queues, concurrency)
+    logger.info("%s", code_line(_room.settings.accept_code, _room.settings.seal is not None))
 
 
 @signals.task_prerun.connect

@@ -33,6 +33,7 @@ def recorded_spec(spec: StudySpec) -> dict[str, Any]:
         "sampler": spec.study.sampler,
         "pruner": spec.study.pruner,
         "space": _shown_space(spec),
+        "entrypoint": spec.trial_identity,
     }
 
 
@@ -43,6 +44,7 @@ def check_spec_against_study(spec: StudySpec, study: optuna.Study, store: TrialS
     _check_directions(spec, study)
     stored = study.user_attrs.get(SPEC_ATTR, {})
     _check_metrics(spec, stored)
+    _check_entrypoint(spec, stored)
     notes = _space_notes(spec, study, stored)
     current = recorded_spec(spec)
     for key in ("sampler", "pruner"):
@@ -74,6 +76,19 @@ def _check_metrics(spec: StudySpec, stored: dict[str, Any]) -> None:
     if len(before) <= 1 and len(wanted) <= 1:
         raise _refused(spec, "study.metric", _one(before), _one(wanted))
     raise _refused(spec, "study.metrics", before, wanted)
+
+
+def _check_entrypoint(spec: StudySpec, stored: dict[str, Any]) -> None:
+    """Another trial function under the same study name is refused: resuming would mix its
+    trials with another function's, and hand back that function's best params."""
+    before = stored.get("entrypoint")
+    if before is None or before == spec.trial_identity:
+        return
+    raise SpecError(
+        f"{spec.where}: the study {spec.study.name!r} was run with the trial function "
+        f"{before}, not {spec.trial_identity}: give this one another study name (name=...), "
+        "or delete the old study (optuna delete-study)"
+    )
 
 
 def _one(metrics: list[str]) -> str:

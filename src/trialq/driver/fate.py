@@ -167,6 +167,8 @@ def _finished(known: Known, limits: Limits) -> Action:
         return Resend(known.resends, reason, new_attempt=False, refusal=reason)
     if result.device_refused:  # it never ran: the worker's device was not clean
         return _lost(known, limits, result.error or "the worker's device was not clean")
+    if result.outcome is Outcome.WORKER_LOST:  # its driver could not answer it (a suggest)
+        return _lost(known, limits, result.error or "its driver did not answer")
     if result.outcome.resent is Resent.WITHIN_PREEMPTIONS:
         return _preempted(known, limits, result)
     if result.outcome is Outcome.OOM and result.oom_caused_by_neighbour:

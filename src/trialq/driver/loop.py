@@ -29,6 +29,7 @@ from optuna.trial import TrialState
 from trialq import logs
 from trialq.driver import fate
 from trialq.driver._storage.store import LAST_WRITE_WAIT_S, TrialStore, store_for
+from trialq.driver.answering import Answering
 from trialq.driver.bounded import within
 from trialq.driver.budget import Budget, Stop
 from trialq.driver.fate import Resend, Tell, Terminate, Wait
@@ -41,6 +42,7 @@ from trialq.driver.progress import Counts, ProgressSink
 from trialq.driver.relay import ReportRelay
 from trialq.driver.search_space import DefineSpace, load_search_space
 from trialq.driver.sending import Sender
+from trialq.driver.study import study_key
 from trialq.driver.study_lock import StudyLock
 from trialq.driver.telling import Teller
 from trialq.driver.watch import OutsideCheck, Watch
@@ -119,6 +121,9 @@ class StudyDriver:
             self._store, self.study_lock, clock, self.options.outside_check_interval_s
         )
         self.forgetting = Forgetting(self.dispatcher)
+        self.answering = Answering(self.dispatcher.questions(), study_key(self.study),
+                                   lambda: self.sender.in_flight, self._store, channel, clock,
+                                   reporting=objectives == 1)  # fmt: skip
         self.pacing = PassPacing()
         self.limits = fate.Limits(spec.trial.max_retries, spec.trial.max_preemptions,
                                   spec.trial.memory_limit_mb, spec.trial.retry_crashes,
@@ -152,6 +157,7 @@ class StudyDriver:
         self._written = self._store.flush_behind()
         outages = Outages(self.options.outage_limit_s, self.options.clock)
         self.sender.new_trials.start_asking(self.spec.study.ask_processes)
+        self.answering.start()
         try:
             while self._step(outages):
                 self._pause(self.pacing.pause_s(self.options.clock()), outages)
@@ -179,6 +185,7 @@ class StudyDriver:
             raise deleted or StudyDeleted.named(self.study.study_name) from None
         finally:
             outages.settled()
+            self.answering.stop()
             self.sender.new_trials.stop_asking()
             self.sender.new_trials.give_back_spares()
             self._record_early_end()
@@ -233,7 +240,8 @@ class StudyDriver:
                 left = self.ledger.n_trials - finished - self.sender.outstanding
                 self.sender.new_trials.ask_ahead(self.spec.study.ask_ahead, left)
                 self.sender.new_trials.sync_asking(left)
-        self.dispatcher.wait_for_results(max(0.0, deadline - clock()))
+        with self.answering.open():  # trials' questions answered while the loop waits
+            self.dispatcher.wait_for_results(max(0.0, deadline - clock()))
 
     def _write_all(self, outages: Outages) -> None:
         """The run is done once every tell is in the database, outage or not. Then the told

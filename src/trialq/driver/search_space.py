@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import optuna
+from optuna.trial import TrialState
 
 from trialq.driver.study import distributions
 from trialq.errors import EntrypointError, SpecError
@@ -45,7 +46,19 @@ def ask_new(study: optuna.Study, spec: StudySpec, define_space: DefineSpace | No
     at once, or by the define-by-run function (`define_space`, loaded by the caller)."""
     if spec.space:
         return study.ask(distributions(spec))
+    if spec.trial_suggests:  # what every finished trial drew travels with the task
+        return study.ask(seen_space(study))
     assert define_space is not None, "a spec without [space.*] names search_space"
     trial = study.ask()
     define_space(trial)
     return trial
+
+
+def seen_space(study: optuna.Study) -> dict[str, optuna.distributions.BaseDistribution]:
+    """The params every finished trial (complete or pruned) drew, each with its one
+    distribution: Optuna's intersection search space, the static part of a define-by-run
+    space, which its relative samplers model jointly. A trial whose function suggests its
+    own params gets these drawn at ask time; any other name it suggests is drawn when asked
+    (`trialq.driver.answering`)."""
+    finished = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
+    return optuna.search_space.intersection_search_space(finished)

@@ -9,12 +9,15 @@ checkpoint folder.
 
 from __future__ import annotations
 
+import json
 import logging
 import uuid
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
+from typing import Any
 
 import optuna
+from optuna.distributions import distribution_to_json
 
 from trialq import logs
 from trialq.driver._storage.store import TrialStore
@@ -105,6 +108,10 @@ class Sender:
             cpus=trial_spec.cpus,
             mlflow=self._mlflow,
             study_key=self._study_key,
+            suggests=self._spec.trial_suggests,
+            distributions=carried_distributions(trial) if self._spec.trial_suggests else {},
+            answers=True,
+            code=self._spec.carried_code,
         )
 
     def send(
@@ -202,3 +209,12 @@ def mlflow_target(spec: StudySpec) -> MlflowTarget | None:
         return None
     uri = tracking_uri(config, spec.directory)
     return MlflowTarget(tracking_uri=uri, experiment=config.experiment or spec.study.name)
+
+
+def carried_distributions(trial: optuna.Trial) -> dict[str, dict[str, Any]]:
+    """The distribution of each param a trial carries, as Optuna's JSON: a trial that
+    suggests one of them with the same distribution needs no round trip."""
+    return {
+        name: json.loads(distribution_to_json(distribution))
+        for name, distribution in trial.distributions.items()
+    }

@@ -5,14 +5,21 @@ from __future__ import annotations
 import contextlib
 import logging
 import operator
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
 from trialq.trial import batch_size
+from trialq.trial.driver_questions import Questions
 from trialq.trial.metric_value import NotOneNumber, one_number
 from trialq.wire.channel import TrialAddress, report_refusal
 from trialq.wire.messages import ArtifactMeta
+from trialq.wire.suggest import (
+    Distribution,
+    categorical_distribution,
+    float_distribution,
+    int_distribution,
+)
 
 _log = logging.getLogger("trialq.reports")
 
@@ -48,9 +55,18 @@ class TrialContext:
         artifact_saver: Callable[[Path], ArtifactMeta] | None = None,
         checkpoint_sync: Callable[[], None] | None = None,
         mlflow_run: Callable[[], str | None] | None = None,
+        questions: Questions | None = None,
+        distributions: Mapping[str, Distribution] | None = None,
     ) -> None:
         self._address = address
         self._params = dict(params)
+        self._questions = questions
+        """Who answers `suggest_*` for a name not carried, and `should_prune()`'s verdict."""
+        self._distributions = dict(distributions or {})
+        """The distribution each carried param was drawn from (Optuna's JSON)."""
+        self._last_report: tuple[int, float] | None = None
+        self._verdict: tuple[int, bool] | None = None
+        """The driver's verdict on the last step it judged, and that step."""
         self._channel = channel
         self._checkpoint_dir = checkpoint_dir
         self._artifact_saver = artifact_saver
@@ -120,12 +136,55 @@ class TrialContext:
                 _log.warning("report refused and dropped: %s (reports_dropped counts it)", refusal)
             return
         self.last_step = index
+        self._last_report = (index, number)
         if self._channel is not None:
             self._channel.report(self._address, index, number)
 
     def should_prune(self) -> bool:
-        """Whether the driver's pruner asked this trial to stop; raise `TrialPruned` if so."""
+        """Whether the driver's pruner says this trial should stop; raise `TrialPruned` (or
+        `optuna.TrialPruned`) if so. As Optuna's: the verdict on the step just reported,
+        waited for (bounded: `driver_questions.JUDGE_WAIT_S`); where none came, or no driver
+        answers, the prune flag the driver raised."""
+        report = self._last_report
+        if self._questions is not None and report is not None:
+            if self._verdict is None or self._verdict[0] != report[0]:
+                verdict = self._questions.judge(*report)
+                if verdict is not None:
+                    self._verdict = (report[0], verdict)
+            if self._verdict is not None and self._verdict[0] == report[0]:
+                return self._verdict[1]  # the pruner's word on the last step: no flag to read
         return self._channel is not None and self._channel.prune_requested(self._address)
+
+    def suggest_float(
+        self, name: str, low: float, high: float, *, step: float | None = None, log: bool = False
+    ) -> float:
+        """A float param, as `optuna.Trial.suggest_float`: the value the task carried, else
+        the driver's sampler's (one round trip), recorded on the study's trial."""
+        return float(self._suggest(name, float_distribution(low, high, step, log)))
+
+    def suggest_int(
+        self, name: str, low: int, high: int, *, step: int = 1, log: bool = False
+    ) -> int:
+        """An int param, as `optuna.Trial.suggest_int` (see `suggest_float`)."""
+        return int(self._suggest(name, int_distribution(low, high, step, log)))
+
+    def suggest_categorical(self, name: str, choices: Sequence[Any]) -> Any:
+        """One of `choices`, as `optuna.Trial.suggest_categorical` (see `suggest_float`)."""
+        return self._suggest(name, categorical_distribution(choices))
+
+    def _suggest(self, name: str, distribution: Distribution) -> Any:
+        """A param already here with the same distribution is returned as it is; any other
+        is the driver's to answer (Optuna's own checks, and its error, included)."""
+        if name in self._params and self._distributions.get(name) == distribution:
+            return self._params[name]
+        if self._questions is None:
+            raise RuntimeError(
+                f"suggest {name!r}: no driver answers this trial (its params are "
+                f"{sorted(self._params)})"
+            )
+        value = self._questions.suggest(name, distribution)
+        self._params[name], self._distributions[name] = value, distribution
+        return value
 
     def should_stop(self) -> bool:
         """Whether this attempt was told to stop: its worker got SIGTERM (a spot node being

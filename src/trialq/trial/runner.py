@@ -27,16 +27,18 @@ from trialq.gpu.telemetry import DeviceBaseline, Sampler
 from trialq.trial import checkpoints, output_cap, process_group
 from trialq.trial.artifacts import Saver, artifact_saver
 from trialq.trial.context import Reports, TrialContext
+from trialq.trial.driver_questions import AttemptLost, DriverQuestions
 from trialq.trial.frameworks.session import FrameworkRecord, FrameworkSession
 from trialq.trial.memory_guard import MemoryGuard
 from trialq.trial.metric_value import NotOneNumber, describe, one_number
 from trialq.trial.mlflow_run import mlflow_run_id
 from trialq.trial.report_sender import ReportSender
 from trialq.trial.soft_limit import SoftLimitPassed, soft_limit
-from trialq.wire import failures
+from trialq.wire import carried_code, failures
 from trialq.wire.channel import ReportChannel, TrialAddress
 from trialq.wire.entrypoint import Entrypoint, importable_from
 from trialq.wire.messages import Outcome, TrialRequest, TrialResult
+from trialq.wire.signing import Seal
 
 _log = logging.getLogger("trialq.runner")  # the name log lines show; kept when the module moved
 
@@ -49,6 +51,18 @@ class Importable:
 
     allowed_modules: tuple[str, ...]
     import_paths: tuple[str, ...] = ()
+    code_gate: CodeGate | None = None
+    """Where a function carried as code may run (None: nowhere)."""
+
+
+@dataclass(frozen=True)
+class CodeGate:
+    """Whether this worker runs a trial function carried as code, and the secret its
+    signature is checked with (`trialq.wire.carried_code`): the worker's settings, never a
+    message's."""
+
+    seal: Seal | None = None
+    accepts: bool = False
 
 
 def run_trial(
@@ -66,6 +80,7 @@ def run_trial(
     gpu: GpuShare | None = None,
     output_max_bytes: int = 0,
     soft_limit_s: float | None = None,
+    code_gate: CodeGate = CodeGate(),
 ) -> TrialResult:
     """Run the request's entrypoint once and describe how it ended, in the trial's logs too.
 
@@ -86,7 +101,7 @@ def run_trial(
     `SoftLimitPassed` ends it as `timeout` (`trialq.trial.soft_limit`).
     """
     setup = _Setup(
-        channel, device, Importable(allowed_modules, import_paths), timeout_errors,
+        channel, device, Importable(allowed_modules, import_paths, code_gate), timeout_errors,
         _gpu_share(gpu), soft_limit_s,
     )  # fmt: skip
     group = process_group.own_group() if own_process_group else nullcontext()
@@ -174,9 +189,14 @@ def _context(
         if mlflow
         else None
     )
+    questions = (
+        DriverQuestions(setup.channel.questions(request.answers_signed), address)
+        if request.answers and isinstance(setup.channel, ReportChannel)
+        else None
+    )
     return TrialContext(
         address, request.params, reports, checkpoint_dir, artifact_saver, checkpoint_sync,
-        find_run,
+        find_run, questions, request.distributions,
     )  # fmt: skip
 
 
@@ -227,6 +247,8 @@ def _outcome(
             metrics = _call_entrypoint(request, context, setup.device, setup.importable, framework)
     except TrialPruned:
         return Outcome.PRUNED, {}, None
+    except AttemptLost as exc:  # its driver cannot answer it: re-sent as a lost one is
+        return Outcome.WORKER_LOST, {}, f"the driver did not answer: {exc}"
     except timeout_errors:
         return Outcome.TIMEOUT, {}, f"soft time limit of {request.timeout_s:g} s exceeded"
     except EntrypointRefused as exc:  # this worker cannot run it: not the trial's failure
@@ -330,6 +352,12 @@ def _call_entrypoint(
 ) -> dict[str, float]:
     """Allowed, then: the framework's environment, the import, its cap, the call."""
     entrypoint = request.entrypoint
+    if request.code is not None:
+        gate = importable.code_gate or CodeGate()
+        device.prepare()
+        train = carried_code.loaded(request.code, request.code_signature, gate.seal, gate.accepts)
+        return numeric_metrics(call_train(train, request.params, context,
+                                          suggests=request.suggests))  # fmt: skip
     allowed_modules = importable.allowed_modules
     if not entrypoint.is_allowed(allowed_modules):
         raise EntrypointRefused(
@@ -342,7 +370,7 @@ def _call_entrypoint(
         before = set(sys.modules)
         train = _load(entrypoint)
     framework.after_import(before)
-    returned = call_train(train, request.params, context)
+    returned = call_train(train, request.params, context, suggests=request.suggests)
     return numeric_metrics(returned)
 
 
@@ -372,8 +400,17 @@ def _memory_cap(
     return MemoryGuard(request.memory_limit_mb * 1024 * 1024, leave_word)
 
 
-def call_train(train: Callable[..., Any], params: dict[str, Any], context: TrialContext) -> Any:
-    """`train(params, trial)`, or `train(params)` for a function that takes one argument."""
+def call_train(
+    train: Callable[..., Any],
+    params: dict[str, Any],
+    context: TrialContext,
+    *,
+    suggests: bool = False,
+) -> Any:
+    """`train(trial)` for an Optuna objective (`suggests`: it draws its own params);
+    else `train(params, trial)`, or `train(params)` for a function of one argument."""
+    if suggests:
+        return _call_objective(train, context)
     try:
         takes_context = len(inspect.signature(train).parameters) >= 2
     except (TypeError, ValueError):
@@ -384,6 +421,22 @@ def call_train(train: Callable[..., Any], params: dict[str, Any], context: Trial
 class NoMetrics(TypeError):
     """Raised when what the trial returned holds no metric trialq can record: the trial's
     mistake, said in one line (its error has no traceback: the frames would be trialq's)."""
+
+
+def _call_objective(train: Callable[..., Any], context: TrialContext) -> Any:
+    """`train(trial)`; a function that wants `(params, trial)` in a study that declares no
+    space is said in one line, not met as a TypeError deep inside it."""
+    try:
+        arity = len(inspect.signature(train).parameters)
+    except (TypeError, ValueError):
+        arity = 1
+    if arity >= 2:
+        raise TypeError(
+            f"{getattr(train, '__qualname__', train)} takes (params, trial), but the study "
+            "declares no space ([space.*] or search_space): a function that draws its own "
+            "params takes the trial alone and calls trial.suggest_*"
+        )
+    return train(context)
 
 
 def numeric_metrics(returned: object) -> dict[str, float]:

@@ -12,7 +12,7 @@ import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
 from redis.backoff import NoBackoff
@@ -30,6 +30,9 @@ from trialq.wire.keys import (
 )
 from trialq.wire.messages import TrialRequest
 from trialq.wire.signing import REPORT_SIGNATURE_FIELD, Seal
+
+if TYPE_CHECKING:
+    from trialq.wire.suggest import QuestionChannel
 
 _log = logging.getLogger("trialq.reports")
 
@@ -138,6 +141,13 @@ class ReportChannel:
         awaited `seconds` at most, and never retried: for a caller that retries itself."""
         client = _client_with_timeout(self._client, seconds)
         return ReportChannel(client, self._key_ttl_s, self._seal)
+
+    def questions(self, answers_signed: bool = True) -> QuestionChannel:
+        """The channel on which the same attempts ask their driver (`trialq.wire.suggest`);
+        `answers_signed`: whether the driver signs its answers."""
+        from trialq.wire.suggest import QuestionChannel  # it builds on this module
+
+        return QuestionChannel(self._client, self._seal, self._key_ttl_s, answers_signed)
 
     def send_reports(self, address: TrialAddress, reports: Sequence[NumberedReport]) -> None:
         """Append numbered values in one round trip; raises `redis.RedisError` if Redis did

@@ -13,6 +13,7 @@ from typing import Protocol
 
 from trialq.wire.channel import Report, TrialAddress
 from trialq.wire.messages import Outcome, TrialRequest, TrialResult
+from trialq.wire.suggest import QuestionChannel
 
 
 class TaskPhase(StrEnum):
@@ -73,6 +74,11 @@ class Dispatcher(Protocol):
 
     def reports(self) -> TrialReports:
         """Where the trials sent through this dispatcher report."""
+
+    def questions(self) -> QuestionChannel | None:
+        """Where the trials sent through this dispatcher ask their driver (a param's value, a
+        verdict: `trialq.wire.suggest`); None where they cannot (they then get no answer,
+        and a trial that suggests a param not carried ends as a lost one)."""
 
     def submit(self, request: TrialRequest, queue: str, task_id: str | None = None) -> str:
         """Send one attempt under `task_id` (the driver records it first), else a new id;

@@ -84,6 +84,19 @@ RESULTS_CHANNEL_PREFIX = "trialq:results:"
 """+ a study's name: a pub/sub channel on which a trial process publishes its task id once it
 has stored its result (`RESULT_PREFIX`), so a driver waiting for results wakes at once."""
 
+SUGGEST_PREFIX = "trialq:suggest:"
+"""+ a study's name: a list of the questions its trials ask the driver (a param's value the
+task did not carry, a verdict on the step just reported), answered on the asking attempt's
+own key (`trial_key(..., ANSWER + seq)`); `trialq.wire.suggest`."""
+
+ANSWER = "answer:"
+"""Channel part, + the question's number in its attempt: the driver's answer to it."""
+
+
+def suggest_key(study: str) -> str:
+    """The list on which the trials of `study` ask the driver (`SUGGEST_PREFIX`)."""
+    return f"{SUGGEST_PREFIX}{study}"
+
 
 def worker_key(worker: str) -> str:
     """The heartbeat key of the worker named `worker` (Celery's node name)."""

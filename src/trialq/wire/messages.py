@@ -146,6 +146,27 @@ class TrialRequest(_Message):
         text = json.dumps(ran, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()
 
+    suggests: bool = False
+    """The trial's function takes the trial alone and draws its own params with
+    `trial.suggest_*` (an Optuna objective); False: it takes `params` drawn by the driver."""
+    distributions: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    """Where `suggests`: the distribution each param in `params` was drawn from, as
+    Optuna's JSON; a suggest of one of them with the same distribution needs no driver."""
+    code: str | None = None
+    """The trial function itself, where it was defined in `__main__` or a notebook: base64
+    of cloudpickle's bytes (`trialq.wire.carried_code`); None: `entrypoint` is imported."""
+    code_signature: str | None = None
+    """`code`'s signature with the cluster's secret, put on by the dispatcher; a worker
+    unpickles nothing that does not verify."""
+    answers_signed: bool = False
+    """The driver signs its answers (it holds the cluster's secret), put on by the dispatcher:
+    a trial that holds the secret then takes no unsigned answer. Without it, answers are taken
+    as results are then, unauthenticated."""
+    answers: bool = False
+    """The driver answers this attempt's questions (`trialq.wire.suggest`): a suggest of a
+    param not carried, and `should_prune()`'s verdict on the step just reported. False from
+    an older driver: the trial reads the prune flag only."""
+
     @model_validator(mode="after")
     def _killed_after_the_soft_limit(self) -> TrialRequest:
         if self.hard_limit_s is not None and self.hard_limit_s <= self.timeout_s:

@@ -33,7 +33,7 @@ from trialq.lifeline import die_with_parent
 from trialq.settings import Settings
 from trialq.trial import checkpoints, process_group
 from trialq.trial.gpu_attempt import GpuLimits, run_on_share
-from trialq.trial.runner import run_trial
+from trialq.trial.runner import CodeGate, run_trial
 from trialq.wire.channel import ReportChannel
 from trialq.wire.heartbeat import RunningTrial, TrialBeacon
 from trialq.wire.keys import result_key, withdrawn_key
@@ -270,6 +270,7 @@ class WorkerChild:
             gpu=share,
             output_max_bytes=self.settings.trial_output_max_bytes,
             soft_limit_s=request.timeout_s,
+            code_gate=CodeGate(self.settings.seal, self.settings.accept_code),
         )
 
 
