@@ -22,7 +22,13 @@ from trialq.gpu.once_per_worker import OncePerWorker
 from trialq.gpu.share import GpuShare
 from trialq.gpu.telemetry import MIB, NeighbourCheck, StartCheck, TrialMarks
 from trialq.trial.gpu_guard import GpuGuard, GpuOverrun
-from trialq.wire.messages import GpuGuardFigures, Outcome, TrialRequest, TrialResult
+from trialq.wire.messages import (
+    GpuGuardFigures,
+    Measurements,
+    Outcome,
+    TrialRequest,
+    TrialResult,
+)
 
 logger = logging.getLogger("trialq.worker")  # the name log lines show; kept when the code moved
 
@@ -121,12 +127,12 @@ def _leave_kill(
             device=overrun.device, own_bytes=found.own, reserved_bytes=found.reserved,
             allowance_bytes=found.allowance, budget_bytes=found.budget,
         )  # fmt: skip
-        result = TrialResult.here(
-            request, Outcome.GPU_GUARD, overrun.text(), gpu_guard=figures,
-            gpu_process_peak_bytes={overrun.device: found.own}, gpu_accounting=Source.NVML_PIDS,
-            gpu_budget_bytes=share.budget_bytes, gpu_context_bytes=context_bytes,
-            gpu_model=share.model,
+        seen = Measurements(
+            gpu_guard=figures, gpu_process_peak_bytes={overrun.device: found.own},
+            gpu_accounting=Source.NVML_PIDS, gpu_budget_bytes=share.budget_bytes,
+            gpu_context_bytes=context_bytes, gpu_model=share.model,
         )  # fmt: skip
+        result = TrialResult.here(request, Outcome.GPU_GUARD, overrun.text(), seen)
         leave(result)
 
     return on_overrun
