@@ -88,8 +88,11 @@ def test_amending_a_result_keeps_the_rest() -> None:
     result = TrialResult.here(REQUEST, Outcome.OK, metrics={"v": 1.0})
     failed = result.failed_as(Outcome.NOT_FINITE, "nan")
     assert (failed.outcome, failed.error, failed.metrics) == (Outcome.NOT_FINITE, "nan", {"v": 1.0})
-    assert result.with_error("e").error == "e" and result.with_peak_rss(7).peak_rss_bytes == 7
-    guarded = result.with_gpu_guard({"0": 9}, neighbour_caused=True)
+    assert result.with_error("e").error == "e"
+    assert result.measured_also(Measurements(peak_rss_bytes=7)).peak_rss_bytes == 7
+    seen = Measurements(gpu_process_peak_bytes={"0": 9}, oom_caused_by_neighbour=True)
+    guarded = result.measured_also(seen)
+    assert guarded.metrics == {"v": 1.0} and guarded.duration_s == result.duration_s
     assert guarded.gpu_process_peak_bytes == {"0": 9} and guarded.oom_caused_by_neighbour
     assert result.with_checkpoint_removed(True).checkpoint_removed
     too_large = result.unstorable("too large")

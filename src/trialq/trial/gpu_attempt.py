@@ -79,7 +79,8 @@ def run_on_share(
     if nvml is None:
         note = f"unguarded: NVML ({limits.nvml_module}) did not open in the trial process"
         warnings.warn("nvml-open", f"{note}; trials run unguarded")
-        return run().with_gpu_accounting("unguarded", note)
+        unguarded = Measurements(gpu_accounting="unguarded", gpu_accounting_note=note)
+        return run().measured_also(unguarded)
     with nvml:
         start = limits.start_check(warnings, share).check(nvml, share)
         if start.refusal is not None:
@@ -105,9 +106,11 @@ def _guarded(
         result = run()
     neighbours = result.outcome is Outcome.OOM and guard.neighbour_caused()
     notes = "; ".join(note for note in (start.note, guard.accounting_note()) if note) or None
-    return result.with_gpu_guard(guard.peaks(), neighbours).with_gpu_accounting(
-        guard.accounting(), notes
-    )
+    seen = Measurements(
+        gpu_process_peak_bytes=guard.peaks(), oom_caused_by_neighbour=neighbours,
+        gpu_accounting=guard.accounting(), gpu_accounting_note=notes,
+    )  # fmt: skip
+    return result.measured_also(seen)
 
 
 def _leave_kill(

@@ -302,20 +302,10 @@ class TrialResult(_Message, Measurements):
         """This result, its error text replaced (what was given up on, added)."""
         return self.model_copy(update={"error": error})
 
-    def with_peak_rss(self, peak_rss_bytes: int) -> TrialResult:
-        """This result with the host memory its attempt peaked at."""
-        return self.model_copy(update={"peak_rss_bytes": peak_rss_bytes})
-
-    def with_gpu_guard(self, peaks: dict[str, int], neighbour_caused: bool) -> TrialResult:
-        """This result with what its GPU memory guard saw: the peak of its processes per
-        GPU, and whether an `oom` was its neighbours' doing."""
-        update = {"gpu_process_peak_bytes": peaks, "oom_caused_by_neighbour": neighbour_caused}
-        return self.model_copy(update=update)
-
-    def with_gpu_accounting(self, accounting: str, note: str | None) -> TrialResult:
-        """This result saying where its GPU memory guard's figure of the trial's own memory
-        came from, and what could not be attributed or read (docs/oom.md)."""
-        return self.model_copy(update={"gpu_accounting": accounting, "gpu_accounting_note": note})
+    def measured_also(self, *measured: Measurements) -> TrialResult:
+        """This result with more of what its attempt measured, as `here` takes it: the host
+        memory the driver knows it peaked at, what the GPU memory guard saw."""
+        return self.model_copy(update=measured_fields(*measured))
 
     def with_checkpoint_removed(self, removed: bool) -> TrialResult:
         """This result, saying whether its process removed the trial's checkpoint folder."""
