@@ -6,6 +6,7 @@ listed, so a reading added to the model is checked by these tests as it is."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import optuna
@@ -117,3 +118,11 @@ def test_an_untimed_result_still_says_a_duration_on_the_wire() -> None:
     result = TrialResult.of(REQUEST, Outcome.ERROR, "lost")
     assert result.duration_s is None
     assert json.loads(result.model_dump_json())["duration_s"] == 0.0
+
+
+def test_the_design_names_every_measurement_the_record_stores() -> None:
+    """docs/design.md's list of the user attrs is held to the model, not to memory."""
+    design = (Path(__file__).parents[2] / "docs" / "design.md").read_text()
+    section = design.split("## What every finished trial records")[1].split("\n## ")[0]
+    named = {name for name in TrialRecord.model_fields if f"`{name}`" in section}
+    assert named == set(TrialRecord.model_fields)
