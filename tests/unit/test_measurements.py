@@ -110,7 +110,8 @@ def test_a_result_of_the_previous_version_still_reads() -> None:
     result = TrialResult.model_validate_json(json.dumps(PREVIOUS_VERSION_RESULT))
     assert result.gpu_peaks_bytes == (5, 6) and result.checkpoint_removed
     assert result.worker_host == "h" and result.last_step == 4
-    assert json.loads(result.model_dump_json()) == PREVIOUS_VERSION_RESULT
+    written = json.loads(result.model_dump_json())  # what a driver of that version reads
+    assert {key: written[key] for key in PREVIOUS_VERSION_RESULT} == PREVIOUS_VERSION_RESULT
 
 
 def test_an_untimed_result_still_says_a_duration_on_the_wire() -> None:
