@@ -1,6 +1,6 @@
 """Studies built directly in SQLite with the user attrs the driver writes, for fast tests.
 
-The attrs come from a real `TrialResult.user_attrs()` plus `attempts` and `task_id`, as
+The attrs come from a real `recorded_of(result)` (what a record keeps of a result) plus `attempts` and `task_id`, as
 `StudyDriver._finish` records them, so status and report read what a real run leaves.
 At least one test per feature still runs the real path (tests/integration/test_observe.py).
 """
@@ -14,6 +14,7 @@ from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState
 
 from trialq.wire.messages import Outcome, TrialResult
+from trialq.wire.record import recorded_of
 
 MIB = 2**20
 SPACE = {"x": FloatDistribution(0.0, 10.0), "lr": FloatDistribution(1e-4, 1e-1, log=True)}
@@ -44,7 +45,7 @@ def _tell(study: optuna.Study, index: int, outcome: Outcome) -> None:
         gpu_memory_used_peak_bytes=(900 + 20 * index) * MIB, gpu_utilization_mean=50.0 + index,
         error=None if outcome in _STATE else f"{outcome.value}: <b>trial {index}</b> failed\ntail",
     )  # fmt: skip
-    for key, value in {**result.user_attrs(), "attempts": 1, "task_id": f"t{index}"}.items():
+    for key, value in {**recorded_of(result), "attempts": 1, "task_id": f"t{index}"}.items():
         trial.set_user_attr(key, value)
     state = _STATE.get(outcome, TrialState.FAIL)
     study.tell(trial, values=x if state is TrialState.COMPLETE else None, state=state)

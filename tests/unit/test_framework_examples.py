@@ -12,6 +12,7 @@ from trial_requests import trial_request
 from trialq.gpu.device import FakeDevice
 from trialq.trial.runner import run_trial
 from trialq.wire.messages import Outcome, TrialResult
+from trialq.wire.record import recorded_of
 
 pytestmark = pytest.mark.slow  # each trains a real model on the CPU
 
@@ -74,7 +75,7 @@ def test_an_example_fits_its_batch_size_and_the_trial_records_it(entrypoint: str
     assert result.outcome is Outcome.OK, result.error
     # On a CPU every size fits: the search ends at its maximum, the training set's size.
     assert result.fitted_batch_size == 1437 == result.metrics["batch_size"]
-    assert result.user_attrs()["fitted_batch_size"] == 1437
+    assert recorded_of(result)["fitted_batch_size"] == 1437
 
 
 @pytest.mark.parametrize("entrypoint", EXAMPLES)

@@ -9,6 +9,7 @@ import pytest
 from trialq.driver.objective import objective_of, objective_values
 from trialq.errors import SpecError
 from trialq.wire.messages import TrialResult
+from trialq.wire.record import recorded_of
 
 
 def test_a_bare_number_is_the_objective_whatever_the_metric_name() -> None:
@@ -59,7 +60,7 @@ def test_a_non_finite_extra_metric_leaves_the_objective_and_is_kept_as_text() ->
     result, values = objective_of(_ok({"loss": 0.25, "grad_norm": math.inf}), ("loss",))
 
     assert values == [0.25] and result.outcome == "ok"
-    assert result.user_attrs()["metrics"] == {"loss": 0.25, "grad_norm": "inf"}
+    assert recorded_of(result)["metrics"] == {"loss": 0.25, "grad_norm": "inf"}
 
 
 def test_a_non_finite_bare_number_is_named_by_the_specs_metric() -> None:

@@ -10,14 +10,13 @@ from __future__ import annotations
 import math
 import os
 import socket
-from typing import get_type_hints
 
 import pytest
 
 from trialq.wire.entrypoint import EntrypointRef
-from trialq.wire.messages import Measured, TrialRequest, TrialResult
+from trialq.wire.messages import Measurements, TrialRequest, TrialResult
 from trialq.wire.outcome import Learnt, Meaning, Outcome, Resent, Told
-from trialq.wire.record import TrialRecord
+from trialq.wire.record import TrialRecord, recorded_of
 
 MEANINGS = {
     Outcome.OK: Meaning(Told.COMPLETE, Resent.NEVER, Learnt.VALUES, in_failure_streak=False),
@@ -77,36 +76,23 @@ def test_a_result_of_a_request_carries_its_address() -> None:
 
 
 def test_a_result_here_names_this_process() -> None:
-    result = TrialResult.here(REQUEST, Outcome.OK, metrics={"v": 1.0}, duration_s=0.5)
+    timed = Measurements(duration_s=0.5)
+    result = TrialResult.here(REQUEST, Outcome.OK, None, timed, metrics={"v": 1.0})
     assert (result.worker_pid, result.worker_host) == (os.getpid(), socket.gethostname())
     assert result.metrics == {"v": 1.0} and result.duration_s == 0.5
     refused = TrialResult.device_refused_here(REQUEST, "dirty")
     assert refused.device_refused and refused.outcome is Outcome.ERROR and refused.error == "dirty"
 
 
-def test_measured_names_every_field_past_the_address() -> None:
-    """`TrialResult.here` takes every measured field by name, typed: a field added to the
-    result and not to `Measured` could not be set there."""
-    own = {
-        "version",
-        "study",
-        "number",
-        "attempt",
-        "outcome",
-        "error",
-        "worker_pid",
-        "worker_host",
-        "ran",
-    }
-    assert set(get_type_hints(Measured)) == set(TrialResult.model_fields) - own
-
-
 def test_amending_a_result_keeps_the_rest() -> None:
     result = TrialResult.here(REQUEST, Outcome.OK, metrics={"v": 1.0})
     failed = result.failed_as(Outcome.NOT_FINITE, "nan")
     assert (failed.outcome, failed.error, failed.metrics) == (Outcome.NOT_FINITE, "nan", {"v": 1.0})
-    assert result.with_error("e").error == "e" and result.with_peak_rss(7).peak_rss_bytes == 7
-    guarded = result.with_gpu_guard({"0": 9}, neighbour_caused=True)
+    assert result.with_error("e").error == "e"
+    assert result.measured_also(Measurements(peak_rss_bytes=7)).peak_rss_bytes == 7
+    seen = Measurements(gpu_process_peak_bytes={"0": 9}, oom_caused_by_neighbour=True)
+    guarded = result.measured_also(seen)
+    assert guarded.metrics == {"v": 1.0} and guarded.duration_s == result.duration_s
     assert guarded.gpu_process_peak_bytes == {"0": 9} and guarded.oom_caused_by_neighbour
     assert result.with_checkpoint_removed(True).checkpoint_removed
     too_large = result.unstorable("too large")
@@ -131,18 +117,15 @@ def test_a_record_writes_only_what_is_set() -> None:
 
 
 def test_a_told_record_is_the_results_attrs_and_the_drivers() -> None:
+    measured = Measurements(duration_s=7200, gpu_model="NVIDIA H100")
     result = TrialResult.here(
-        REQUEST,
-        Outcome.OK,
-        metrics={"v": 1.0, "bad": math.nan},
-        duration_s=7200,
-        gpu_model="NVIDIA H100",
+        REQUEST, Outcome.OK, None, measured, metrics={"v": 1.0, "bad": math.nan}
     )
     attrs = TrialRecord.told(
         result, task_id="t", attempts=2, retries=1, preemptions=0, gpus=2
     ).attrs()
     assert attrs == {
-        **result.user_attrs(), "task_id": "t", "attempts": 2, "retries": 1, "preemptions": 0, "gpus": 2,
+        **recorded_of(result), "task_id": "t", "attempts": 2, "retries": 1, "preemptions": 0, "gpus": 2,
     }  # fmt: skip
     assert attrs["metrics"] == {"v": 1.0, "bad": "nan"}
     assert TrialRecord.read(attrs).gpu_hours == 4.0

@@ -13,6 +13,7 @@ from trialq.gpu.device import FakeDevice, TensorFlowDevice
 from trialq.gpu.telemetry import MIB, SETTLE_S, DeviceBaseline, Sampler
 from trialq.trial.runner import run_trial
 from trialq.wire.messages import Outcome, TrialRequest, TrialResult
+from trialq.wire.record import recorded_of
 
 
 def _request(entrypoint: str = "trials:quadratic", **params: object) -> TrialRequest:
@@ -47,7 +48,7 @@ def test_a_trial_records_its_device_telemetry() -> None:
     assert result.outcome is Outcome.OK
     assert result.gpu_memory_used_peak_bytes == 700 * MIB
     assert result.gpu_utilization_mean == 55.0
-    attrs = result.user_attrs()
+    attrs = recorded_of(result)
     assert attrs["gpu_memory_used_peak_bytes"] == 700 * MIB and attrs["gpu_peak_bytes"] == 5 * MIB
 
 

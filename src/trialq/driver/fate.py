@@ -24,7 +24,7 @@ from trialq.driver.objective import objective_of
 from trialq.driver.sampling.oom_constraint import OomTelling
 from trialq.errors import SpecError
 from trialq.wire.dispatch import TaskPhase, TaskStatus
-from trialq.wire.messages import Outcome, TrialRequest, TrialResult
+from trialq.wire.messages import Measurements, Outcome, TrialRequest, TrialResult
 from trialq.wire.outcome import Resent
 
 _RETRIED = (Resent.WITHIN_RETRIES, Resent.WITHIN_RETRIES_IF_ASKED)
@@ -222,7 +222,7 @@ def _lost(known: Known, limits: Limits, detail: str) -> Action:
         limit = f"memory_limit_mb = {limits.memory_limit_mb}"
         over = f"killed at {_mib(known.oom_rss)} RSS, over {limit}"
         result = synthetic(known.request, Outcome.OOM, over)
-        return Tell(result.with_peak_rss(known.oom_rss))
+        return Tell(result.measured_also(Measurements(peak_rss_bytes=known.oom_rss)))
     if known.stop_requested:
         note = f"killed after its stop notice ({detail})"
         return _preempted(known, limits, synthetic(known.request, Outcome.PREEMPTED, note))

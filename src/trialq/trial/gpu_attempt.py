@@ -22,7 +22,13 @@ from trialq.gpu.once_per_worker import OncePerWorker
 from trialq.gpu.share import GpuShare
 from trialq.gpu.telemetry import MIB, NeighbourCheck, StartCheck, TrialMarks
 from trialq.trial.gpu_guard import GpuGuard, GpuOverrun
-from trialq.wire.messages import GpuGuardFigures, Outcome, TrialRequest, TrialResult
+from trialq.wire.messages import (
+    GpuGuardFigures,
+    Measurements,
+    Outcome,
+    TrialRequest,
+    TrialResult,
+)
 
 logger = logging.getLogger("trialq.worker")  # the name log lines show; kept when the code moved
 
@@ -73,7 +79,8 @@ def run_on_share(
     if nvml is None:
         note = f"unguarded: NVML ({limits.nvml_module}) did not open in the trial process"
         warnings.warn("nvml-open", f"{note}; trials run unguarded")
-        return run().with_gpu_accounting("unguarded", note)
+        unguarded = Measurements(gpu_accounting="unguarded", gpu_accounting_note=note)
+        return run().measured_also(unguarded)
     with nvml:
         start = limits.start_check(warnings, share).check(nvml, share)
         if start.refusal is not None:
@@ -99,9 +106,11 @@ def _guarded(
         result = run()
     neighbours = result.outcome is Outcome.OOM and guard.neighbour_caused()
     notes = "; ".join(note for note in (start.note, guard.accounting_note()) if note) or None
-    return result.with_gpu_guard(guard.peaks(), neighbours).with_gpu_accounting(
-        guard.accounting(), notes
-    )
+    seen = Measurements(
+        gpu_process_peak_bytes=guard.peaks(), oom_caused_by_neighbour=neighbours,
+        gpu_accounting=guard.accounting(), gpu_accounting_note=notes,
+    )  # fmt: skip
+    return result.measured_also(seen)
 
 
 def _leave_kill(
@@ -121,12 +130,12 @@ def _leave_kill(
             device=overrun.device, own_bytes=found.own, reserved_bytes=found.reserved,
             allowance_bytes=found.allowance, budget_bytes=found.budget,
         )  # fmt: skip
-        result = TrialResult.here(
-            request, Outcome.GPU_GUARD, overrun.text(), gpu_guard=figures,
-            gpu_process_peak_bytes={overrun.device: found.own}, gpu_accounting=Source.NVML_PIDS,
-            gpu_budget_bytes=share.budget_bytes, gpu_context_bytes=context_bytes,
-            gpu_model=share.model,
+        seen = Measurements(
+            gpu_guard=figures, gpu_process_peak_bytes={overrun.device: found.own},
+            gpu_accounting=Source.NVML_PIDS, gpu_budget_bytes=share.budget_bytes,
+            gpu_context_bytes=context_bytes, gpu_model=share.model,
         )  # fmt: skip
+        result = TrialResult.here(request, Outcome.GPU_GUARD, overrun.text(), seen)
         leave(result)
 
     return on_overrun

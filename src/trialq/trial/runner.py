@@ -37,7 +37,7 @@ from trialq.trial.soft_limit import SoftLimitPassed, soft_limit
 from trialq.wire import carried_code, failures
 from trialq.wire.channel import ReportChannel, TrialAddress
 from trialq.wire.entrypoint import Entrypoint, importable_from
-from trialq.wire.messages import Outcome, TrialRequest, TrialResult
+from trialq.wire.messages import Measurements, Outcome, TrialRequest, TrialResult
 from trialq.wire.signing import Seal
 
 _log = logging.getLogger("trialq.runner")  # the name log lines show; kept when the module moved
@@ -213,28 +213,28 @@ def _result(
     """How the attempt ended, with what it measured."""
     outcome, metrics, error = ended
     gpu = sampler.result()
-    return TrialResult.here(
-        request,
-        outcome,
-        error,
-        metrics=metrics,
-        duration_s=duration_s,
-        peak_rss_bytes=_peak_rss_bytes(),
-        gpu_peak_bytes=_largest_peak(record, setup.device),
-        framework=record.framework,
-        gpu_peaks_bytes=record.peaks,
-        gpu_budget_bytes=record.budget_bytes,
-        gpu_cap_applied=record.cap_applied,
-        gpu_cap_note=record.cap_note,
-        gpu_model=record.model,
-        gpu_context_bytes=record.context_bytes,
+    host = Measurements(
+        duration_s=duration_s, peak_rss_bytes=_peak_rss_bytes(), reports_dropped=reports_dropped
+    )
+    nvml = Measurements(
         gpu_memory_used_peak_bytes=gpu.memory_used_peak_bytes,
         gpu_utilization_mean=gpu.utilization_mean,
-        last_step=context.last_step,
-        artifacts=tuple(context.artifacts),
-        reports_dropped=reports_dropped,
-        fitted_batch_size=context.fitted_batch_size,
     )
+    asked = Measurements(fitted_batch_size=context.fitted_batch_size)
+    return TrialResult.here(
+        request, outcome, error, host, _framework_measurements(record, setup.device), nvml, asked,
+        metrics=metrics, last_step=context.last_step, artifacts=tuple(context.artifacts),
+    )  # fmt: skip
+
+
+def _framework_measurements(record: FrameworkRecord, device: Device) -> Measurements:
+    """What the trial's framework recorded of itself and its GPUs."""
+    return Measurements(
+        framework=record.framework, gpu_peak_bytes=_largest_peak(record, device),
+        gpu_peaks_bytes=record.peaks, gpu_budget_bytes=record.budget_bytes,
+        gpu_cap_applied=record.cap_applied, gpu_cap_note=record.cap_note,
+        gpu_model=record.model, gpu_context_bytes=record.context_bytes,
+    )  # fmt: skip
 
 
 def _outcome(
@@ -334,12 +334,13 @@ def _largest_peak(record: FrameworkRecord, device: Device) -> int | None:
 
 def _log_finished(result: TrialResult) -> None:
     """INFO for a trial that ended as trials do (ok, pruned), WARNING with the error else."""
+    duration_s = result.duration_s or 0.0  # none where the trial never ran
     if result.outcome.succeeded:
-        _log.info("trial finished outcome=%s duration_s=%.3f", result.outcome, result.duration_s)
+        _log.info("trial finished outcome=%s duration_s=%.3f", result.outcome, duration_s)
         return
     _log.warning(
         "trial finished outcome=%s duration_s=%.3f error=%s",
-        result.outcome, result.duration_s, failures.headline(result.error) or "",
+        result.outcome, duration_s, failures.headline(result.error) or "",
     )  # fmt: skip
 
 

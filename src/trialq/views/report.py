@@ -216,12 +216,12 @@ def _pareto_front(study: optuna.Study) -> Figure:
 
 def _memory(rows: list[TrialRow]) -> Figure:
     """Host peak (RSS) per trial, and GPU peak where any trial has one, bars by outcome."""
-    measured = [row for row in rows if row.peak_rss_bytes is not None]
+    measured = [row for row in rows if row.record.peak_rss_bytes is not None]
     if not measured:
         raise Skipped("no trial has recorded its memory yet")
     panels = [("peak RSS, MiB", "peak_rss_bytes")]
-    if any(row.gpu_peak_bytes is not None for row in measured):
-        panels.append(("peak GPU memory, MiB", "gpu_peak_bytes"))
+    if any(row.record.gpu_peak is not None for row in measured):
+        panels.append(("peak GPU memory, MiB", "gpu_peak"))
     figure, axes = _pyplot().subplots(
         len(panels), 1, squeeze=False, figsize=(7, 2.8 * len(panels)), layout="constrained"
     )
@@ -234,7 +234,7 @@ def _memory(rows: list[TrialRow]) -> Figure:
 def _memory_bars(ax: Any, rows: list[TrialRow], label: str, field: str) -> None:
     for outcome in sorted({row.label for row in rows}):
         mine = [row for row in rows if row.label == outcome]
-        heights = [(getattr(row, field) or 0) / 2**20 for row in mine]
+        heights = [(getattr(row.record, field) or 0) / 2**20 for row in mine]
         colour = OUTCOME_COLOURS.get(outcome, "#c62828")
         ax.bar([row.number for row in mine], heights, color=colour, label=outcome)
     ax.set_xlabel("trial")
@@ -322,13 +322,14 @@ def _header_html() -> str:
 
 
 def _row_html(row: TrialRow) -> str:
-    util = row.gpu_utilization_mean
+    record = row.record
+    util = record.gpu_utilization_mean
     cells = [
         str(row.number), row.state, row.outcome or "-", value_text(row.values),
         ", ".join(f"{k}={v}" for k, v in row.params.items()),
-        "-" if row.attempts is None else str(row.attempts), row.host or "-",
-        "-" if row.duration_s is None else f"{row.duration_s:.2f}",
-        human_bytes(row.peak_rss_bytes), human_bytes(row.gpu_peak_bytes),
+        "-" if record.attempts is None else str(record.attempts), record.worker_host or "-",
+        "-" if record.duration_s is None else f"{record.duration_s:.2f}",
+        human_bytes(record.peak_rss_bytes), human_bytes(record.gpu_peak),
         "-" if util is None else f"{util:.0f}", row.error or "",
     ]  # fmt: skip
     tds = "".join(

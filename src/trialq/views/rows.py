@@ -23,21 +23,24 @@ from trialq.wire.record import TrialRecord
 
 @dataclass(frozen=True)
 class TrialRow:
-    """One trial as shown: None where the trial has not said (yet)."""
+    """One trial as shown: Optuna's facts of it, and its record whole (what it measured,
+    how it ended; a field is None where the trial has not said yet)."""
 
     number: int
     state: str
-    outcome: str | None
     values: tuple[float, ...] | None
     params: dict[str, Any]
-    attempts: int | None
-    host: str | None
-    duration_s: float | None
-    peak_rss_bytes: int | None
-    gpu_peak_bytes: int | None
-    gpu_utilization_mean: float | None
-    error: str | None
-    log_file: str | None = None
+    record: TrialRecord
+
+    @property
+    def outcome(self) -> str | None:
+        """The outcome its record names, once it has ended."""
+        return self.record.outcome
+
+    @property
+    def error(self) -> str | None:
+        """The first line of its error: what a table has room for."""
+        return headline(self.record.error)
 
     @property
     def label(self) -> str:
@@ -59,21 +62,12 @@ def trial_rows(study: optuna.Study) -> list[TrialRow]:
 
 
 def _row(trial: optuna.trial.FrozenTrial) -> TrialRow:
-    record = TrialRecord.read(trial.user_attrs)
     return TrialRow(
         number=trial.number,
         state=trial.state.name,
-        outcome=record.outcome,
         values=tuple(values) if (values := real_values(trial)) else None,
         params=dict(trial.params),
-        attempts=record.attempts,
-        host=record.worker_host,
-        duration_s=record.duration_s,
-        peak_rss_bytes=record.peak_rss_bytes,
-        gpu_peak_bytes=record.gpu_peak,
-        gpu_utilization_mean=record.gpu_utilization_mean,
-        error=headline(record.error),
-        log_file=record.log_file,
+        record=TrialRecord.read(trial.user_attrs),
     )
 
 
@@ -87,7 +81,8 @@ def _running_row(row: TrialRow, running: RunningTrial | None) -> TrialRow:
     if running is None or row.state != "RUNNING":
         return row
     since = round(time.time() - running.started_at, 2)
-    return replace(row, host=running.worker, attempts=running.attempt, duration_s=since)
+    update = {"worker_host": running.worker, "attempts": running.attempt, "duration_s": since}
+    return replace(row, record=row.record.model_copy(update=update))
 
 
 def outcome_counts(rows: list[TrialRow]) -> dict[str, int]:

@@ -131,9 +131,9 @@ def _print_tables(
         console.print(last_run)
     for row in [r for r in rows if r.error][-MAX_FAILURES_SHOWN:]:
         console.print(f"  [red]#{row.number} {row.outcome}[/red]: {row.error}", markup=True)
-        if row.log_file:
-            console.print(f"    log: {row.log_file}", markup=False, highlight=False)
-    logged = [r.log_file for r in rows if r.log_file]
+        if row.record.log_file:
+            console.print(f"    log: {row.record.log_file}", markup=False, highlight=False)
+    logged = [r.record.log_file for r in rows if r.record.log_file]
     if logged:
         console.print(f"trials' logs: {Path(logged[-1]).parent}", markup=False, highlight=False)
     if workers is None:
@@ -149,7 +149,8 @@ def trials_table(study_name: str, rows: list[TrialRow]) -> Table:
 
     GPU columns appear only when some trial has a GPU reading: a CPU study keeps 80 columns.
     """
-    gpu = any(r.gpu_peak_bytes is not None or r.gpu_utilization_mean is not None for r in rows)
+    gpu = any(r.record.gpu_peak is not None or r.record.gpu_utilization_mean is not None
+              for r in rows)  # fmt: skip
     table = Table(
         title=f"study {study_name}",
         box=box.SIMPLE_HEAD,
@@ -180,10 +181,10 @@ def _cells(row: TrialRow) -> list[str]:
         str(row.number),
         row.label,
         value_text(row.values),
-        "-" if row.attempts is None else str(row.attempts),
-        row.host or "-",
-        "-" if row.duration_s is None else f"{row.duration_s:.1f}",
-        human_bytes(row.peak_rss_bytes),
+        "-" if row.record.attempts is None else str(row.record.attempts),
+        row.record.worker_host or "-",
+        "-" if row.record.duration_s is None else f"{row.record.duration_s:.1f}",
+        human_bytes(row.record.peak_rss_bytes),
     ]
 
 
@@ -196,8 +197,8 @@ def params_text(params: dict[str, Any]) -> str:
 
 
 def _gpu_cells(row: TrialRow) -> list[str]:
-    util = row.gpu_utilization_mean
-    return [human_bytes(row.gpu_peak_bytes), "-" if util is None else f"{util:.0f}"]
+    util = row.record.gpu_utilization_mean
+    return [human_bytes(row.record.gpu_peak), "-" if util is None else f"{util:.0f}"]
 
 
 def workers_table(workers: list[LiveWorker]) -> Table:

@@ -15,7 +15,7 @@ import os
 import re
 import secrets
 import socket
-from typing import Annotated, Any, Literal, TypedDict, Unpack
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, model_validator
 
@@ -196,48 +196,28 @@ class GpuGuardFigures(BaseModel):
         return self.own_bytes - (self.reserved_bytes or 0)
 
 
-class Measured(TypedDict, total=False):
-    """What a trial process measured of its attempt: `TrialResult`'s fields past its address,
-    outcome, error, pid, host and what ran (tests/unit/test_outcome.py keeps the two alike)."""
-
-    metrics: dict[str, float]
-    duration_s: float
-    peak_rss_bytes: int | None
-    gpu_peak_bytes: int | None
-    framework: str | None
-    gpu_peaks_bytes: tuple[int, ...] | None
-    gpu_budget_bytes: int | None
-    gpu_cap_applied: bool
-    gpu_cap_note: str | None
-    gpu_model: str | None
-    gpu_context_bytes: int | None
-    gpu_memory_used_peak_bytes: int | None
-    gpu_utilization_mean: float | None
-    gpu_process_peak_bytes: dict[str, int]
-    oom_caused_by_neighbour: bool
-    gpu_accounting: str | None
-    gpu_accounting_note: str | None
-    gpu_guard: GpuGuardFigures | None
-    last_step: int | None
-    reports_dropped: int
-    fitted_batch_size: int | None
-    device_refused: bool
-    checkpoint_removed: bool
-    artifacts: tuple[ArtifactMeta, ...]
-    log_file: str | None
+def _seconds_json(value: float | None) -> float:
+    """No duration as 0 in JSON, as every reader before `Measurements` read one (a driver of
+    the previous version takes no null there)."""
+    return 0.0 if value is None else value
 
 
-class TrialResult(_Message):
-    """What a trial process reports when it ends, whatever the outcome."""
+Seconds = Annotated[float | None, PlainSerializer(_seconds_json, when_used="json")]
 
-    study: str
-    number: int
-    attempt: int
-    outcome: Outcome
-    metrics: dict[str, Metric] = Field(default_factory=dict)
+
+class Measurements(BaseModel):
+    """What a trial's process measured of its attempt, and where it ran: declared here
+    once. `TrialResult` extends it (the worker's report), `trialq.wire.record.TrialRecord`
+    extends it (the trial's user attrs, each field under its own name), and the views and
+    the trackers read it from the record. A reading added here is carried, stored and read
+    back with nothing else to change (tests/unit/test_measurements.py)."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
     worker_pid: int | None = None
     worker_host: str | None = None
-    duration_s: float = 0.0
+    duration_s: Seconds = None
+    """How long the attempt ran; None: not timed (its process never ran it), 0 in JSON."""
     peak_rss_bytes: int | None = None
     gpu_peak_bytes: int | None = None
     """The largest of `gpu_peaks_bytes` (before frameworks: TensorFlow's peak on GPU:0)."""
@@ -276,13 +256,33 @@ class TrialResult(_Message):
     process could be named for at the start, a GPU left unguarded, NVML failing); None: none."""
     gpu_guard: GpuGuardFigures | None = None
     """For a `gpu_guard` kill: the figures it was killed for (docs/oom.md)."""
-    error: str | None = None
-    last_step: int | None = None
     reports_dropped: int = 0
     """Intermediate values the attempt reported that the driver never got (past the bound
     of `trialq.trial.report_sender.MAX_REPORTS_PER_ATTEMPT`, or lost while Redis was away)."""
     fitted_batch_size: int | None = None
     """The batch size `trial.fit_batch_size` found for the trial (None: it was not called)."""
+    log_file: str | None = None
+    """The attempt's own log on its worker's host (`worker/attempt_log.py`), where the
+    worker writes one (`TRIALQ_TRIAL_LOG_DIR`; `--local` does)."""
+
+
+def measured_fields(*parts: Measurements) -> dict[str, Any]:
+    """The fields each part set, later parts over earlier ones: one attempt's measurements
+    as its sources (the host, the framework, NVML, the trial's context) each took theirs."""
+    return {name: getattr(part, name) for part in parts for name in part.model_fields_set}
+
+
+class TrialResult(_Message, Measurements):
+    """What a trial process reports when it ends, whatever the outcome: its address, how it
+    ended, what it measured (`Measurements`), and what only the driver acts on."""
+
+    study: str
+    number: int
+    attempt: int
+    outcome: Outcome
+    metrics: dict[str, Metric] = Field(default_factory=dict)
+    error: str | None = None
+    last_step: int | None = None
     device_refused: bool = False
     """The trial did not run: its worker's device still held an earlier trial's memory.
     Not the params' fault, so the driver sends it elsewhere (within max_retries)."""
@@ -292,11 +292,9 @@ class TrialResult(_Message):
     artifacts: tuple[ArtifactMeta, ...] = ()
     """Files the trial stored with `trial.save_artifact`: the meta the driver links to the
     trial as `optuna.artifacts.upload_artifact` does (workers never touch the storage)."""
-    log_file: str | None = None
-    """The attempt's own log on its worker's host (`worker/attempt_log.py`), where the
-    worker writes one (`TRIALQ_TRIAL_LOG_DIR`; `--local` does)."""
     ran: str | None = None
-    """What the attempt ran (`TrialRequest.what_ran`); None from an older worker."""
+    """What the attempt ran (`TrialRequest.what_ran`); None from an older worker. For the
+    driver alone: not stored on the trial."""
 
     @classmethod
     def of(cls, request: TrialRequest, outcome: Outcome, error: str | None = None) -> TrialResult:
@@ -310,12 +308,17 @@ class TrialResult(_Message):
         request: TrialRequest,
         outcome: Outcome,
         error: str | None = None,
-        **measured: Unpack[Measured],
+        *measured: Measurements,
+        metrics: dict[str, float] | None = None,
+        last_step: int | None = None,
+        artifacts: tuple[ArtifactMeta, ...] = (),
     ) -> TrialResult:
-        """The result of an attempt, from the process that ran it (its pid and host)."""
+        """The result of an attempt, from the process that ran it (its pid and host), with
+        what each of its sources measured."""
+        here = Measurements(worker_pid=os.getpid(), worker_host=socket.gethostname())
         return cls._for(
-            request, outcome, error,
-            worker_pid=os.getpid(), worker_host=socket.gethostname(), **measured,
+            request, outcome, error, **measured_fields(here, *measured),
+            metrics=metrics or {}, last_step=last_step, artifacts=artifacts,
         )  # fmt: skip
 
     @classmethod
@@ -332,7 +335,7 @@ class TrialResult(_Message):
     def device_refused_here(cls, request: TrialRequest, reason: str) -> TrialResult:
         """The result of an attempt not run: its device held what no trial of this worker
         did (`device_refused`)."""
-        return cls.here(request, Outcome.ERROR, reason, device_refused=True)
+        return cls.here(request, Outcome.ERROR, reason).model_copy(update={"device_refused": True})
 
     def failed_as(self, outcome: Outcome, error: str) -> TrialResult:
         """This result, ended another way: the driver's reading of it (no objective, a
@@ -343,20 +346,10 @@ class TrialResult(_Message):
         """This result, its error text replaced (what was given up on, added)."""
         return self.model_copy(update={"error": error})
 
-    def with_peak_rss(self, peak_rss_bytes: int) -> TrialResult:
-        """This result with the host memory its attempt peaked at."""
-        return self.model_copy(update={"peak_rss_bytes": peak_rss_bytes})
-
-    def with_gpu_guard(self, peaks: dict[str, int], neighbour_caused: bool) -> TrialResult:
-        """This result with what its GPU memory guard saw: the peak of its processes per
-        GPU, and whether an `oom` was its neighbours' doing."""
-        update = {"gpu_process_peak_bytes": peaks, "oom_caused_by_neighbour": neighbour_caused}
-        return self.model_copy(update=update)
-
-    def with_gpu_accounting(self, accounting: str, note: str | None) -> TrialResult:
-        """This result saying where its GPU memory guard's figure of the trial's own memory
-        came from, and what could not be attributed or read (docs/oom.md)."""
-        return self.model_copy(update={"gpu_accounting": accounting, "gpu_accounting_note": note})
+    def measured_also(self, *measured: Measurements) -> TrialResult:
+        """This result with more of what its attempt measured, as `here` takes it: the host
+        memory the driver knows it peaked at, what the GPU memory guard saw."""
+        return self.model_copy(update=measured_fields(*measured))
 
     def with_checkpoint_removed(self, removed: bool) -> TrialResult:
         """This result, saying whether its process removed the trial's checkpoint folder."""
@@ -365,12 +358,3 @@ class TrialResult(_Message):
     def unstorable(self, error: str) -> TrialResult:
         """This result as `error` without its metrics: it was too large to store."""
         return self.model_copy(update={"outcome": Outcome.ERROR, "metrics": {}, "error": error})
-
-    def user_attrs(self) -> dict[str, Any]:
-        """The fields recorded on the Optuna trial (docs/design.md, "What every finished trial
-        records")."""
-        internal = {
-            "version", "study", "number", "attempt", "last_step", "device_refused",
-            "checkpoint_removed", "artifacts", "ran",
-        }  # fmt: skip
-        return self.model_dump(mode="json", exclude=internal)

@@ -3,8 +3,9 @@
 The driver writes a trial's record (a part when it sends it, the whole when it tells it) and
 reads it back when it re-attaches; `trialq status`, `report` and the `--json` summary read
 it too. Both sides go through this one model (docs/design.md, "What every finished trial
-records"), never through string keys of their own. Every field is optional: a record is
-written in parts, and one an older trialq wrote lacks the newer fields.
+records"), never through string keys of their own. Every field has a default: a record is
+written in parts, and one an older trialq wrote lacks the newer fields. What a trial
+measured is `Measurements`, declared once in `trialq.wire.messages` and extended here.
 """
 
 from __future__ import annotations
@@ -12,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import ValidationError
 
-from trialq.wire.messages import GpuGuardFigures, Metric, TrialResult
+from trialq.wire.messages import Measurements, Metric, TrialResult
 from trialq.wire.outcome import Outcome
 
 SUMMARY_FIELDS = (
@@ -25,14 +26,20 @@ SUMMARY_FIELDS = (
 """The fields of a record every tracker records beside the trial's values and metrics."""
 
 
+def recorded_of(result: TrialResult) -> dict[str, Any]:
+    """What of a result a trial's record keeps, as JSON: every field the two share (what
+    it measured, its outcome, error and metrics), no list of its own."""
+    return result.model_dump(mode="json", include=set(TrialRecord.model_fields))
+
+
 def _is_scalar(value: object) -> bool:
     return isinstance(value, str | int | float)
 
 
-class TrialRecord(BaseModel):
-    """A trial's user attrs; `attrs()` is what is written: the fields set, no others."""
-
-    model_config = ConfigDict(frozen=True, extra="ignore")
+class TrialRecord(Measurements):
+    """A trial's user attrs: what its attempt measured (`Measurements`, each field under its
+    own name), how it ended, and what the driver recorded of sending it. `attrs()` is what
+    is written: the fields set, no others."""
 
     outcome: str | None = None
     """An `Outcome`'s value (`known_outcome`); text, so one a newer trialq wrote reads too."""
@@ -44,28 +51,6 @@ class TrialRecord(BaseModel):
     preemptions: int | None = None
     checkpoint_key: str | None = None
     gpus: int | None = None
-    worker_pid: int | None = None
-    worker_host: str | None = None
-    duration_s: float | None = None
-    peak_rss_bytes: int | None = None
-    gpu_peak_bytes: int | None = None
-    framework: str | None = None
-    gpu_peaks_bytes: tuple[int, ...] | None = None
-    gpu_budget_bytes: int | None = None
-    gpu_cap_applied: bool | None = None
-    gpu_cap_note: str | None = None
-    gpu_model: str | None = None
-    gpu_context_bytes: int | None = None
-    gpu_memory_used_peak_bytes: int | None = None
-    gpu_utilization_mean: float | None = None
-    gpu_process_peak_bytes: dict[str, int] | None = None
-    oom_caused_by_neighbour: bool | None = None
-    gpu_accounting: str | None = None
-    gpu_accounting_note: str | None = None
-    gpu_guard: GpuGuardFigures | None = None
-    reports_dropped: int | None = None
-    fitted_batch_size: int | None = None
-    log_file: str | None = None
 
     @classmethod
     def told(
@@ -84,7 +69,7 @@ class TrialRecord(BaseModel):
         sent = {"attempts": attempts, "task_id": task_id, "retries": retries}
         more = {"preemptions": preemptions, "gpus": gpus}
         logged = {"log_file": result.log_file or log_file}
-        return cls.model_validate({**result.user_attrs(), **sent, **more, **logged})
+        return cls.model_validate({**recorded_of(result), **sent, **more, **logged})
 
     @classmethod
     def read(cls, attrs: Mapping[str, Any]) -> TrialRecord:
