@@ -80,9 +80,10 @@ class Question:
     def body(self) -> dict[str, Any]:
         """The question as JSON, unsigned."""
         study, number, attempt = self.address.parts
-        return {"study": study, "number": number, "attempt": attempt, "seq": self.seq,
-                "kind": self.kind, "name": self.name, "distribution": self.distribution,
-                "step": self.step, "value": self.value}  # fmt: skip
+        return {"study": study, "study_key": self.address.study_key, "number": number,
+                "attempt": attempt, "seq": self.seq, "kind": self.kind, "name": self.name,
+                "distribution": self.distribution, "step": self.step,
+                "value": self.value}  # fmt: skip
 
     @classmethod
     def parse(cls, body: dict[str, Any]) -> Question:
@@ -90,7 +91,9 @@ class Question:
         kind = body["kind"]
         if kind not in ("suggest", "judge"):
             raise ValueError(f"unknown kind {kind!r}")
-        address = TrialAddress(str(body["study"]), int(body["number"]), int(body["attempt"]))
+        key = body.get("study_key")  # the attempt's keys are named by it, as its reports are
+        address = TrialAddress(str(body["study"]), int(body["number"]), int(body["attempt"]),
+                               None if key is None else str(key))  # fmt: skip
         step, value = body.get("step"), body.get("value")
         return cls(address, int(body["seq"]), kind, body.get("name"), body.get("distribution"),
                    None if step is None else int(step),
