@@ -1,9 +1,11 @@
 """The docs hold together: every relative link in them resolves, to a file and, where it names
-one, to a heading; the code map in docs/design.md lists every module under src/trialq/; and
+one, to a heading; the code map in docs/design.md names every module under src/trialq/ in its
+package's paragraph; and
 the README stays something a newcomer reads in five minutes."""
 
 from __future__ import annotations
 
+import ast
 import re
 import tomllib
 from pathlib import Path
@@ -21,7 +23,7 @@ DOCS = sorted(
         *(ROOT / "docs" / "frameworks").glob("*.md"),
     ]
 )
-README_MAX_LINES = 200
+README_MAX_LINES = 120
 
 FENCE = re.compile(r"^\s*(```|~~~)")
 CODE_SPAN = re.compile(r"(`+)(?:(?!\1)(?:[^\n]|\n(?!\n)))+?\1")  # within a paragraph
@@ -116,25 +118,46 @@ def test_slugs_follow_github() -> None:
     assert slug("One GPU host: Docker Compose") == "one-gpu-host-docker-compose"
 
 
-def code_map_entries() -> list[str]:
-    """The paths the code map in docs/design.md lists (`- `path`: ...` items)."""
+def code_map_paragraphs() -> dict[str, set[str]]:
+    """The files each paragraph of the code map in docs/design.md names, by the package it is
+    about (`driver/sampling/`: a paragraph opening with it; "" for the top-level modules)."""
     text = (ROOT / "docs" / "design.md").read_text(encoding="utf-8")
     match = re.search(r"^## Code map\n(.*?)(?=^## |\Z)", text, flags=re.M | re.S)
     assert match, "docs/design.md has no '## Code map' section"
-    return re.findall(r"^- `([^`]+)`:", match.group(1), flags=re.M)
+    named: dict[str, set[str]] = {}
+    for paragraph in match.group(1).split("\n\n"):
+        opening = re.match(r"`((?:\w+/)+)`:|Top-level modules:", paragraph.strip())
+        if opening:
+            package = opening.group(1) or ""
+            assert package not in named, f"two paragraphs for {package or 'the top level'}"
+            named[package] = set(re.findall(r"`(\w+\.py|py\.typed)`", paragraph))
+    return named
 
 
-def test_the_code_map_lists_every_module_under_src_trialq() -> None:
+def test_the_code_map_names_every_module_in_its_package_paragraph() -> None:
     package = ROOT / "src" / "trialq"
-    modules = {
-        path.relative_to(package).as_posix()
-        for path in package.rglob("*")
-        if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc"
-    }
-    listed = code_map_entries()
-    assert sorted(modules - set(listed)) == [], "add these to the code map in docs/design.md"
-    assert sorted(set(listed) - modules) == [], "these are gone: drop them from the code map"
-    assert len(listed) == len(set(listed)), "a module listed twice"
+    files: dict[str, set[str]] = {}
+    for path in package.rglob("*"):
+        if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc":
+            folder = path.parent.relative_to(package).as_posix()
+            files.setdefault("" if folder == "." else folder + "/", set()).add(path.name)
+    named = code_map_paragraphs()
+    assert sorted(set(files) - set(named)) == [], "a package with no paragraph in the code map"
+    assert sorted(set(named) - set(files)) == [], "a paragraph of a package that is gone"
+    for folder, found in files.items():
+        where = folder or "the top level"
+        assert sorted(found - named[folder]) == [], f"{where}: name these in its paragraph"
+        assert sorted(named[folder] - found) == [], f"{where}: these are gone from it"
+
+
+def test_every_module_says_what_it_is_for() -> None:
+    """The code map names modules; each module's docstring says the rest."""
+    silent = [
+        path.relative_to(ROOT).as_posix()
+        for path in (ROOT / "src" / "trialq").rglob("*.py")
+        if ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) is None
+    ]
+    assert silent == []
 
 
 def test_the_readme_stays_short() -> None:
