@@ -24,7 +24,11 @@ pytestmark = pytest.mark.integration
 
 
 def _run(spec: Path, redis_url: str, result_secret: str | None = None) -> dict[str, Any]:
-    settings = Settings(broker_url=redis_url, result_secret=result_secret)
+    settings = (  # the environment's secret (the workers', tests/conftest.py) unless given
+        Settings(broker_url=redis_url)
+        if result_secret is None
+        else Settings(broker_url=redis_url, result_secret=result_secret)
+    )
     return submit_study(spec, settings, None, None, None, False)
 
 
