@@ -12,8 +12,8 @@ import os
 from collections.abc import Iterator
 
 import pytest
+from celery import Celery
 
-from trialq._celery import worker as worker_module
 from trialq._celery.pool import TrialPool
 from trialq._celery.worker import build_worker_app
 from trialq.settings import Settings
@@ -23,18 +23,15 @@ pytestmark = pytest.mark.usefixtures("no_framework_here")  # forks from this pro
 
 
 @pytest.fixture
-def room(monkeypatch: pytest.MonkeyPatch) -> WorkerState:
-    """A worker's state, its app built here (and forgotten after the test)."""
-    for name in ("_room", "_child", "_app"):
-        monkeypatch.setattr(worker_module, name, None)
-    state = WorkerState(Settings(spare_processes=1, broker_url="redis://127.0.0.1:1/0"))
-    build_worker_app(state)
-    return state
+def room() -> WorkerState:
+    """A worker's state."""
+    return WorkerState(Settings(spare_processes=1, broker_url="redis://127.0.0.1:1/0"))
 
 
 @pytest.fixture
 def started_pool(room: WorkerState) -> Iterator[TrialPool]:
-    app = worker_module._app
+    """A pool built for the app that runs `room`, which it reads its slots from."""
+    app: Celery = build_worker_app(room)
     pool = TrialPool(limit=1, app=app, initargs=(app, "pool-shutdown@test"))
     pool.start()
     yield pool

@@ -470,7 +470,7 @@ def test_trialq_sends_no_priority_and_kombu_keeps_priorities_apart(redis_url: st
 ACTIVE_REQUESTS = Hook(
     "celery.worker.state.active_requests (a set of celery.worker.request.Request, with "
     "name, args and worker_pid)",
-    "src/trialq/_celery/worker.py (_running_requests)",
+    "src/trialq/_celery/lifecycle.py (_running_requests)",
     "a worker given SIGTERM cannot find its running trials: none is told to stop "
     "(trial.should_stop() stays false) and none is killed after TRIALQ_STOP_GRACE_S",
 )
