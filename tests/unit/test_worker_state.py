@@ -238,3 +238,22 @@ def test_trialq_worker_s_flags_become_its_settings_not_environment_variables(
     monkeypatch.setenv("TRIALQ_GPUS", "all")
     with pytest.raises(UsageError, match=r"--gpu .* and --gpus exclude each other"):
         _worker_settings(one_gpu)
+
+
+def test_a_heartbeat_that_cannot_start_is_logged_and_the_worker_runs_on(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    state = WorkerState(Settings(broker_url=NOWHERE))
+    consumer = _consumer(build_worker_app(state))
+    monkeypatch.setattr(lifecycle, "_freeze_started_worker", lambda: None)
+    preempted: list[Any] = []
+    monkeypatch.setattr(state, "preempt", preempted.append)
+    step = WorkerLifecycle(consumer)
+    try:
+        with caplog.at_level(logging.ERROR, logger="trialq.worker"):
+            step.start(consumer)  # nothing listens at NOWHERE
+        assert "the worker's heartbeat did not start" in caplog.text
+        signals.worker_shutting_down.send(sender="w@h", how="Warm")
+        assert preempted == [[]], "SIGTERM still tells the running trials to stop"
+    finally:
+        step.shutdown(consumer)

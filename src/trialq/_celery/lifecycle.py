@@ -89,6 +89,7 @@ class WorkerLifecycle(bootsteps.StartStopStep):  # type: ignore[misc]
         assert worker is not None, "added to the blueprint only by build_worker_app"
         self.worker = worker
         self.running = False
+        self.beating = False
         self._forking: list[tuple[Signal, Callable[..., None]]] = [
             (signals.worker_before_create_process, self._before_fork),
             (signals.worker_process_init, self._trial_process_started),
@@ -114,7 +115,11 @@ class WorkerLifecycle(bootsteps.StartStopStep):  # type: ignore[misc]
         _freeze_started_worker()
         queues = tuple(sorted(consumer.app.amqp.queues.consume_from or [DEFAULT_QUEUE]))
         concurrency = consumer.pool.num_processes if consumer.pool is not None else 1
-        self.worker.state.start_heartbeat(consumer.hostname, queues, concurrency)
+        try:
+            self.worker.state.start_heartbeat(consumer.hostname, queues, concurrency)
+            self.beating = True
+        except Exception:  # as when a signal started it: logged, and the worker runs on
+            logger.exception("the worker's heartbeat did not start")
         _connect(self._running)
         self.running = True
 
@@ -125,8 +130,10 @@ class WorkerLifecycle(bootsteps.StartStopStep):  # type: ignore[misc]
         """The pool has stopped, its trials ended: stop beating, then forget the handlers."""
         if self.running:
             _disconnect(self._running)
-            self.worker.state.stop_heartbeat()
             self.running = False
+        if self.beating:
+            self.worker.state.stop_heartbeat()
+            self.beating = False
         _disconnect(self._forking)
 
     # In the parent.
