@@ -20,7 +20,8 @@ running trials, and the worker beats until they have ended. A lost broker connec
 and restarts the consumer's steps (`stop`, `start`): the heartbeat beats through it.
 
 Celery's signals are one set per process; the step connects its handlers when its moment
-starts and disconnects them when it ends, so a process with no trialq worker has none.
+starts and disconnects them when it ends, so a process with no trialq worker runs none of
+them (the log lines' handler aside: `trialq._celery.worker`).
 """
 
 from __future__ import annotations
