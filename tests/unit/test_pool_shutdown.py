@@ -3,18 +3,21 @@
 A stop signal that reached a worker while it forked its spare process ran Celery's cold
 shutdown in the new child, which stopped "its" pool: billiard's `can only join a child
 process`, an unrecoverable error, 7 s of shutdown instead of 2. Here that child's stop is
-played out deterministically: a real `TrialPool`, stopped from a process forked off it.
+played out deterministically: a real `TrialPool`, stopped from a process forked off it. The
+pool and its processes find the worker's slots through the app they were built for.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from types import SimpleNamespace
 
 import pytest
+from billiard.queues import _SimpleQueue
+from celery import Celery
 
-from trialq._celery import worker as worker_module
-from trialq._celery.pool import TrialPool
+from trialq._celery.pool import TrialPool, TrialProcess
 from trialq._celery.worker import build_worker_app
 from trialq.settings import Settings
 from trialq.worker.state import WorkerState
@@ -23,18 +26,15 @@ pytestmark = pytest.mark.usefixtures("no_framework_here")  # forks from this pro
 
 
 @pytest.fixture
-def room(monkeypatch: pytest.MonkeyPatch) -> WorkerState:
-    """A worker's state, its app built here (and forgotten after the test)."""
-    for name in ("_room", "_child", "_app"):
-        monkeypatch.setattr(worker_module, name, None)
-    state = WorkerState(Settings(spare_processes=1, broker_url="redis://127.0.0.1:1/0"))
-    build_worker_app(state)
-    return state
+def room() -> WorkerState:
+    """A worker's state."""
+    return WorkerState(Settings(spare_processes=1, broker_url="redis://127.0.0.1:1/0"))
 
 
 @pytest.fixture
 def started_pool(room: WorkerState) -> Iterator[TrialPool]:
-    app = worker_module._app
+    """A pool built for the app that runs `room`, which it reads its slots from."""
+    app: Celery = build_worker_app(room)
     pool = TrialPool(limit=1, app=app, initargs=(app, "pool-shutdown@test"))
     pool.start()
     yield pool
@@ -72,3 +72,22 @@ def test_a_pool_stopped_from_a_forked_child_is_left_to_its_parent(
     assert all(p.exitcode is None for p in processes), "the child stopped the parent's processes"
     started_pool.stop()  # the parent, as ever
     assert room.slots is None and not slots.directory.exists()
+
+
+def test_a_trial_process_hands_its_slot_over_through_the_app_it_was_started_for(
+    room: WorkerState, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pool process finds the worker's slots through the app Celery starts it with (the
+    first of its `initargs`); one started for an app that runs no worker hands nothing."""
+    handed: list[bool] = []
+    monkeypatch.setattr(room, "hand_over_slot", lambda: handed.append(True))
+    read = SimpleNamespace(value=1)  # the parent has read the process's one result
+    for initargs, expected in [
+        ((Celery("other"), "h"), []),
+        ((build_worker_app(room), "h"), [True]),
+    ]:
+        process = TrialProcess(
+            _SimpleQueue(), _SimpleQueue(), initargs=initargs, on_ready_counter=read
+        )
+        assert process._ensure_messages_consumed(completed=1)
+        assert handed == expected

@@ -123,6 +123,24 @@ PRIORITY_LISTS = Hook(
 )
 
 
+POOL_INITARGS = Hook(
+    "billiard.pool.Worker.initargs, which Celery's Pool bootstep fills with (app, hostname) "
+    "(celery.worker.components.Pool.create)",
+    f"{POOL} (TrialProcess._ensure_messages_consumed)",
+    "a trial's process cannot find the worker's slots: it never hands its slot over early, "
+    "so with a spare the next trial waits for it to exit",
+)
+
+
+def test_celery_starts_each_pool_process_with_its_app_first_among_initargs() -> None:
+    from celery.worker import components
+
+    hook = POOL_INITARGS
+    assert "initargs" in parameters(billiard.pool.Worker.__init__), hook.gone("no such argument")
+    source = inspect.getsource(components.Pool.create)
+    assert "initargs=(w.app, w.hostname)" in source, hook.gone("the pool gets other initargs")
+
+
 # --- the pool's overrides, on the classes -----------------------------------------------------
 
 
@@ -292,7 +310,9 @@ print(os.read(read, 100).decode())
 """
 
 
-@pytest.mark.skipif(importlib.util.find_spec("cffi") is None, reason="no cffi: billiard uses ctypes")
+@pytest.mark.skipif(
+    importlib.util.find_spec("cffi") is None, reason="no cffi: billiard uses ctypes"
+)
 def test_a_forked_pool_process_inherits_the_parser_billiard_declares_prctl_with() -> None:
     hook = PDEATHSIG_BY_CFFI
     assert PRCTL_DECLARATION in inspect.getsource(billiard.util.set_pdeathsig), hook.gone(
@@ -351,8 +371,8 @@ def test_sending_a_trial_subscribes_to_nothing(
 ) -> None:
     hook = ON_TASK_CALL
     app = create_app(Settings(broker_url=redis_url))
-    assert parameters(type(app.backend).on_task_call) == ["self", "producer", "task_id"], (
-        hook.gone(f"its parameters are {parameters(type(app.backend).on_task_call)}")
+    assert parameters(type(app.backend).on_task_call) == ["self", "producer", "task_id"], hook.gone(
+        f"its parameters are {parameters(type(app.backend).on_task_call)}"
     )
     subscribed: list[str] = []
     subscribe = redis.client.PubSub.subscribe
@@ -470,7 +490,7 @@ def test_trialq_sends_no_priority_and_kombu_keeps_priorities_apart(redis_url: st
 ACTIVE_REQUESTS = Hook(
     "celery.worker.state.active_requests (a set of celery.worker.request.Request, with "
     "name, args and worker_pid)",
-    "src/trialq/_celery/worker.py (_running_requests)",
+    "src/trialq/_celery/lifecycle.py (_running_requests)",
     "a worker given SIGTERM cannot find its running trials: none is told to stop "
     "(trial.should_stop() stays false) and none is killed after TRIALQ_STOP_GRACE_S",
 )

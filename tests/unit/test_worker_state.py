@@ -1,7 +1,7 @@
 """The worker's parent has a room of its own (`trialq.worker`): its state on one object built
-from the settings it is handed, no Celery in it, and a Celery edge that only calls its steps:
-a bootstep prepares it before the pool forks, one handler per signal forwards the rest. The
-trial process's result is kept by the trial wing (`trialq.worker.result_store`)."""
+from the settings it is handed, no Celery in it, carried by the app that runs it, and one
+bootstep that calls its steps, each start beside its stop. The trial process's result is
+kept by the trial wing (`trialq.worker.result_store`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import subprocess
 import sys
 import types
 import weakref
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -18,8 +17,9 @@ import redis
 from celery import signals
 from trial_requests import trial_request
 
-from trialq._celery import worker as worker_module
-from trialq._celery.worker import WorkerStateStep, build_worker_app
+from trialq._celery import lifecycle
+from trialq._celery.lifecycle import WorkerLifecycle, worker_of
+from trialq._celery.worker import build_worker_app
 from trialq.settings import Settings
 from trialq.wire.keys import result_key, results_channel
 from trialq.worker.result_store import ResultStore
@@ -45,14 +45,6 @@ class FlakyRedis:
 
     def publish(self, channel: str, message: str) -> None:
         self.published.append((channel, message))
-
-
-@pytest.fixture
-def fresh_edge(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """The Celery edge's worker, as this test leaves it, not kept for the next test."""
-    for name in ("_room", "_child", "_app"):
-        monkeypatch.setattr(worker_module, name, None)
-    yield
 
 
 def _store(client: FlakyRedis) -> ResultStore:
@@ -84,19 +76,22 @@ def test_giving_up_on_a_result_is_an_error_naming_the_trial_and_why(
         assert part in line, line
 
 
-def test_the_state_is_built_from_the_settings_it_is_given(fresh_edge: None) -> None:
+def test_the_state_is_built_from_the_settings_it_is_given() -> None:
     settings = Settings(broker_url="redis://127.0.0.1:1/3", cuda_visible_devices="1")
     state = WorkerState(settings)
     assert state.settings is settings
     assert state.baseline is None and state.heartbeat is None and state.slots is None
     app = build_worker_app(state)
     assert app.conf.broker_url == "redis://127.0.0.1:1/3", "the app is the state's settings'"
-    assert worker_module.room() is state
+    worker = worker_of(app)
+    assert worker is not None and worker.state is state, "the app carries the worker it runs"
     import trialq.worker
 
     assert trialq.worker.app is app, "`celery -A trialq.worker` names the app built here"
-    child = worker_module.child()
+    child = worker.child()
     assert child.settings is settings and child.results.key_ttl_s == settings.key_ttl_s
+    assert worker.child() is child, "one per trial process"
+    assert worker_of(types.SimpleNamespace()) is None, "an app that runs no trialq worker"
 
 
 def test_the_worker_room_imports_no_celery_and_builds_nothing_at_import() -> None:
@@ -114,80 +109,104 @@ def test_the_worker_room_imports_no_celery_and_builds_nothing_at_import() -> Non
     assert done.returncode == 0, done.stderr
 
 
-def test_the_bootstep_prepares_the_state_before_the_pool_forks(
-    fresh_edge: None, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    state = WorkerState(Settings(broker_url=NOWHERE))
-    app = build_worker_app(state)
-    assert WorkerStateStep in app.steps["worker"], "registered on the worker's blueprint"
-    assert "celery.worker.components:Pool" in WorkerStateStep.requires, "the pool exists first"
-    steps: list[str] = []
-    for name in ("preload", "plan_gpus", "probe_gpus", "measure_device_baseline"):
-        monkeypatch.setattr(state, name, lambda *_a, _n=name, **_k: steps.append(_n))
-    WorkerStateStep(types.SimpleNamespace()).create(types.SimpleNamespace(concurrency=3))
-    assert steps == ["preload", "plan_gpus", "probe_gpus", "measure_device_baseline"]
-    assert state.concurrency == 3, "what the cores are shared among (worker/threads.py)"
-
-
-def test_worker_ready_freezes_then_starts_the_heartbeat(
-    fresh_edge: None, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    state = WorkerState(Settings(broker_url=NOWHERE))
-    build_worker_app(state)
-    steps: list[Any] = []
-    monkeypatch.setattr(worker_module, "_freeze_started_worker", lambda: steps.append("freeze"))
-    monkeypatch.setattr(state, "start_heartbeat", lambda *args: steps.append(args))
-    consumer = _Consumer(
-        hostname="w@h",
-        app=types.SimpleNamespace(
-            amqp=types.SimpleNamespace(queues=types.SimpleNamespace(consume_from={"b": 1, "a": 2}))
-        ),
-        pool=types.SimpleNamespace(num_processes=3),
-    )
-    signals.worker_ready.send(sender=consumer)
-    assert steps == ["freeze", ("w@h", ("a", "b"), 3)]
-
-
 class _Consumer(types.SimpleNamespace):
-    """What worker_ready's sender (Celery's consumer) is read for; hashable, as a sender."""
+    """What the bootstep reads of Celery's consumer; hashable, as a signal's sender is."""
 
     __hash__ = object.__hash__
 
 
-def test_signals_without_a_worker_built_here_do_nothing(fresh_edge: None) -> None:
-    """A test's own pool forks in a process that built no worker: nothing to forward to."""
-    signals.worker_process_init.send(sender=None)
-    signals.worker_shutting_down.send(sender="w@h", how="Warm")
-    signals.worker_shutdown.send(sender=None)
-    assert worker_module._child is None
+def _consumer(app: Any) -> _Consumer:
+    queues = types.SimpleNamespace(consume_from={"b": 1, "a": 2})
+    return _Consumer(
+        hostname="w@h",
+        app=types.SimpleNamespace(
+            amqp=types.SimpleNamespace(queues=queues), trialq_worker=worker_of(app)
+        ),
+        pool=types.SimpleNamespace(num_processes=3),
+        controller=types.SimpleNamespace(concurrency=3),
+    )
 
 
-@pytest.mark.parametrize(
-    "signal",
-    [
-        signals.after_setup_logger,
-        signals.worker_before_create_process,
-        signals.worker_process_init,
-        signals.worker_ready,
-        signals.task_prerun,
-        signals.task_postrun,
-        signals.worker_shutting_down,
-        signals.worker_shutdown,
-    ],
+LIFECYCLE_SIGNALS = (
+    signals.worker_before_create_process,
+    signals.worker_process_init,
+    signals.task_prerun,
+    signals.task_postrun,
+    signals.worker_shutting_down,
 )
-def test_trialq_connects_one_handler_to_each_signal(signal: Any) -> None:
-    ours = [
-        receiver
+
+
+def _trialq_receivers(signal: Any) -> list[Any]:
+    return [
+        live
         for _key, receiver in signal.receivers
-        if getattr(_live(receiver), "__module__", "").startswith("trialq.")
+        if (live := _live(receiver)) is not None
+        and getattr(live, "__module__", "").startswith("trialq.")
     ]
-    assert len(ours) == 1, ours
-    assert _live(ours[0]).__module__ == worker_module.__name__, "only the Celery edge connects"
 
 
 def _live(receiver: Any) -> Any:
     """The function Celery keeps a (weak) reference to."""
     return receiver() if isinstance(receiver, weakref.ReferenceType) else receiver
+
+
+def test_the_bootstep_runs_each_start_beside_its_stop_in_the_worker_s_order(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Prepared before the pool forks, beating once it consumes (once, through a lost
+    connection), preempting on SIGTERM only while it runs, stopped once the pool stopped;
+    its handlers connected only while their moment lasts."""
+    state = WorkerState(Settings(broker_url=NOWHERE))
+    app = build_worker_app(state)
+    assert WorkerLifecycle in app.steps["consumer"], "registered on the consumer's blueprint"
+    steps: list[Any] = []
+    for name in ("preload", "plan_gpus", "probe_gpus", "measure_device_baseline"):
+        monkeypatch.setattr(state, name, lambda *_a, _n=name, **_k: steps.append(_n))
+    monkeypatch.setattr(lifecycle, "_freeze_started_worker", lambda: steps.append("freeze"))
+    monkeypatch.setattr(state, "start_heartbeat", lambda *args: steps.append(args))
+    monkeypatch.setattr(state, "stop_heartbeat", lambda: steps.append("stop heartbeat"))
+    monkeypatch.setattr(state, "preempt", lambda running: steps.append(("preempt", running)))
+    consumer = _consumer(app)
+    step = WorkerLifecycle(consumer)
+    assert not any(_trialq_receivers(s) for s in LIFECYCLE_SIGNALS), "connected before create"
+
+    try:
+        _live_through(step, consumer, state, steps)
+    finally:
+        step.shutdown(consumer)
+    assert not any(_trialq_receivers(s) for s in LIFECYCLE_SIGNALS), "left connected"
+
+
+def _live_through(
+    step: WorkerLifecycle, consumer: _Consumer, state: WorkerState, steps: list[Any]
+) -> None:
+    step.create(consumer)
+    assert steps == ["preload", "plan_gpus", "probe_gpus", "measure_device_baseline"]
+    assert state.concurrency == 3, "what the cores are shared among (worker/threads.py)"
+    forked = LIFECYCLE_SIGNALS[:4]
+    assert [len(_trialq_receivers(s)) for s in forked] == [1, 1, 1, 1], "every fork inherits"
+    signals.worker_shutting_down.send(sender="w@h", how="Warm")
+    assert len(steps) == 4, "preempted before it ran"
+
+    steps.clear()
+    step.start(consumer)
+    step.stop(consumer)  # a lost connection: the consumer restarts, the worker lives on
+    step.start(consumer)
+    assert steps == ["freeze", ("w@h", ("a", "b"), 3)], "started once"
+    signals.worker_shutting_down.send(sender="w@h", how="Cold")
+    signals.worker_shutting_down.send(sender="w@h", how="Warm")
+    assert steps[2:] == [("preempt", [])], "only a warm shutdown tells trials to stop"
+
+    step.shutdown(consumer)
+    assert steps[3:] == ["stop heartbeat"]
+
+
+def test_trialq_connects_no_handler_at_import_but_the_log_one() -> None:
+    """A process that builds no worker (a test's pool, the driver) runs no trialq handler."""
+    for signal in (*LIFECYCLE_SIGNALS, signals.worker_ready, signals.worker_shutdown):
+        assert _trialq_receivers(signal) == [], signal
+    (ours,) = _trialq_receivers(signals.after_setup_logger)
+    assert ours.__module__ == "trialq._celery.worker"
 
 
 def test_trialq_worker_s_flags_become_its_settings_not_environment_variables(
@@ -219,3 +238,22 @@ def test_trialq_worker_s_flags_become_its_settings_not_environment_variables(
     monkeypatch.setenv("TRIALQ_GPUS", "all")
     with pytest.raises(UsageError, match=r"--gpu .* and --gpus exclude each other"):
         _worker_settings(one_gpu)
+
+
+def test_a_heartbeat_that_cannot_start_is_logged_and_the_worker_runs_on(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    state = WorkerState(Settings(broker_url=NOWHERE))
+    consumer = _consumer(build_worker_app(state))
+    monkeypatch.setattr(lifecycle, "_freeze_started_worker", lambda: None)
+    preempted: list[Any] = []
+    monkeypatch.setattr(state, "preempt", preempted.append)
+    step = WorkerLifecycle(consumer)
+    try:
+        with caplog.at_level(logging.ERROR, logger="trialq.worker"):
+            step.start(consumer)  # nothing listens at NOWHERE
+        assert "the worker's heartbeat did not start" in caplog.text
+        signals.worker_shutting_down.send(sender="w@h", how="Warm")
+        assert preempted == [[]], "SIGTERM still tells the running trials to stop"
+    finally:
+        step.shutdown(consumer)

@@ -16,8 +16,9 @@ to report ready. Measured here, that was 0.2 s a trial at best and 5 s at worst 
   a share of them (`GpuShare`), which the slot's trials run on. A process that never
   initialised a device hands its slot over as soon as its result is read
   (`hand_over_trial_slot`): its exit frees nothing the next trial needs. The slots are the
-  worker's (`trialq.worker.WorkerState`, which knows nothing of Celery); this pool has it
-  open them before it forks and close them when it stops.
+  worker's (`trialq.worker.WorkerState`, which knows nothing of Celery), read from the app
+  the pool was built for (`trialq._celery.lifecycle.worker_of`); this pool has it open them
+  before it forks and close them when it stops.
 - it reaps an exited child as soon as the child can be reaped, not at the next 5 s timer,
   and without Celery's 10 ms wait on the reaped child's pipe.
 - it builds, once in the parent, the C parser that every new child would build for itself:
@@ -39,7 +40,7 @@ from billiard import pool as billiard_pool
 from celery.concurrency import asynpool
 from celery.concurrency.prefork import TaskPool
 
-from trialq._celery.worker import current_room
+from trialq._celery.lifecycle import worker_of
 from trialq.trial.process_group import kill_group_of
 from trialq.worker.slots import POLL_S
 
@@ -52,25 +53,27 @@ _REAP_FIRST_RETRY_S = 0.002
 _REAP_LAST_RETRY_S = 0.5
 
 
-def hand_over_trial_slot() -> None:
+def hand_over_trial_slot(app: Any) -> None:
     """The trial is over and its result read: let the next trial start now, unless this
     process holds device state, which only its exit frees.
 
     Exiting is not quick for a process forked from a parent that imported TensorFlow: the
     kernel unmaps hundreds of megabytes (16 ms here), and billiard ends the child only once
     the parent has read its last message. A process that never initialised a device
-    holds nothing the next trial must wait for.
+    holds nothing the next trial must wait for. `app`: the app the pool's process was
+    started for (a test's pool may have none).
     """
-    room = current_room()
-    if room is not None:
-        room.hand_over_slot()
+    worker = worker_of(app)
+    if worker is not None:
+        worker.state.hand_over_slot()
 
 
 class TrialProcess(asynpool.Worker):  # type: ignore[misc]
     """A pool child that exits as soon as the parent has read its last result.
 
     billiard polls for that every 0.1 s; a child with one task to run lingers that long for
-    nothing, and with a spare, the next trial waits on it (its slot lock).
+    nothing, and with a spare, the next trial waits on it (its slot lock). Celery starts each
+    pool process with its app first among `initargs` (`celery.worker.components.Pool`).
     """
 
     def _ensure_messages_consumed(self, completed: int) -> bool:
@@ -79,7 +82,7 @@ class TrialProcess(asynpool.Worker):  # type: ignore[misc]
         deadline = time.monotonic() + _RESULT_READ_WAIT_S
         while time.monotonic() < deadline:
             if self.on_ready_counter.value >= completed:
-                hand_over_trial_slot()
+                hand_over_trial_slot(self.initargs[0] if self.initargs else None)
                 return True
             time.sleep(POLL_S)
         logger.warning("pool child %d exits before its result was read", os.getpid())
@@ -161,11 +164,11 @@ class TrialPool(TaskPool):  # type: ignore[misc]
     def on_start(self) -> None:
         warm_child_start()
         self._owner_pid = os.getpid()
-        room = current_room()
+        worker = worker_of(self.app)
         slots = self.limit
-        if room is not None:
-            room.open_slots(slots)
-        self.limit = slots + (room.settings.spare_processes if room is not None else 0)
+        if worker is not None:
+            worker.state.open_slots(slots)
+        self.limit = slots + (worker.state.settings.spare_processes if worker is not None else 0)
         try:
             super().on_start()
         finally:
@@ -179,13 +182,18 @@ class TrialPool(TaskPool):  # type: ignore[misc]
         if self._stopped_by_a_stranger("stop"):
             return
         super().on_stop()
-        _remove_slots()
+        self._remove_slots()
 
     def on_terminate(self) -> None:
         if self._stopped_by_a_stranger("terminate"):
             return
         super().on_terminate()
-        _remove_slots()
+        self._remove_slots()
+
+    def _remove_slots(self) -> None:
+        worker = worker_of(self.app)
+        if worker is not None:
+            worker.state.close_slots()
 
     def _stopped_by_a_stranger(self, how: str) -> bool:
         """Whether this process is not the one that started the pool, and must leave it be.
@@ -202,9 +210,3 @@ class TrialPool(TaskPool):  # type: ignore[misc]
             "pool %s asked of process %d, not the worker's parent: ignored", how, os.getpid()
         )
         return True
-
-
-def _remove_slots() -> None:
-    room = current_room()
-    if room is not None:
-        room.close_slots()

@@ -1,6 +1,6 @@
 """The whole worker: its parent process (its state, `WorkerState`; its trial slots, heartbeat,
 preemption, preloading and prewarming) and the child's shell around a trial (`child`: the
-result it stores, its log, its threads); no Celery (the Celery edge, `trialq._celery.worker`,
+result it stores, its log, its threads); no Celery (the Celery edge, `trialq._celery.lifecycle`,
 calls its steps). What runs inside the trial itself is `trialq.trial`.
 
 `celery -A trialq.worker worker` finds the worker's Celery app here under its public name,

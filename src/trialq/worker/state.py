@@ -5,8 +5,8 @@ What it holds: the settings, the GPU shares its slots give their trials, the dev
 its trial slots and its heartbeat. Its steps, in the order a worker runs them: `prepare`
 (before the pool forks: the framework imported, the GPUs cut into shares, the clean device
 measured), `open_slots` (as the pool starts), `start_heartbeat` (once it consumes),
-`preempt` (SIGTERM), `stop_heartbeat` and `close_slots` (stopping). Each trial process the
-pool forks gets a `WorkerChild` of it (`child`). The Celery edge (`trialq._celery.worker`)
+`preempt` (SIGTERM), `close_slots` and `stop_heartbeat` (stopping). Each trial process the
+pool forks gets a `WorkerChild` of it (`child`). The Celery edge (`trialq._celery.lifecycle`)
 calls these steps and nothing else.
 """
 
