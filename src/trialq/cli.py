@@ -470,7 +470,7 @@ def _worker_settings(args: argparse.Namespace) -> Settings:
     if args.gpu is not None and settings.gpus:
         raise UsageError("trialq worker: --gpu (one GPU, one trial) and --gpus exclude each other")
     slot_flags = _gpu_slot_flags_given(args)
-    if slot_flags and not settings.gpus:  # once accepted and ignored (issue 39, item 5)
+    if slot_flags and not settings.gpus:  # once accepted and ignored
         raise UsageError(
             f"trialq worker: {', '.join(slot_flags)} cut --gpus into slots; "
             "give --gpus (or TRIALQ_GPUS) too"

@@ -2,7 +2,7 @@
 
 A value past these is refused where it enters (the spec, the command line, a trial's
 report) in one line naming it, never carried to where a storage, Optuna or a clock would
-fail on it after the study exists (issue 38: such values ended the driver with exit 4).
+fail on it after the study exists (such values ended the driver with exit 4).
 """
 
 from __future__ import annotations

@@ -69,7 +69,7 @@ class Settings(BaseSettings):
     import_paths: Annotated[tuple[str, ...], NoDecode] = ()
     """Folders a worker puts first on `sys.path` to import entrypoints (`TRIALQ_IMPORT_PATHS`,
     separated by the OS path separator); `--local` sets the spec's folder and the current
-    one for the workers it starts. Never taken from a message (issue 26.7)."""
+    one for the workers it starts. Never taken from a message."""
 
     trial_output_max_bytes: int = Field(default=10 * 2**20, ge=0)
     """What one trial may print (stdout and stderr together, as Celery logs them) into its

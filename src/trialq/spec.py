@@ -40,7 +40,7 @@ PrunerName = Literal["none", "median", "hyperband", "successive_halving"]
 
 class _Frozen(BaseModel):
     # No float of a spec is NaN or infinite: Optuna, the storage and the clocks cannot hold
-    # one, and a goal of NaN is never reached (issue 38, row 5).
+    # one, and a goal of NaN is never reached.
     model_config = ConfigDict(extra="forbid", frozen=True, strict=False, allow_inf_nan=False)
 
 
@@ -144,7 +144,7 @@ class StudySection(_Frozen):
     """Letters, digits, `_`, `.` and `-`, not starting with `.` or `-` (`STUDY_NAME`): it
     names the SQLite file beside the spec and its lock, and is part of Redis keys, so it can
     neither leave the spec's folder (`../x`, `a/b`, `a%2Fb`, `a?b` in a URL) nor fail to be
-    a file's name (issue 26.13)."""
+    a file's name."""
     direction: Direction | None = None
     directions: tuple[Direction, ...] | None = Field(default=None, min_length=1)
     metric: str | None = None
@@ -158,7 +158,7 @@ class StudySection(_Frozen):
     ask_processes: Count = Field(default=0, ge=0)
     """Processes that ask TPE for the next trials' params beside the driver, each from its own
     copy of the study (`trialq.driver.asking`): for a driver that must tell more trials a
-    second than one core asks (issue 42). 0: the driver asks every trial itself."""
+    second than one core asks. 0: the driver asks every trial itself."""
     sampler: SamplerName = "auto"
     sampler_args: dict[str, Any] = Field(default_factory=dict)
     pruner: PrunerName = "median"

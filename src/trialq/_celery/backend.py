@@ -6,7 +6,7 @@ connection, so Celery's backend did not retry it: a trial process storing `START
 full Redis failed outside its task's body, and the worker's parent, storing that failure,
 took the refusal in its pool callback for an unrecoverable error and exited. The trial's
 message waited for a worker that was gone, and the driver, which had written nothing in the
-meantime, saw no outage: it waited forever (issue 38, row 2; 1 run in 5 here). Such a
+meantime, saw no outage: it waited forever (1 run in 5 here). Such a
 refusal is retried now as a lost connection is (`result_backend_always_retry`, up to
 `result_backend_max_retries`, backing off to 10 s): the store goes in once Redis takes
 writes again.

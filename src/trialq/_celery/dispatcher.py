@@ -101,7 +101,7 @@ class CeleryDispatcher:
         self._backend = self._app.backend
         # The driver reads results itself (`statuses`), never through an AsyncResult: Celery's
         # subscription to each task's meta channel, made at every send and dropped when the
-        # AsyncResult is collected, is two round trips a trial for nothing (issue 26: a
+        # AsyncResult is collected, is two round trips a trial for nothing (a
         # driver far from its Redis).
         self._backend.on_task_call = _reads_results_itself
         self._metas_on_broker = settings.backend_url == settings.broker_url
@@ -203,7 +203,7 @@ class CeleryDispatcher:
 
     def _meta(self, task_id: str, raw: Any) -> Any:
         """Celery's meta, decoded only where it changed since the last read (a pass reads
-        every trial in flight now and then, and most of them still run: issue 42)."""
+        every trial in flight now and then, and most of them still run)."""
         last = self._metas_read.get(task_id)
         if last is not None and last[0] == raw:
             return last[1]
@@ -569,7 +569,7 @@ def _reserved_message(raw: bytes | str) -> dict[str, Any] | None:
 
 def _message_id(raw: bytes | str | dict[str, Any] | None) -> str | None:
     """The task id of a queued message; None for an entry that is no message of Celery's
-    (anyone with the broker's password can push one: workers set it aside, issue 26.2)."""
+    (anyone with the broker's password can push one: workers set it aside)."""
     if raw is None:
         return None
     try:

@@ -98,7 +98,7 @@ def run_worker(settings: Settings, options: WorkerOptions) -> int:
 def refuse_a_twin(settings: Settings, hostname: str) -> None:
     """Refuse to start under a name another live worker beats as (`WorkerNameTaken`: one
     line, exit code 2): two workers of one name share one heartbeat, and the driver would not
-    see either lost while the other lives (issue 38, row 6). A dead predecessor's heartbeat,
+    see either lost while the other lives. A dead predecessor's heartbeat,
     left to its TTL, is waited out for two intervals at most. A broker that does not answer
     is left to the worker's own start to report."""
     import redis

@@ -101,7 +101,7 @@ class TrialAsynPool(asynpool.AsynPool):  # type: ignore[misc]
     Worker = TrialProcess
 
     def _event_process_exit(self, hub: Any, proc: Any) -> None:
-        kill_group_of(proc.pid)  # what a killed trial process started (issue 26.4)
+        kill_group_of(proc.pid)  # what a killed trial process started
         super()._event_process_exit(hub, proc)
         if proc in self._pool:
             hub.call_later(_REAP_FIRST_RETRY_S, self._reap_again, hub, proc, _REAP_FIRST_RETRY_S)

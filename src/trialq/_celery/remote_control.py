@@ -2,7 +2,7 @@
 
 Celery's workers obey any control message on the broker: anyone who can write to it could
 `celery control shutdown` every worker, restart their pools, stop them consuming the queue
-or change a task's time limits (issue 38, row 7). A trialq worker answers only the driver's
+or change a task's time limits. A trialq worker answers only the driver's
 `revoke` (a withdrawn trial, a trial killed for its pruner: SIGKILL or SIGTERM only),
 Flower's read-only questions and its `enable_events`; any other command is refused, in one
 line of the worker's log and in its reply to a sender that waits for one.

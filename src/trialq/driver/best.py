@@ -2,7 +2,7 @@
 
 Optuna's `study.best_value` and `best_trials` read every finished trial of the study each
 time they are asked; the loop asked on every pass (the progress line, the `goal` budget), so
-a pass cost more the larger the study grew (issue 42: 28 % of the driver's time at 10,000
+a pass cost more the larger the study grew (28 % of the driver's time at 10,000
 trials). `BestSoFar` reads the study's finished trials once, when a run opens, and then
 takes each trial as it is told. It answers as Optuna does (tests/unit/test_best.py holds it
 to Optuna's own answer on the same trials): only COMPLETE trials count, an infeasible one (a

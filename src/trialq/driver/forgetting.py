@@ -1,7 +1,7 @@
 """Letting go of told trials' results in the broker, once their tells are in the database.
 
 Each attempt leaves its result in Redis (trialq's and Celery's task meta, 2 KB) for the key
-TTL, a week: a long study filled the broker (issue 42). A told trial's result is needed
+TTL, a week: a long study filled the broker. A told trial's result is needed
 until its tell is durable, no longer: a driver that dies between finds the trial RUNNING
 in the database with its task id and reads the result again (`trialq.driver.loop`,
 re-attach). So a told attempt is remembered with the commit that carries its tell, and its

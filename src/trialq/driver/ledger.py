@@ -2,7 +2,7 @@
 far, and the budgets they are held against (`trialq.driver.budget`, which decides; this
 keeps the figures). The study's trials are read once, when a run opens; after that every
 figure is kept as trials are told, so a pass costs the same at the 10,000th trial as at the
-first (issue 42)."""
+first."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 The lost check (is each waiting trial still queued?) and the outside check (does this
 driver still hold its study; did someone finish a trial in flight?) each cost round trips.
 Next to its services that is a millisecond; 400 ms away, with packets lost, the outside
-check alone took a third of a driver's time at a 2 s interval (issue 26, tests/hosts). So a
+check alone took a third of a driver's time at a 2 s interval (tests/hosts). So a
 check is spaced by its interval or by ten times what it last took, whichever is longer.
 
 The loop's full passes follow the same rule (`PassPacing`): a full pass reads every trial in
@@ -52,7 +52,7 @@ HEARD_SHARE = 0.01
 and heard: then each result brings a pass of its own, and a full pass is only the net for
 what is not announced (a start, a crash the pool reported, a lost worker, intermediate
 values), so it may take a hundredth of the time, not a tenth. With workers beside the driver
-a tenth was a full read of 128 trials in flight for about every result (issue 42)."""
+a tenth was a full read of 128 trials in flight for about every result."""
 
 
 @dataclass
@@ -64,7 +64,7 @@ class PassPacing:
     `HEARD_SHARE`; at most `MOST_PAUSE_S`), whichever is longer.
     In between, a pass follows each announced result and reads only the trials announced
     (owed until a pass reads them): a result costs a read of its own trial, not of the
-    thousand beside it (issue 42). Where the announcements cannot be trusted (None: some
+    thousand beside it. Where the announcements cannot be trusted (None: some
     may have gone unheard), the pass is a full one.
     """
 

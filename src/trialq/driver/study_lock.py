@@ -10,7 +10,7 @@ with the driver's process or with its connection, so a crashed driver never bloc
   removed when the run ends. It is taken before the database is opened (`holding_study_file`),
   so a second driver is refused before it creates anything: not a database beside one moved
   away under the first driver, nor Optuna's schema, which two drivers starting at once on a
-  new file would both create (the loser failed on `alembic_version`, issue 26.13);
+  new file would both create (the loser failed on `alembic_version`);
 - an in-memory database has one process by nature: no lock.
 A restarted PostgreSQL forgets the lock with the connection; `ensure_held` takes it again
 once the server is back (an error meanwhile is a storage outage, ridden out as any other),

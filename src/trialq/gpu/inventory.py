@@ -67,7 +67,7 @@ class Nvml:
     @staticmethod
     def absence(module_name: str = "pynvml") -> str:
         """Why `open` found no NVML, in words a user can act on: the binding missing reads
-        otherwise than a binding without a driver or GPU under it (issue 39, item 5)."""
+        otherwise than a binding without a driver or GPU under it."""
         try:
             module = importlib.import_module(module_name)
         except ImportError as exc:

@@ -113,7 +113,7 @@ def is_oom(exc: BaseException) -> bool:
     """Whether `exc`, or an error it was raised from or during, is an out-of-memory error.
 
     `failures.classify` decides; the walk along `__cause__`/`__context__` and JAX's
-    `RESOURCE_EXHAUSTED` are here only until `classify` reads them itself (issue 27, item 1).
+    `RESOURCE_EXHAUSTED` are here only until `classify` reads them itself.
     """
     return any(
         failures.classify(link) is Outcome.OOM or "RESOURCE_EXHAUSTED" in str(link)

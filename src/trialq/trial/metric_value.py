@@ -1,5 +1,5 @@
 """One number as a framework hands it back: a 0-d tensor of PyTorch, TensorFlow or JAX, a
-NumPy scalar or 0-d array, made a float in the trial process (issue 39, item 1).
+NumPy scalar or 0-d array, made a float in the trial process.
 
 Duck-typed on `shape` and `item()` or `__float__` (TensorFlow's tensors have no `item()`),
 never by importing a framework: a trial that uses one has it imported already, and

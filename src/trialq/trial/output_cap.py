@@ -2,7 +2,7 @@
 stdout and stderr together, then one line saying the rest was dropped.
 
 A worker's log is shared by every trial it runs (Celery turns a trial's prints into log
-lines); a trial printing 100 MB put all of it there (issue 38, row 10), filling the disk
+lines); a trial printing 100 MB put all of it there, filling the disk
 and burying every other trial's lines. Output written to the file descriptors directly (a
 C library, a child process) is not counted: only what passes through `sys.stdout` and
 `sys.stderr`.

@@ -13,7 +13,7 @@ A child made with a bare `os.fork()` is a copy of the trial's stack: whichever w
 leaves the trial's code (it returns, raises, or a SIGTERM's handler raises in it), it exits
 there (`forks_exit_here`), and only the process that led the group ends its members, so
 such a child never runs the trial's cleanup, never stores a result and never ends the trial
-(issue 38, row 3: it SIGTERMed the whole group, the trial told `crashed: signal 15`).
+(it SIGTERMed the whole group, the trial told `crashed: signal 15`).
 
 What escapes: a process that leaves the group itself (`setsid`, `setpgid`,
 `start_new_session=True`, a daemon's double fork), and the group of a trial whose worker's

@@ -3,7 +3,7 @@
 Celery's soft limit counts from when the pool took the task: time its process spent waiting
 for Redis before the trial began (a frozen broker, a STARTED that could not be stored) was
 counted against the trial, and the limit could land in trialq's own steps around it, where
-it failed an attempt that never ran (issue 38, row 4). The trial process arms this one as
+it failed an attempt that never ran. The trial process arms this one as
 the trial's code starts and disarms it as that returns; the hard limit (Celery's) still
 bounds the whole process.
 """

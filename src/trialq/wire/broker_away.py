@@ -4,7 +4,7 @@ Lost or slow, or up but refusing writes it will take again once its operator act
 `maxmemory` under `noeviction` (the policy compose and k8s ship), a replica made read-only by
 a failover, snapshots failing (`MISCONF`), a dataset still loading. The driver rides each out
 as an outage, with its limit and its one line (`driver/outage.py`); a full Redis ended it with
-a traceback and exit 4 (issue 38, row 2).
+a traceback and exit 4.
 """
 
 from __future__ import annotations

@@ -88,7 +88,7 @@ class NumberedReport:
 def report_refusal(step: object, value: object) -> str | None:
     """Why an intermediate value cannot be kept, or None: its step must be an integer the
     storage holds (Optuna's `trial_intermediate_values.step` is PostgreSQL's 32-bit
-    `integer`; a step past it ended the driver on every run, issue 38, row 1), and its value
+    `integer`; a step past it ended the driver on every run), and its value
     a finite number (Optuna keeps no NaN or infinity as one, row 8)."""
     if isinstance(step, bool) or not isinstance(step, int):
         return f"step {step!r} is not an integer"

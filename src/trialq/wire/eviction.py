@@ -3,7 +3,7 @@
 Under `allkeys-lru` and the like, Redis at its memory limit drops keys to make room: worker
 heartbeats (their trials taken for lost and run again), results, queued messages. trialq
 needs `noeviction` (docs/design.md; compose and k8s ship it); a Redis set otherwise is said
-in one line by the driver and each worker at their start (issue 38, row 12). A Redis that
+in one line by the driver and each worker at their start. A Redis that
 will not say (CONFIG refused, as managed services do) is taken at its word: nothing said.
 """
 

@@ -172,7 +172,7 @@ class Heartbeat(_RenewedKey):
     def _notice_a_twin(self, previous: bytes | str | None) -> None:
         """Say, once, that another live worker wrote this name's heartbeat since the last
         beat: its twin keeps the key fresh, so neither's loss is ever seen, and their trials
-        would be waited for forever (issue 38, row 6)."""
+        would be waited for forever."""
         try:
             other = json.loads(previous) if previous is not None else None
         except ValueError:

@@ -57,7 +57,7 @@ is handed out again after the visibility timeout)."""
 ATTEMPT_PREFIX = "trialq:attempt:"
 """+ a task id: present while the trial process running that attempt beats (its beacon, with
 the heartbeat's TTL), whatever its worker's parent does: the driver's word that an attempt
-lives when its worker's heartbeat is gone (a stalled parent, issue 26.3)."""
+lives when its worker's heartbeat is gone (a stalled parent)."""
 
 KILL_PREFIX = "trialq:kill:"
 """+ a task id: the driver gave up on the attempt (re-sent it, or told it lost) while its

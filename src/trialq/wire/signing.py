@@ -2,7 +2,7 @@
 
 Anyone who can write to the broker can write trialq's keys: a `trialq:result:<task id>`
 telling a queued trial COMPLETE with a value of their choosing, a report that steers the
-pruner (issue 38, row 7). With a secret (`TRIALQ_RESULT_SECRET_FILE`, the same on the driver
+pruner. With a secret (`TRIALQ_RESULT_SECRET_FILE`, the same on the driver
 and every worker), a trial process signs what it writes: HMAC-SHA256 over a canonical JSON of
 the result and the task id it answers (the result names its study, trial and attempt), so a
 signed result copied onto another task fails as surely as a forged one; a report is signed

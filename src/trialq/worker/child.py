@@ -278,7 +278,7 @@ def _despite(timeout_errors: tuple[type[BaseException], ...], step: Callable[[],
     """Run a step after the trial returned, again if Celery's soft time limit interrupts it
     (a request from a driver that still sets it; the trial's own is disarmed by now): the
     trial's outcome is decided, and a limit that passed while Redis was waited for changes
-    nothing (issue 38, row 4). Celery raises it once; the hard limit still ends the process.
+    nothing. Celery raises it once; the hard limit still ends the process.
     """
     for _ in range(3):
         try:

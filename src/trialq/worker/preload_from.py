@@ -1,7 +1,7 @@
 """What a worker preloads for an entrypoint module: the modules it imports at its top.
 
 A trial's start is its imports: scikit-learn took 1.4-2.2 s of a no-op trial's start, 0.018 s
-preloaded (issue 39). `trialq worker --preload-from MODULE|FILE` (`TRIALQ_PRELOAD_FROM`; set by
+preloaded. `trialq worker --preload-from MODULE|FILE` (`TRIALQ_PRELOAD_FROM`; set by
 `submit-study --local` to the spec's entrypoint) names an entrypoint module; its source is
 read by AST, never imported, and the modules its top-level statements import are preloaded
 in the worker's parent, behind the same fork guard as a framework (`prewarm.preload`).

@@ -57,7 +57,7 @@ class ResultStore:
         While Redis is away (`wire/broker_away.py`) it goes on trying past `retry_delays_s`
         until `away_until` (`time.monotonic()`; the trial's hard limit ends the process about
         then anyway): a trial that returned is told as it returned, however long the broker
-        was frozen within the driver's outage limit (issue 38, row 4: it gave up after 2 min,
+        was frozen within the driver's outage limit (it gave up after 2 min,
         and the trial was told what Celery made of the wait). False: not stored (Celery's
         own result is then the only one)."""
         error: redis.RedisError | None = None

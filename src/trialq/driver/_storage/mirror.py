@@ -88,7 +88,7 @@ class _StudyCopy:
                 self.distributions.setdefault(name, distribution)
         self.unfinished = {t.number for t in trials if not t.state.is_finished()}
         """The numbers of the trials not finished: what Optuna's ask reads (its WAITING
-        trials) is found among them, not in every trial of a large study (issue 42)."""
+        trials) is found among them, not in every trial of a large study."""
 
     def put(self, trial: FrozenTrial) -> None:
         """A new or changed trial."""

@@ -1,4 +1,4 @@
-"""Asks spread over processes (`[study] ask_processes`, issue 42).
+"""Asks spread over processes (`[study] ask_processes`).
 
 One driver asks every trial's params, and TPE's ask (a few milliseconds past its bounded
 history, `trialq.driver.sampling.history`) is most of what a trial costs it: about 110 trials

@@ -71,7 +71,7 @@ class Replica:
         """The copy again, as a new study of the same storage holding only what TPE reads past
         its bound (`history.TrialIndex.kept`: the best, the latest, the unfinished), so an
         ask's cost stays flat: Optuna's in-memory storage scans every trial on each of the
-        several reads an ask makes (issue 42). A new study, not the old one trimmed: it has a
+        several reads an ask makes. A new study, not the old one trimmed: it has a
         new id, which the sampler's indexes of the old one (`BoundedTPE`,
         `DistinctFromRunning`) see, and its numbers start again from 0 in the same order."""
         old = self.study

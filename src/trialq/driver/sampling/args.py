@@ -2,7 +2,7 @@
 
 Optuna's samplers check few of their arguments: `n_startup_trials = -1` or `2.5`, `gamma = 3`
 (TPE's takes a function), `n_ei_candidates = 0` were taken and failed at the first ask or
-fit, after the study existed, or silently changed the search (issue 38, item 1). Each value
+fit, after the study existed, or silently changed the search. Each value
 is checked against the type the sampler's signature declares and, for counts and weights,
 the range it makes sense in; arguments a spec cannot give (a function, a sampler object)
 are refused by name. The samplers' own checks (a seed's range, NSGA-II's probabilities) run

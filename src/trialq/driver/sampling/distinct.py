@@ -61,7 +61,7 @@ class DistinctFromRunning(BaseSampler):
         return params  # every draw is running already: the space is smaller than the flight
 
     def _indexed(self, study: optuna.Study) -> TrialIndex:
-        """The study's trials as they are now, learnt from those that changed (issue 42: a
+        """The study's trials as they are now, learnt from those that changed (a
         scan of the whole study an ask cost more the larger it grew)."""
         if self._index is None or self._index_of != study._study_id:
             self._index = TrialIndex(study.directions, best=0, recent=0)

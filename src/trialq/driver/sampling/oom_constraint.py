@@ -30,7 +30,7 @@ from optuna.trial import TrialState
 from trialq.driver.sampling.distinct import DistinctFromRunning
 from trialq.driver.sampling.taking_turns import TakingTurns
 
-# Re-exported until trialq.driver.loop imports it from trialq.oom_stand_ins (issue 25).
+# Re-exported until trialq.driver.loop imports it from trialq.oom_stand_ins.
 
 OOM_CONSTRAINT = "oom"
 """The constraint's name; 1.0 on a trial that ran out of memory (feasible trials have none)."""

@@ -25,7 +25,7 @@ from trialq.spec import StudySpec
 LISTED_POINTS_MAX = 10**7
 """The most values of one stepped parameter a sampler that lists them all may meet: GP
 holds each in an array at every ask (10**7: 3 s a study's first asks; 2**53 asked for
-64 PiB) and the grid sampler lists them (issue 38, row 5)."""
+64 PiB) and the grid sampler lists them."""
 
 
 def too_many_to_list(spec: StudySpec) -> str | None:

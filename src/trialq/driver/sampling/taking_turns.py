@@ -1,6 +1,6 @@
 """`TakingTurns`: samplers that take turns over one study, a trial each.
 
-Why (issue 29; `benchmarks.parallel_search`, 50 trials, 16 in flight, gap closed against
+Why (`benchmarks.parallel_search`, 50 trials, 16 in flight, gap closed against
 Optuna 4's TPE): Optuna's GP sampler models how parameters interact and counts the running
 trials, and won most where they do (Branin, Hartmann-6, the training run, a categorical
 space); on separable, many-valleyed landscapes (Styblinski-Tang, Levy-8, a 10-D quadratic)
