@@ -135,8 +135,8 @@ class StorageDeleted(StudyDeleted):
     def file(cls, path: str) -> StorageDeleted:
         """The one line for the database file at `path`."""
         return cls(
-            f"the study's database {path} was deleted while the driver ran: its queued "
-            "trials were withdrawn and nothing more is written to it"
+            f"the study's database {path} was deleted or moved while the driver ran: its "
+            "queued trials were withdrawn and nothing more is written to it"
         )
 
 

@@ -14,6 +14,19 @@ from trialq.submit import submit_study
 pytestmark = pytest.mark.integration
 
 EXAMPLE_SPEC = Path(__file__).parents[2] / "examples" / "digits" / "study.toml"
+LIGHT_TRIALS = "".join(
+    f"""
+[[enqueue]]
+learning_rate = {rate}
+filters = 8
+dense_units = 64
+batch_size = 32
+optimizer = "adam"
+mixed_precision = false
+"""
+    for rate in (3e-3, 1e-3, 5e-3)
+)
+"""Three sets of the example's params, each a few seconds an epoch on a CPU."""
 
 
 def test_three_digits_trials_finish_above_chance(
@@ -23,6 +36,8 @@ def test_three_digits_trials_finish_above_chance(
     pytest.importorskip("sklearn")
     spec = tmp_path / "study.toml"
     shutil.copy(EXAMPLE_SPEC, spec)
+    with spec.open("a") as file:  # light sets: the sampler's own may pick float16 on a CPU,
+        file.write(LIGHT_TRIALS)  # minutes a trial (the example is for a GPU)
     start_workers(2)
 
     summary = submit_study(spec, Settings(broker_url=redis_url), None, 3, None, show_progress=False)
