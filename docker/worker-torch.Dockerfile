@@ -9,24 +9,6 @@
 # CUDA 13 for torch 2.13: NVIDIA driver 580 or newer on the host), so no CUDA base image is
 # needed; the driver itself comes from the host through the NVIDIA container toolkit.
 ARG PYTHON_IMAGE=python:3.11.13-slim-bookworm
-# The allocation interposer (HAMi-core's libvgpu.so, the libcuda hook behind HAMi's
-# CUDA_DEVICE_MEMORY_LIMIT), built from a pinned commit with CUDA's headers and nvcc: it holds
-# each trial to its budget where no MPS daemon serves the GPUs (docs/oom.md, "Where memory is
-# taken"). Opt in with TRIALQ_GPU_INTERPOSER=/usr/local/lib/trialq/libvgpu.so: not yet
-# measured on a GPU (with this image's CUDA and PyTorch's expandable segments), so not on by
-# default. The devel image's tag is unverified where this was written (no Docker there).
-ARG CUDA_DEVEL_IMAGE=nvidia/cuda:13.0.0-devel-ubuntu24.04
-FROM ${CUDA_DEVEL_IMAGE} AS interposer
-ARG HAMI_CORE_COMMIT=8f3a89c67b037d8fdfe6c4cd4d8c4f0cd6504811
-# Build tools of a stage that ships nothing but the library: their versions are the image's.
-# hadolint ignore=DL3008
-RUN apt-get update && apt-get install -y --no-install-recommends git cmake make ca-certificates \
-    && rm -rf /var/lib/apt/lists/* \
-    && git clone https://github.com/Project-HAMi/HAMi-core.git /hami \
-    && git -C /hami checkout "${HAMI_CORE_COMMIT}"
-WORKDIR /hami
-RUN bash ./build.sh && install -D -m 0755 /hami/build/libvgpu.so /out/libvgpu.so
-
 FROM ${PYTHON_IMAGE}
 
 LABEL org.opencontainers.image.title="trialq-worker-torch" \
@@ -56,9 +38,6 @@ RUN python3 -m pip install --no-cache-dir --no-deps /tmp/trialq-build \
     && rm -rf /tmp/trialq-build
 # The command below: `trialq worker` with its GPUs and slots from the environment.
 COPY docker/worker-cmd.sh /usr/local/bin/trialq-worker-cmd
-# The interposer (opt-in: TRIALQ_GPU_INTERPOSER) and the lock folder it expects.
-COPY --from=interposer /out/libvgpu.so /usr/local/lib/trialq/libvgpu.so
-RUN mkdir -p /tmp/vgpulock && chmod 1777 /tmp/vgpulock
 
 # A non-root user with a home for the caches PyTorch writes (~/.cache: TorchInductor, Triton).
 # No fixed UID 1000: some bases already have a user there.
