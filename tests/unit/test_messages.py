@@ -40,3 +40,21 @@ def test_a_request_from_an_older_driver_reads_without_a_hard_limit() -> None:
 def test_a_hard_limit_not_past_the_soft_one_is_refused(hard_limit_s: float) -> None:
     with pytest.raises(ValidationError, match="hard_limit_s"):
         _request(hard_limit_s=hard_limit_s)
+
+
+def test_params_keep_their_types_through_the_wire() -> None:
+    """A categorical's `False` reaches the trial as `False`, not `0.0` (pydantic 2.8's smart
+    union chose float for it: the trial saw another value, and what it ran differed from what
+    the driver sent)."""
+    from trial_requests import trial_request
+
+    from trialq.wire.messages import TrialRequest
+
+    params = {"flag": False, "on": True, "n": 3, "lr": 0.5, "name": "a", "none": None}
+    sent = trial_request(study="types", params=params)
+
+    received = TrialRequest.model_validate(sent.model_dump(mode="json"))
+
+    assert received.params == params
+    assert [type(v) for v in received.params.values()] == [type(v) for v in params.values()]
+    assert received.what_ran() == sent.what_ran()

@@ -41,7 +41,7 @@ def checkpoint_key(study: str, number: int) -> str:
 
 MESSAGE_VERSION: Literal[1] = 1
 
-ParamValue = str | int | float | bool | None
+ParamValue = bool | int | float | str | None
 
 
 def _metric_json(value: float) -> float | str:
