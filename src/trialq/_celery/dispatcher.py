@@ -298,7 +298,7 @@ class CeleryDispatcher:
             keys = [result_key(task_id) for task_id in ids]
             if self._metas_on_broker:
                 keys += [self._backend.get_key_for_task(task_id) for task_id in ids]
-            reserved = _reserved_ids(self._broker).intersection(ids)
+            reserved = _still_reserved(self._broker, set(ids))
             pipe = self._broker.pipeline(transaction=False)
             pipe.delete(*keys)
             for task_id in reserved:
@@ -546,6 +546,23 @@ def _status(meta: dict[str, Any] | None) -> TaskStatus:
     return TaskStatus(
         TaskPhase.FAILED, failure=failure, detail=detail, withdrawn=name == _WITHDRAWN
     )
+
+
+ACK_WAIT_S = 2.0
+"""How long forgetting waits for a told attempt's message to be acknowledged: its worker
+acks just after the trial's result is stored (`acks_late`), often after the driver told it."""
+
+
+def _still_reserved(broker: redis.Redis, ids: set[str]) -> set[str]:
+    """Which of `ids` kombu still holds reserved once their workers had `ACK_WAIT_S` to
+    acknowledge them (polled; the wait only while some are): a live worker acks within
+    moments, a lost one never."""
+    deadline = time.monotonic() + ACK_WAIT_S
+    reserved = _reserved_ids(broker).intersection(ids)
+    while reserved and time.monotonic() < deadline:
+        time.sleep(0.05)
+        reserved = _reserved_ids(broker).intersection(reserved)
+    return reserved
 
 
 def _reserved_ids(broker: redis.Redis) -> set[str]:
