@@ -132,7 +132,7 @@ def test_unsigned_tasks_and_old_tasks_replayed_are_never_told(
     trial once, its own value."""
     cluster = start_workers(1)
     run = DriverRun(tmp_path, redis_url)
-    run.write_spec(fault_spec("sleeps_then_echoes", grid("sleep_s", *SLEEPS), 4, 1))
+    run.write_spec(fault_spec("sleeps_then_echoes", grid("sleep_s", *SLEEPS), 4, 2))  # one waits queued
     client = redis.Redis.from_url(redis_url)
     process = run.start()
     seen: dict[bytes, bool] = {}  # message -> replayed yet
