@@ -50,7 +50,7 @@ def digest(payload: str) -> str:
 
 def signature(seal: Seal, payload: str) -> str:
     """The signature a worker checks before it unpickles `payload`."""
-    return seal.message_signature("code", digest(payload))
+    return seal.sign("code", digest(payload))
 
 
 def loaded(
@@ -69,7 +69,7 @@ def loaded(
             "the trial function is carried as code and this worker holds no secret to check "
             "its signature: set TRIALQ_RESULT_SECRET_FILE"
         )
-    refusal = seal.message_refusal("code", digest(payload), signed)
+    refusal = seal.refusal("code", digest(payload), signed)
     if refusal is not None:
         raise EntrypointRefused(f"the carried trial function was refused, not run: {refusal}")
     import cloudpickle

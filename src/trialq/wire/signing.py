@@ -111,21 +111,6 @@ class Seal:
             return UNSIGNED
         return None if _same(signature, self.report_signature(address, step, value)) else MISMATCH
 
-    def message_signature(self, kind: str, body: Any) -> str:
-        """The signature of a message of `kind` (a trial's question to the driver, the
-        driver's answer): the kind and the body's canonical JSON."""
-        return self._digest([kind, body])
-
-    def message_refusal(self, kind: str, body: Any, signature: object) -> str | None:
-        """Why a message read back is not to be trusted, or None."""
-        if signature is None:
-            return UNSIGNED
-        try:
-            expected = self.message_signature(kind, body)
-        except ValueError:  # NaN or infinity: never what trialq writes
-            return MISMATCH
-        return None if _same(signature, expected) else MISMATCH
-
     def _result_digest(self, task_id: str, body: dict[str, Any]) -> str:
         return self._digest(["result", task_id, body])
 

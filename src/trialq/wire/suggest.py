@@ -185,7 +185,7 @@ class QuestionChannel:
             _log.warning("an answer refused: not a JSON object")
             return None
         if self.seal is not None and self.answers_signed:
-            refusal = self.seal.message_refusal("answer", [question.body(), body], signature)
+            refusal = self.seal.refusal("answer", [question.body(), body], signature)
             if refusal is not None:
                 _log.warning("an answer refused: %s", refusal)
                 return None
@@ -235,14 +235,14 @@ class QuestionChannel:
             _log.warning("a trial's question refused: malformed (%s)", exc)
             return None
         if self.seal is not None:
-            refusal = self.seal.message_refusal("question", question.body(), signature)
+            refusal = self.seal.refusal("question", question.body(), signature)
             if refusal is not None:
                 _log.warning("a trial's question refused: %s", refusal)
                 return None
         return question
 
     def _sign(self, kind: str, body: Any) -> str | None:
-        return None if self.seal is None else self.seal.message_signature(kind, body)
+        return None if self.seal is None else self.seal.sign(kind, body)
 
     def close(self) -> None:
         """Let go of the blocking client's connections."""
