@@ -159,6 +159,8 @@ class HostWorkers(LocalCluster):
         super().__init__(
             count, "gpu", allowed_modules=("trials",), extra_env={"PYTHONPATH": path, **env},
             broker_url=broker_url, log_dir=log_dir,
+            # The driver on its own host signs with the suite's secret (tests/conftest.py).
+            result_secret=os.environ["TRIALQ_RESULT_SECRET"],
         )  # fmt: skip
 
     def _spawn(
