@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
+from trialq.driver import interrupts
 from trialq.errors import Interrupted, ServiceUnreachable, TrialqError, UsageError
 from trialq.limits import INT32_MAX, SECONDS_MAX
 from trialq.settings import Settings, redacted_url, settings_with_broker
@@ -72,7 +73,7 @@ def _run(command: Callable[[], int], as_json: bool = False) -> int:
 def _exit_of(command: Callable[[], int]) -> tuple[int, str | None, dict[str, Any] | None]:
     """The command's exit code, its error line (None when it ended on its own) and the
     summary of a run the error ended."""
-    signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+    interrupts.install()
     try:
         return command(), None, None
     except TrialqError as exc:
@@ -96,10 +97,6 @@ def _exit_of(command: Callable[[], int]) -> tuple[int, str | None, dict[str, Any
         traceback.print_exc()
         internal = f"error: internal error (a bug of trialq's; the traceback is above): {exc!r}"
         return INTERNAL_ERROR_EXIT_CODE, internal, None
-
-
-def _raise_keyboard_interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt
 
 
 # --- submit-study -------------------------------------------------------------------------
@@ -503,6 +500,8 @@ def _worker(args: argparse.Namespace, rest: list[str]) -> int:
     """Start the Celery worker in this process, with the design's settings pinned."""
     settings = _worker_settings(args)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # Celery's own warm shutdown
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     from trialq._celery.launch import WorkerOptions, run_worker
 
     options = WorkerOptions(args.queue, args.concurrency, args.hostname, args.loglevel, rest)

@@ -27,7 +27,7 @@ import optuna
 from optuna.trial import TrialState
 
 from trialq import logs
-from trialq.driver import fate
+from trialq.driver import fate, interrupts
 from trialq.driver._storage.store import LAST_WRITE_WAIT_S, TrialStore, store_for
 from trialq.driver.answering import Answering
 from trialq.driver.bounded import within
@@ -200,6 +200,7 @@ class StudyDriver:
         sent once it is in the database (`_pause`). While the broker or the storage is away,
         the pass is retried with backoff (`Outages`); writes that failed stay pending and go
         in with the next commit."""
+        interrupts.raise_if_came()
         more = True
         with outages.tolerated():
             self._check_storage(outages)
