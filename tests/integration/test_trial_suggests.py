@@ -202,7 +202,8 @@ def test_fast_epochs_prune_as_optuna_prunes_in_one_process(
 def test_an_objective_of_a_script_runs_unchanged_on_local_workers(tmp_path: Path) -> None:
     """`study.optimize(objective, n_trials=...)` become `trialq.optimize(objective, ...)`:
     the function of `__main__` is carried to the workers, signed with `--local`'s secret,
-    and each call runs `n_trials` more, as Optuna's does; another function of the same name
+    and each call runs `n_trials` more, as Optuna's does; the study back is Optuna's own
+    (`best_params`, `trials_dataframe()`); another function of the same name
     is refused in one line, not handed the first one's study."""
     script = tmp_path / "search.py"
     script.write_text(
@@ -216,6 +217,8 @@ def test_an_objective_of_a_script_runs_unchanged_on_local_workers(tmp_path: Path
         study = trialq.optimize(objective, n_trials=2, progress=False)
         print(len(study.trials), study.best_params["x"], study.best_value)
         print(sum(t.state.name == "COMPLETE" for t in study.trials))
+        frame = study.trials_dataframe()
+        print(len(frame), sorted(c for c in frame.columns if c.startswith(("params_", "value"))))
         def objective(trial):  # another function under the same name: not its study
             return trial.suggest_float("y", 0, 1)
         try:
@@ -232,7 +235,8 @@ def test_an_objective_of_a_script_runs_unchanged_on_local_workers(tmp_path: Path
     assert int(count) == 5, "3, then 2 more"
     assert float(value) == pytest.approx((float(x) - 2) ** 2)
     assert done.stdout.splitlines()[1] == "5"
-    refusal = done.stdout.splitlines()[2:]
+    assert done.stdout.splitlines()[2] == "5 ['params_x', 'value']", "Optuna's own dataframe"
+    refusal = done.stdout.splitlines()[3:]
     assert len(refusal) == 1, done.stdout
     assert refusal[0].startswith(
         "trialq.optimize(): the study 'objective' was run with the trial function "

@@ -137,11 +137,11 @@ def test_every_imported_package_is_declared() -> None:
 
 def test_the_import_scan_finds_what_is_missing() -> None:
     """The check above can fail: a lazy import is seen, the standard library and relative
-    imports are not, and pandas (which trialq never imports) is not declared."""
+    imports are not, and polars (which trialq never imports) is not declared."""
     source = "import os.path\nfrom . import sibling\nfrom trialq import x\n"
-    source += "def f():\n    import pandas.api\n"
-    assert _imports_of(source) == {"pandas"}
-    assert "pandas" not in _all_declared()
+    source += "def f():\n    import polars.api\n"
+    assert _imports_of(source) == {"polars"}
+    assert "polars" not in _all_declared()
 
 
 @pytest.mark.parametrize("name", sorted(UPPER_BOUNDED))
