@@ -98,19 +98,36 @@ def filesystem_of(path: Path, mounts: Path = Path("/proc/self/mounts")) -> str:
 
 
 def _said_deleted(engine: sqlalchemy.Engine) -> None:
-    """On a SQLite file's engine, an error met once the file is gone raises
-    `StorageDeleted`: no outage, which the driver would wait on for a file that never comes
-    back (SQLite says "attempt to write a readonly database" on a file deleted under it)."""
+    """On a SQLite file's engine, the file deleted, moved or replaced since it was opened
+    raises `StorageDeleted`, at the next transaction or error: no outage, which the driver
+    would wait on for a file that never comes back. (SQLite in its rollback mode refuses the
+    writes, "attempt to write a readonly database"; in WAL mode it goes on writing its log
+    beside the path, so the file's identity is checked as each transaction begins.)"""
     database = engine.url.database
     if engine.url.get_backend_name() != "sqlite" or database in (None, "", ":memory:"):
         return
     path = Path(database)
+    opened = _identity(path)
+
+    def check(*_: Any) -> None:
+        if _identity(path) != opened:
+            raise StorageDeleted.file(str(path))
 
     def handle_error(context: sqlalchemy.engine.ExceptionContext) -> None:
-        if not path.exists():
+        if _identity(path) != opened:
             raise StorageDeleted.file(str(path)) from context.original_exception
 
+    sqlalchemy.event.listen(engine, "begin", check)
     sqlalchemy.event.listen(engine, "handle_error", handle_error)
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    """The file at `path` (device and inode), or None where there is none."""
+    try:
+        found = path.stat()
+    except FileNotFoundError:
+        return None
+    return found.st_dev, found.st_ino
 
 
 def lock_engine(url: sqlalchemy.URL, application_name: str) -> sqlalchemy.Engine:
