@@ -24,6 +24,7 @@ import psutil
 import redis
 from ledger import record
 from optuna.trial import TrialState
+from sqlalchemy.pool import NullPool
 from waiting import wait_until
 
 from trialq.local import LocalCluster
@@ -150,7 +151,10 @@ class DriverRun:
             Path(self.storage.removeprefix("sqlite:///")), self.study_name
         ):
             raise KeyError(self.study_name)
-        return optuna.load_study(study_name=self.study_name, storage=self.storage)
+        # No pool: a test polls this many times a second, and each pooled engine kept its
+        # connection open until collected (60 of them filled the hosts' PostgreSQL).
+        storage = optuna.storages.RDBStorage(self.storage, engine_kwargs={"poolclass": NullPool})
+        return optuna.load_study(study_name=self.study_name, storage=storage)
 
     def judge(self, fault: str, n_trials: int) -> Verdict:
         """Figure out the verdict from the storage and the tell log, and record it."""
