@@ -638,6 +638,16 @@ def quadratic_objective(trial: Any) -> float:
     return (x - 2) ** 2
 
 
+def objective_of_optunas_whole_trial_api(trial: Any) -> float:
+    """Optuna's older suggest names and user attrs, as objectives written for Optuna use them."""
+    x = trial.suggest_uniform("x", -10, 10)
+    lr = trial.suggest_loguniform("lr", 1e-4, 1e-1)
+    q = trial.suggest_discrete_uniform("q", 0.0, 1.0, 0.25)
+    trial.set_user_attr("x_squared", x * x)
+    trial.set_user_attr("notes", {"lr": lr, "tags": ["a", "b"]})
+    return (x - 2) ** 2 + q
+
+
 def objective_that_says_what_it_carried(trial: Any) -> dict[str, float]:
     """Which params came with the task (no round trip) before it suggested any."""
     carried = sorted(trial.params)

@@ -72,6 +72,29 @@ def test_the_objective_runs_on_workers_and_under_optuna_unchanged(
     assert in_process.best_value == pytest.approx((in_process.best_params["x"] - 2) ** 2)
 
 
+def test_user_attrs_and_optunas_older_suggest_names_as_in_optuna(
+    write_spec: Callable[..., Path], start_workers: Callable[..., LocalCluster], redis_url: str
+) -> None:
+    cluster = start_workers(1)
+    spec = write_spec(OBJECTIVE_SPEC.format(name="whole", n=3, in_flight=1,
+                                            entrypoint="objective_of_optunas_whole_trial_api"))  # fmt: skip
+    _run(spec, redis_url, cluster.result_secret)
+    in_process = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=3))
+    with pytest.warns(FutureWarning):  # Optuna's own: the older names are deprecated
+        in_process.optimize(trials.objective_of_optunas_whole_trial_api, n_trials=3)
+
+    for study in (_study(spec, "whole"), in_process):
+        complete = study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
+        assert len(complete) == 3
+        for trial in complete:
+            assert trial.user_attrs["x_squared"] == pytest.approx(trial.params["x"] ** 2)
+            assert trial.user_attrs["notes"] == {"lr": trial.params["lr"], "tags": ["a", "b"]}
+            assert trial.distributions["lr"] == optuna.distributions.FloatDistribution(
+                1e-4, 1e-1, log=True
+            )
+            assert trial.distributions["q"].step == 0.25
+
+
 def test_a_static_space_travels_with_the_task_after_the_first_trial(
     write_spec: Callable[..., Path], start_workers: Callable[..., LocalCluster], redis_url: str
 ) -> None:

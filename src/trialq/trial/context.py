@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import operator
 from collections.abc import Callable, Mapping, Sequence
@@ -14,6 +15,7 @@ from trialq.trial.driver_questions import Questions
 from trialq.trial.metric_value import NotOneNumber, one_number
 from trialq.wire.channel import TrialAddress, report_refusal
 from trialq.wire.messages import ArtifactMeta
+from trialq.wire.record import TrialRecord
 from trialq.wire.suggest import (
     Distribution,
     categorical_distribution,
@@ -85,6 +87,7 @@ class TrialContext:
         self.fitted_batch_size: int | None = None
         """What `fit_batch_size` answered last (None: not called); the runner puts it on the
         result, and the driver records it as the user attr `fitted_batch_size`."""
+        self._user_attrs: dict[str, Any] = {}
 
     @property
     def number(self) -> int:
@@ -185,6 +188,40 @@ class TrialContext:
         value = self._questions.suggest(name, distribution)
         self._params[name], self._distributions[name] = value, distribution
         return value
+
+    @property
+    def user_attrs(self) -> dict[str, Any]:
+        """What this attempt set with `set_user_attr` (a copy)."""
+        return dict(self._user_attrs)
+
+    def set_user_attr(self, key: str, value: Any) -> None:
+        """As `optuna.Trial.set_user_attr`: stored on the study's trial under `key` when the
+        trial is told (whatever its outcome). The value must be JSON, as Optuna's storages
+        keep it; trialq's own names (`TrialRecord`'s: `outcome`, `metrics`, ...) are refused,
+        as they would overwrite what trialq records."""
+        if not isinstance(key, str):
+            raise TypeError(f"set_user_attr: the key must be a str, not {type(key).__name__}")
+        if key in TrialRecord.model_fields:
+            raise ValueError(
+                f"set_user_attr: {key!r} is a user attr trialq records itself; choose another name"
+            )
+        try:
+            json.dumps(value, allow_nan=True)
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"set_user_attr {key!r}: the value is not JSON ({exc})") from None
+        self._user_attrs[key] = value
+
+    def suggest_uniform(self, name: str, low: float, high: float) -> float:
+        """Optuna's older name for `suggest_float(name, low, high)`."""
+        return self.suggest_float(name, low, high)
+
+    def suggest_loguniform(self, name: str, low: float, high: float) -> float:
+        """Optuna's older name for `suggest_float(name, low, high, log=True)`."""
+        return self.suggest_float(name, low, high, log=True)
+
+    def suggest_discrete_uniform(self, name: str, low: float, high: float, q: float) -> float:
+        """Optuna's older name for `suggest_float(name, low, high, step=q)`."""
+        return self.suggest_float(name, low, high, step=q)
 
     def should_stop(self) -> bool:
         """Whether this attempt was told to stop: its worker got SIGTERM (a spot node being

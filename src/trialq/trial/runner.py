@@ -224,6 +224,7 @@ def _result(
     return TrialResult.here(
         request, outcome, error, host, _framework_measurements(record, setup.device), nvml, asked,
         metrics=metrics, last_step=context.last_step, artifacts=tuple(context.artifacts),
+        user_attrs=context.user_attrs,
     )  # fmt: skip
 
 

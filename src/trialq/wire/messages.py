@@ -295,6 +295,9 @@ class TrialResult(_Message, Measurements):
     ran: str | None = None
     """What the attempt ran (`TrialRequest.what_ran`); None from an older worker. For the
     driver alone: not stored on the trial."""
+    user_attrs: dict[str, Any] = Field(default_factory=dict)
+    """What the trial set with `trial.set_user_attr` (JSON values), each stored on the trial
+    under its own name, as Optuna's `Trial.set_user_attr` stores it."""
 
     @classmethod
     def of(cls, request: TrialRequest, outcome: Outcome, error: str | None = None) -> TrialResult:
@@ -312,6 +315,7 @@ class TrialResult(_Message, Measurements):
         metrics: dict[str, float] | None = None,
         last_step: int | None = None,
         artifacts: tuple[ArtifactMeta, ...] = (),
+        user_attrs: dict[str, Any] | None = None,
     ) -> TrialResult:
         """The result of an attempt, from the process that ran it (its pid and host), with
         what each of its sources measured."""
@@ -319,6 +323,7 @@ class TrialResult(_Message, Measurements):
         return cls._for(
             request, outcome, error, **measured_fields(here, *measured),
             metrics=metrics or {}, last_step=last_step, artifacts=artifacts,
+            user_attrs=user_attrs or {},
         )  # fmt: skip
 
     @classmethod
