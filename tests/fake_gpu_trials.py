@@ -54,8 +54,11 @@ import os, sys, time
 sys.path.insert(0, {tests!r})
 os.environ["CUDA_VISIBLE_DEVICES"] = {visible!r}
 import fake_nvml
+parent = os.getpid()
 if os.fork():
     os._exit(0)
+while os.getppid() == parent:  # no stranger yet: still in the trial's tree till it exits
+    time.sleep(0.001)
 fake_nvml.hold({n_bytes})
 time.sleep({live_s})
 """
