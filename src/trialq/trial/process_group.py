@@ -24,6 +24,7 @@ those; this is rq's answer, not systemd's.
 from __future__ import annotations
 
 import contextlib
+import functools
 import multiprocessing
 import multiprocessing.process
 import os
@@ -59,6 +60,7 @@ def own_group() -> Iterator[None]:
     Its code may start children of its own with `multiprocessing` (a DataLoader's workers,
     DDP ranks): they are in the group, so they end with it."""
     allow_children()
+    plain_signals_in_forks()
     led = lead_own_group()
     leader = os.getpid()
     try:
@@ -94,6 +96,21 @@ def _exit_now(status: int) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
     os._exit(status)
+
+
+@functools.cache  # once a process: every registration runs at every fork
+def plain_signals_in_forks() -> None:
+    """A process the trial forks (a `multiprocessing` Pool's or a DataLoader's worker) ends
+    on SIGTERM as any process does. It inherited the pool process's handler (billiard's
+    `_shutdown_cleanup`, which turns SIGTERM into `SystemExit` so the pool process's cleanup
+    runs): a Pool's worker that `Pool.terminate()` SIGTERMed ran that instead of dying and
+    was joined forever, the trial ending at its time limit (1 run in 6 under load)."""
+    os.register_at_fork(after_in_child=_default_sigterm)
+
+
+def _default_sigterm() -> None:
+    with contextlib.suppress(ValueError):  # not the main thread: a fork from a thread
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def allow_children() -> None:
