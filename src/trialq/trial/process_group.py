@@ -101,10 +101,9 @@ def _exit_now(status: int) -> None:
 @functools.cache  # once a process: every registration runs at every fork
 def plain_signals_in_forks() -> None:
     """A process the trial forks (a `multiprocessing` Pool's or a DataLoader's worker) ends
-    on SIGTERM as any process does. It inherited the pool process's handler (billiard's
-    `_shutdown_cleanup`, which turns SIGTERM into `SystemExit` so the pool process's cleanup
-    runs): a Pool's worker that `Pool.terminate()` SIGTERMed ran that instead of dying and
-    was joined forever, the trial ending at its time limit (1 run in 6 under load)."""
+    on SIGTERM as any process does, as it would outside a worker: it inherited the pool
+    process's handler (billiard's `_shutdown_cleanup`, which turns SIGTERM into `SystemExit`
+    so the pool process's own cleanup runs), and ran it through the user's code."""
     os.register_at_fork(after_in_child=_default_sigterm)
 
 
