@@ -49,15 +49,27 @@ def _study(spec: Path, name: str) -> optuna.Study:
     return optuna.load_study(study_name=name, storage=f"sqlite:///{spec.parent / (name + '.db')}")
 
 
-def test_the_objective_runs_on_workers_and_under_optuna_unchanged(
+@pytest.fixture
+def objective_study(
     write_spec: Callable[..., Path], start_workers: Callable[..., LocalCluster], redis_url: str
-) -> None:
-    cluster = start_workers(2)
-    spec = write_spec(OBJECTIVE_SPEC.format(name="quad", n=6, in_flight=2,
-                                            entrypoint="quadratic_objective"))  # fmt: skip
-    _run(spec, redis_url, cluster.result_secret)
+) -> Callable[..., optuna.Study]:
+    """Run `n` trials of `trials:<entrypoint>` (an Optuna objective) on `workers` local
+    workers, `in_flight` at once; the study, read back from its storage."""
 
-    study = _study(spec, "quad")
+    def run(name: str, entrypoint: str, n: int, in_flight: int, workers: int) -> optuna.Study:
+        cluster = start_workers(workers)
+        text = OBJECTIVE_SPEC.format(name=name, n=n, in_flight=in_flight, entrypoint=entrypoint)
+        spec = write_spec(text)
+        _run(spec, redis_url, cluster.result_secret)
+        return _study(spec, name)
+
+    return run
+
+
+def test_the_objective_runs_on_workers_and_under_optuna_unchanged(
+    objective_study: Callable[..., optuna.Study],
+) -> None:
+    study = objective_study("quad", "quadratic_objective", n=6, in_flight=2, workers=2)
     complete = study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
     assert len(complete) == 6
     for trial in complete:
@@ -73,17 +85,15 @@ def test_the_objective_runs_on_workers_and_under_optuna_unchanged(
 
 
 def test_user_attrs_and_optunas_older_suggest_names_as_in_optuna(
-    write_spec: Callable[..., Path], start_workers: Callable[..., LocalCluster], redis_url: str
+    objective_study: Callable[..., optuna.Study],
 ) -> None:
-    cluster = start_workers(1)
-    spec = write_spec(OBJECTIVE_SPEC.format(name="whole", n=3, in_flight=1,
-                                            entrypoint="objective_of_optunas_whole_trial_api"))  # fmt: skip
-    _run(spec, redis_url, cluster.result_secret)
+    on_workers = objective_study("whole", "objective_of_optunas_whole_trial_api", n=3,
+                                 in_flight=1, workers=1)  # fmt: skip
     in_process = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=3))
     with pytest.warns(FutureWarning):  # Optuna's own: the older names are deprecated
         in_process.optimize(trials.objective_of_optunas_whole_trial_api, n_trials=3)
 
-    for study in (_study(spec, "whole"), in_process):
+    for study in (on_workers, in_process):
         complete = study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
         assert len(complete) == 3
         for trial in complete:
@@ -122,14 +132,11 @@ def _metric(trial: optuna.trial.FrozenTrial, name: str) -> float:
 
 
 def test_a_conditional_space_records_only_what_each_branch_drew(
-    write_spec: Callable[..., Path], start_workers: Callable[..., LocalCluster], redis_url: str
+    objective_study: Callable[..., optuna.Study],
 ) -> None:
-    cluster = start_workers(2)
-    spec = write_spec(OBJECTIVE_SPEC.format(name="cond", n=10, in_flight=2,
-                                            entrypoint="conditional_objective"))  # fmt: skip
-    _run(spec, redis_url, cluster.result_secret)
+    study = objective_study("cond", "conditional_objective", n=10, in_flight=2, workers=2)
 
-    complete = _study(spec, "cond").get_trials(states=(optuna.trial.TrialState.COMPLETE,))
+    complete = study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
     assert len(complete) == 10
     kinds = {t.params["kind"] for t in complete}
     assert kinds == {"linear", "tree"}, "seed 3 draws both branches in 10 trials"
@@ -139,14 +146,9 @@ def test_a_conditional_space_records_only_what_each_branch_drew(
 
 
 def test_a_name_asked_with_another_distribution_is_optunas_own_error(
-    write_spec: Callable[..., Path], start_workers: Callable[..., LocalCluster], redis_url: str
+    objective_study: Callable[..., optuna.Study],
 ) -> None:
-    cluster = start_workers(1)
-    spec = write_spec(OBJECTIVE_SPEC.format(name="twice", n=1, in_flight=1,
-                                            entrypoint="asks_x_two_ways"))  # fmt: skip
-    _run(spec, redis_url, cluster.result_secret)
-
-    (trial,) = _study(spec, "twice").trials
+    (trial,) = objective_study("twice", "asks_x_two_ways", n=1, in_flight=1, workers=1).trials
     assert trial.state.name == "FAIL"
     assert (
         "Cannot set different distribution kind to the same parameter name"
