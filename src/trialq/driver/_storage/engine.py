@@ -56,16 +56,23 @@ NETWORK_FILESYSTEMS = ("nfs", "nfs4", "cifs", "smb3", "smbfs", "9p", "afs", "cep
 one machine's (sqlite.org/wal.html, "WAL does not work over a network filesystem")."""
 
 
+def _sqlite_file(engine: sqlalchemy.Engine) -> Path | None:
+    """The file of a SQLite engine's database; None for another database, or one in memory."""
+    database = engine.url.database
+    if engine.url.get_backend_name() != "sqlite" or database in (None, "", ":memory:"):
+        return None
+    return Path(database)
+
+
 def _log_ahead_on_local_disk(engine: sqlalchemy.Engine) -> bool:
     """A SQLite file on a local disk is written ahead to its log (`journal_mode=WAL`) and a
     commit waits for no fsync (`synchronous=NORMAL`): the commit before each suggested
-    param's answer took 15.7 ms of fsyncs in SQLite's default mode (docs/design.md,
-    "Suggest in the trial"). A driver that crashes loses nothing committed; a power cut may
-    lose the last commits, never the file. False for other databases, or a network disk."""
-    database = engine.url.database
-    if engine.url.get_backend_name() != "sqlite" or database in (None, "", ":memory:"):
-        return False
-    if filesystem_of(Path(database)).startswith(NETWORK_FILESYSTEMS):
+    param's answer waited on SQLite's default fsyncs (16.3 ms a suggest under load, 1.1 ms
+    after; docs/design.md, "Celery settings that carry the design"). A driver that crashes
+    loses nothing committed; a power cut may lose the last commits, never the file. False
+    for other databases, or a network disk."""
+    path = _sqlite_file(engine)
+    if path is None or filesystem_of(path).startswith(NETWORK_FILESYSTEMS):
         return False
 
     @sqlalchemy.event.listens_for(engine, "connect")
@@ -103,18 +110,20 @@ def _said_deleted(engine: sqlalchemy.Engine) -> None:
     would wait on for a file that never comes back. (SQLite in its rollback mode refuses the
     writes, "attempt to write a readonly database"; in WAL mode it goes on writing its log
     beside the path, so the file's identity is checked as each transaction begins.)"""
-    database = engine.url.database
-    if engine.url.get_backend_name() != "sqlite" or database in (None, "", ":memory:"):
+    path = _sqlite_file(engine)
+    if path is None:
         return
-    path = Path(database)
     opened = _identity(path)
 
+    def gone() -> bool:
+        return _identity(path) != opened
+
     def check(*_: Any) -> None:
-        if _identity(path) != opened:
+        if gone():
             raise StorageDeleted.file(str(path))
 
     def handle_error(context: sqlalchemy.engine.ExceptionContext) -> None:
-        if _identity(path) != opened:
+        if gone():
             raise StorageDeleted.file(str(path)) from context.original_exception
 
     sqlalchemy.event.listen(engine, "begin", check)
