@@ -547,7 +547,7 @@ def uses_multiprocessing(params: dict[str, Any], trial: TrialContext) -> float:
     DataLoader with workers does, and returns what they computed. Closed and joined: under
     load `Pool.terminate()` (the `with` block's exit) in a trial now and then joined a worker
     it had never signalled, until the time limit (3 runs in 12; not seen outside a worker in
-    300; cause not found, docs/reliability.md "Known")."""
+    300; cause not found: docs/reliability.md, "A trial's children")."""
     import multiprocessing
 
     pool = multiprocessing.get_context(params["method"]).Pool(2)

@@ -53,8 +53,8 @@ def test_a_hung_server_is_an_error_within_the_bound(
     rdb.engine.dispose()
 
 
-def _journal(rdb: object) -> tuple[str, int]:
-    with rdb.engine.connect() as connection:  # type: ignore[attr-defined]
+def _journal(rdb: optuna.storages.RDBStorage) -> tuple[str, int]:
+    with rdb.engine.connect() as connection:
         mode = connection.execute(sqlalchemy.text("PRAGMA journal_mode")).scalar_one()
         sync = connection.execute(sqlalchemy.text("PRAGMA synchronous")).scalar_one()
     return str(mode), int(sync)
