@@ -87,6 +87,9 @@ BASELINE = "tpe-installed"
 """What a user would run instead of trialq: the installed Optuna's `TPESampler(seed=s)`,
 exactly as constructed (`baseline_sampler`; tests/unit/test_search_baseline.py)."""
 DEFAULT = "default"
+REDRAWN = "tpe-installed-redrawn"
+"""The baseline on other draws (its seed moved, the cluster's kept): two samplers of the same
+quality, so each "worse beyond noise" cell it shows against the baseline is chance alone."""
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "benchmarks" / "last_parallel_search.json"
 
@@ -103,10 +106,15 @@ class Variant:
     """Keep trialq's wrapper (distinct draws) though `args` are given."""
     installed: bool = False
     """Optuna's `TPESampler(seed=s)` itself, not through the spec (`baseline_sampler`)."""
+    seed_offset: int = 0
+    """Added to the study's seed for the sampler alone (the cluster's noise and durations keep
+    the study's): the same sampler on other draws, the noise a comparison of two samplers of
+    equal quality shows."""
 
 
 VARIANTS: dict[str, Variant] = {
     BASELINE: Variant("tpe", installed=True),
+    REDRAWN: Variant("tpe", installed=True, seed_offset=1_000_003),
     # Optuna 4's defaults (independent, no liar): the baseline of records before 2026-12-06.
     "tpe-optuna4": Variant("tpe", {"multivariate": False, "constant_liar": False}),
     "tpe+liar": Variant("tpe", {"multivariate": False, "constant_liar": True}),
@@ -186,7 +194,7 @@ def baseline_sampler(seed: int) -> optuna.samplers.BaseSampler:
 def build_sampler(case: Case, spec: StudySpec) -> optuna.samplers.BaseSampler:
     variant = VARIANTS[case.variant]
     if variant.installed:
-        return baseline_sampler(case.seed)
+        return baseline_sampler(case.seed + variant.seed_offset)
     sampler = make_sampler(spec)
     if variant.args and not variant.wrapped and isinstance(sampler, DistinctFromRunning):
         return sampler.sampler  # TPE with Optuna's arguments: as Optuna builds it
@@ -528,10 +536,14 @@ def print_spread(spread: dict[str, dict[str, dict[str, float] | None]], budgets:
 
 
 def versus_optuna(
-    results: list[dict[str, Any]], objectives: list[str], budgets: list[str], ks: Iterable[int]
+    results: list[dict[str, Any]],
+    objectives: list[str],
+    budgets: list[str],
+    ks: Iterable[int],
+    variant: str = DEFAULT,
 ) -> dict[str, dict[str, dict[str, float] | None]]:
-    """Per objective, k and budget: the median over seeds of the default's score minus the
-    baseline's on the same seed, at the same k (positive: the default is worse), with its
+    """Per objective, k and budget: the median over seeds of `variant`'s score minus the
+    baseline's on the same seed, at the same k (positive: `variant` is worse), with its
     90% bootstrap interval (the seeds drawn again with replacement, 1,000 times). "Worse
     beyond noise" is an interval wholly above 0."""
     by_cell: dict[tuple[str, str, int, str], dict[int, float]] = defaultdict(dict)
@@ -543,7 +555,7 @@ def versus_optuna(
     for objective in objectives:
         for k in ks:
             for budget in budgets:
-                ours = by_cell.get((objective, DEFAULT, k, budget), {})
+                ours = by_cell.get((objective, variant, k, budget), {})
                 theirs = by_cell.get((objective, BASELINE, k, budget), {})
                 seeds = sorted(set(ours) & set(theirs))
                 key = f"k={k} budget={budget}"
@@ -588,13 +600,30 @@ def _paired(ours: float, theirs: float) -> float:
 
 
 def worse_beyond_noise(versus: dict[str, dict[str, dict[str, float] | None]]) -> list[str]:
-    """`objective k=.. budget=..` of each cell where the default's interval is above 0."""
+    """`objective k=.. budget=..` of each cell where the sampler's interval is above 0."""
     return [
         f"{objective} {key}"
         for objective, by_key in versus.items()
         for key, cell in by_key.items()
         if cell is not None and cell["p05"] > 0
     ]
+
+
+def noise_floor(versus_redrawn: dict[str, dict[str, dict[str, float] | None]]) -> dict[str, Any]:
+    """What chance alone shows: the cells where the baseline on other draws (`REDRAWN`) is
+    worse, and better, than itself beyond noise, of the cells compared. A sampler's count of
+    worse cells means something only beside this one."""
+    compared = [cell for by_key in versus_redrawn.values() for cell in by_key.values() if cell]
+    return {
+        "cells": len(compared),
+        "worse": worse_beyond_noise(versus_redrawn),
+        "better": [
+            f"{objective} {key}"
+            for objective, by_key in versus_redrawn.items()
+            for key, cell in by_key.items()
+            if cell is not None and cell["p95"] < 0
+        ],
+    }
 
 
 def print_versus(versus: dict[str, dict[str, dict[str, float] | None]]) -> None:
@@ -696,7 +725,7 @@ def plan(args: argparse.Namespace) -> tuple[list[Case], tuple[int, ...], list[st
     if args.suite:
         part = HELD_OUT if args.suite == "heldout" else suite_names()
         objectives = args.objectives or list(part)
-        variants = args.variants or [BASELINE, DEFAULT, "random"]
+        variants = args.variants or [BASELINE, DEFAULT, "random", REDRAWN]
         ks, seeds, pruners = tuple(args.ks or (1, 16)), args.seeds or SUITE_SEEDS, {}
     elif args.quick:
         objectives = args.objectives or ["branin", "hartmann6", "train", "conditional"]
@@ -737,16 +766,23 @@ def main(argv: list[str] | None = None) -> int:
     versus = versus_optuna(results, objectives, budgets, ks) if args.suite else {}
     if versus:
         print_versus(versus)
+    redrawn = any(row["variant"] == REDRAWN for row in results)
+    noise = noise_floor(versus_optuna(results, objectives, budgets, ks, REDRAWN)) if redrawn else {}
     quick = args.quick or bool(args.suite)
     asks = ask_times([v for v in dict.fromkeys(c.variant for c in todo)], quick=quick)
     print_ask_times(asks)
     headline = worst([closed.get(DEFAULT, {}).get(b) for b in budgets])
     wall_s = time.perf_counter() - started
-    write(args.out, args, results, table, closed, spread, asks, headline, wall_s, versus)
+    write(args.out, args, results, table, closed, spread, asks, headline, wall_s, versus, noise)
     print(f"gap closed at k=16: {fmt(headline) if headline is not None else 'n/a'}")
     if args.suite:
         worse = worse_beyond_noise(versus)
         print(f"suite: worse than Optuna's TPE beyond noise: {', '.join(worse) or 'none'}")
+    if noise:
+        print(
+            f"noise floor: Optuna's TPE on other draws is worse than itself beyond noise in "
+            f"{len(noise['worse'])} of {noise['cells']} cells and better in {len(noise['better'])}"
+        )
     return 0
 
 
@@ -783,6 +819,7 @@ def write(
     headline: float | None,
     wall_s: float,
     versus: dict[str, dict[str, dict[str, float] | None]],
+    noise: dict[str, Any],
 ) -> None:
     cells = [
         {"objective": o, "variant": v, "pruner": p, "k": k, **cell}
@@ -801,6 +838,7 @@ def write(
         "gap_closed_spread": spread,
         "gap_closed_headline": headline,
         "default_minus_optuna_tpe": versus,
+        "noise_floor": noise,
         "ask_s": asks,
         "runs": results,
         "wall_s": wall_s,

@@ -9,7 +9,15 @@ from typing import Any
 import optuna
 import pytest
 
-from benchmarks.parallel_search import BASELINE, VARIANTS, Case, build_sampler, spec_for
+from benchmarks.parallel_search import (
+    BASELINE,
+    REDRAWN,
+    VARIANTS,
+    Case,
+    build_sampler,
+    noise_floor,
+    spec_for,
+)
 
 optuna.logging.set_verbosity(optuna.logging.ERROR)
 
@@ -53,3 +61,31 @@ def test_the_settings_compared_are_the_ones_that_differ_between_tpes() -> None:
     assert installed != optuna4
     assert settings(optuna.samplers.TPESampler(seed=0, constant_liar=False)) != installed
     assert VARIANTS[BASELINE].installed
+
+
+def test_the_noise_floor_is_the_baseline_on_other_draws() -> None:
+    """`tpe-installed-redrawn` is `TPESampler` as constructed, its seed moved: the same
+    sampler, other draws (so a comparison with it measures chance, not a setting)."""
+    case = Case("hartmann6", REDRAWN, k=16, seed=3)
+    built = build_sampler(case, spec_for(case))
+    moved = 3 + VARIANTS[REDRAWN].seed_offset
+    assert type(built) is optuna.samplers.TPESampler
+    assert settings(built) == settings(optuna.samplers.TPESampler(seed=moved))
+    redrawn = draws(build_sampler(case, spec_for(case)))
+    assert redrawn == draws(optuna.samplers.TPESampler(seed=moved))
+    assert redrawn != draws(optuna.samplers.TPESampler(seed=3))
+
+
+def test_the_noise_floor_counts_the_cells_chance_put_beyond_noise() -> None:
+    worse = {"difference": 1.0, "p05": 0.5, "p95": 2.0}
+    better = {"difference": -1.0, "p05": -2.0, "p95": -0.5}
+    even = {"difference": 0.0, "p05": -1.0, "p95": 1.0}
+    versus = {
+        "a": {"k=16 budget=50": worse, "k=16 budget=100": even},
+        "b": {"k=16 budget=50": better, "k=16 budget=100": None},
+    }
+    assert noise_floor(versus) == {
+        "cells": 3,
+        "worse": ["a k=16 budget=50"],
+        "better": ["b k=16 budget=50"],
+    }
