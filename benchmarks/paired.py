@@ -7,7 +7,8 @@ For each objective the records hold both for, at `--k` in flight and `--budget` 
 medians of each, and the median of the per-seed differences a - b with its 90% bootstrap
 interval (the seeds drawn again with replacement, 1,000 times; lower is better, so an
 interval wholly above 0 is "a worse beyond noise"). With `--gap-from`, the share of that
-sampler's 1 -> k loss that each of a and b wins back (`parallel_search.gap_share`).
+sampler's 1 -> k loss that each of a and b wins back (`parallel_search.gap_share`). The last
+line counts the objectives where a is worse and better beyond noise, with the median shares.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         if (variant, args.k) not in held:
             parser.error(f"no runs of {variant!r} at k={args.k} and {args.budget} trials")
     print(f"{'objective':<16}{args.a:>12} {args.b:>12}   {args.a} - {args.b} [90%]   shares")
+    worse, better, shares_of = [], [], []
     for objective in objectives:
         seeds = sorted(
             s for (o, v, k, s) in scores if (o, v, k) == (objective, args.a, args.k)
@@ -67,11 +69,26 @@ def main(argv: list[str] | None = None) -> int:
         b = [scores[(objective, args.b, args.k, s)] for s in seeds]
         differences = [x - y for x, y in zip(a, b, strict=True)]
         low, high = interval(differences)
+        worse += [objective] if low > 0 else []
+        better += [objective] if high < 0 else []
         shares = _shares(scores, objective, seeds, args)
+        if isinstance(shares, list):
+            shares_of.append(shares)
+        shown = ", ".join(f"{x:.2f}" for x in shares) if isinstance(shares, list) else shares
         print(
             f"{objective:<16}{statistics.median(a):>12.4g} {statistics.median(b):>12.4g}   "
-            f"{statistics.median(differences):+.3g} [{low:+.3g}, {high:+.3g}]   {shares}"
+            f"{statistics.median(differences):+.3g} [{low:+.3g}, {high:+.3g}]   {shown}"
         )
+    print(
+        f"{args.a} worse than {args.b} beyond noise on {len(worse)}, better on {len(better)}"
+        + (
+            f"; median shares {statistics.median(s[0] for s in shares_of):.2f}, "
+            f"{statistics.median(s[1] for s in shares_of):.2f} ({len(shares_of)} objectives "
+            "with a gap)"
+            if shares_of
+            else ""
+        )
+    )
     return 0
 
 
@@ -80,8 +97,8 @@ def _shares(
     objective: str,
     seeds: list[int],
     args: argparse.Namespace,
-) -> str:
-    """Each one's share of `--gap-from`'s 1 -> k loss won back, where it was measured."""
+) -> list[float] | str:
+    """Each one's share (a's, b's) of `--gap-from`'s 1 -> k loss won back, or why none."""
     if args.gap_from is None:
         return ""
     cells = [
@@ -92,9 +109,8 @@ def _shares(
         return "no gap measured"
     by_seed = [{s: scores[(objective, v, args.k, s)] for s in seeds} for v in (args.a, args.b)]
     shares = [gap_share([*cells, ours], seeds) for ours in by_seed]
-    if None in shares:
-        return "no gap"
-    return ", ".join(f"{share:.2f}" for share in shares)
+    found = [share for share in shares if share is not None]
+    return found if len(found) == len(shares) else "no gap"
 
 
 if __name__ == "__main__":
