@@ -778,7 +778,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.suite:
         worse = worse_beyond_noise(versus)
         print(f"suite: worse than Optuna's TPE beyond noise: {', '.join(worse) or 'none'}")
-    if noise:
+    if noise.get("cells"):
         print(
             f"noise floor: Optuna's TPE on other draws is worse than itself beyond noise in "
             f"{len(noise['worse'])} of {noise['cells']} cells and better in {len(noise['better'])}"
