@@ -652,6 +652,7 @@ def objective_of_optunas_whole_trial_api(trial: Any) -> float:
     q = trial.suggest_discrete_uniform("q", 0.0, 1.0, 0.25)
     trial.set_user_attr("x_squared", x * x)
     trial.set_user_attr("notes", {"lr": lr, "tags": ["a", "b"]})
+    trial.set_user_attr("val_loss_at_start", float("nan"))  # a diverged first epoch, say
     return (x - 2) ** 2 + q
 
 

@@ -4,6 +4,7 @@ Optuna storage); the same function run by Optuna's own `study.optimize`."""
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 import textwrap
@@ -99,6 +100,7 @@ def test_user_attrs_and_optunas_older_suggest_names_as_in_optuna(
         for trial in complete:
             assert trial.user_attrs["x_squared"] == pytest.approx(trial.params["x"] ** 2)
             assert trial.user_attrs["notes"] == {"lr": trial.params["lr"], "tags": ["a", "b"]}
+            assert math.isnan(trial.user_attrs["val_loss_at_start"]), "stored as set, not null"
             assert trial.distributions["lr"] == optuna.distributions.FloatDistribution(
                 1e-4, 1e-1, log=True
             )

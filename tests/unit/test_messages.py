@@ -1,13 +1,19 @@
 """The trial request carries its own time limits, and a request from an older driver, which
-sent the hard limit beside it, still reads (a compatible change: the version stays 1)."""
+sent the hard limit beside it, still reads (a compatible change: the version stays 1); a
+result's user attrs cross the wire as the trial set them."""
 
 from __future__ import annotations
+
+import json
+import math
 
 import pytest
 from pydantic import ValidationError
 
 from trialq.wire.entrypoint import Entrypoint
-from trialq.wire.messages import MESSAGE_VERSION, TrialRequest
+from trialq.wire.messages import MESSAGE_VERSION, TrialRequest, TrialResult
+from trialq.wire.outcome import Outcome
+from trialq.wire.signing import Seal
 
 BASE: dict[str, object] = {
     "study": "limits",
@@ -58,3 +64,30 @@ def test_params_keep_their_types_through_the_wire() -> None:
     assert received.params == params
     assert [type(v) for v in received.params.values()] == [type(v) for v in params.values()]
     assert received.what_ran() == sent.what_ran()
+
+
+def _result_with(user_attrs: dict[str, object]) -> TrialResult:
+    return TrialResult.here(_request(), Outcome.OK, metrics={"value": 1.0}, user_attrs=user_attrs)
+
+
+def test_non_finite_user_attrs_cross_the_signed_wire_as_set() -> None:
+    """A NaN or infinity a trial sets as a user attr is stored as set (Optuna's storages keep
+    it), not as the null pydantic writes for it: the signed JSON on the wire has none."""
+    seal = Seal("s3cret")
+    attrs = {"val_loss": float("nan"), "peak": float("inf"), "nested": [1.0, float("-inf")]}
+    wire = seal.signed("task-1", _result_with(attrs).model_dump_json())
+
+    body = json.loads(wire)
+    assert seal.result_refusal("task-1", body) is None
+    told = TrialResult.model_validate(body).told_user_attrs()
+
+    assert math.isnan(told["val_loss"]) and told["peak"] == math.inf
+    assert told["nested"] == [1.0, -math.inf]
+    assert body["user_attrs"]["val_loss"] is None, "what a reader from before the text takes"
+
+
+def test_finite_user_attrs_travel_without_a_copy() -> None:
+    attrs = {"acc": 0.93, "notes": {"tags": ["a"]}}
+    body = json.loads(_result_with(attrs).model_dump_json())
+    assert body["user_attrs_text"] is None
+    assert TrialResult.model_validate(body).told_user_attrs() == attrs

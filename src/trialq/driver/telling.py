@@ -66,7 +66,7 @@ class Teller:
             retries=entry.resends.retries, preemptions=entry.resends.preemptions, gpus=self._gpus,
             log_file=entry.log_file,
         )  # fmt: skip
-        self._store.set_attrs(entry.trial, {**result.user_attrs, **record.attrs()})
+        self._store.set_attrs(entry.trial, {**result.told_user_attrs(), **record.attrs()})
         self._store.link_artifacts(entry.trial, result.artifacts)
         if result.reports_dropped:
             _log.warning("trial #%d: %d of its reports were dropped (docs/telemetry.md, "

@@ -54,6 +54,18 @@ Metric = Annotated[float, PlainSerializer(_metric_json, when_used="json")]
 """A metric's value: a float, non-finite ones included, as text in JSON."""
 
 
+def _non_finite_text(attrs: dict[str, Any]) -> str | None:
+    """`attrs` as JSON text with NaN and Infinity where a value holds a non-finite float (JSON
+    proper, and the wire, have none); None where JSON proper holds them all."""
+    try:
+        json.dumps(attrs, allow_nan=False)
+    except ValueError:
+        return json.dumps(attrs, allow_nan=True)
+    except TypeError:  # not JSON at all: `set_user_attr` refuses such values before here
+        return None
+    return None
+
+
 class _Message(BaseModel):
     # Fields added in a compatible change are ignored by an older reader; an incompatible
     # change bumps `version`, which an older reader refuses.
@@ -297,7 +309,12 @@ class TrialResult(_Message, Measurements):
     driver alone: not stored on the trial."""
     user_attrs: dict[str, Any] = Field(default_factory=dict)
     """What the trial set with `trial.set_user_attr` (JSON values), each stored on the trial
-    under its own name, as Optuna's `Trial.set_user_attr` stores it."""
+    under its own name, as Optuna's `Trial.set_user_attr` stores it. JSON has no NaN or
+    infinity: on the wire a non-finite float here reads as null (`user_attrs_text` keeps it)."""
+    user_attrs_text: str | None = None
+    """`user_attrs` as Python's `json` writes it, NaN and Infinity kept, sent only where a value
+    holds a non-finite float: the driver stores from it (`told_user_attrs`), so a NaN stays NaN
+    as in Optuna's own storages; a reader from before it takes the nulls of `user_attrs`."""
 
     @classmethod
     def of(cls, request: TrialRequest, outcome: Outcome, error: str | None = None) -> TrialResult:
@@ -323,8 +340,15 @@ class TrialResult(_Message, Measurements):
         return cls._for(
             request, outcome, error, **measured_fields(here, *measured),
             metrics=metrics or {}, last_step=last_step, artifacts=artifacts,
-            user_attrs=user_attrs or {},
+            user_attrs=user_attrs or {}, user_attrs_text=_non_finite_text(user_attrs or {}),
         )  # fmt: skip
+
+    def told_user_attrs(self) -> dict[str, Any]:
+        """The user attrs to store on the trial: as the trial set them, non-finite floats too."""
+        if self.user_attrs_text is None:
+            return dict(self.user_attrs)
+        kept = json.loads(self.user_attrs_text)
+        return kept if isinstance(kept, dict) else dict(self.user_attrs)
 
     @classmethod
     def _for(
