@@ -91,3 +91,11 @@ def test_finite_user_attrs_travel_without_a_copy() -> None:
     body = json.loads(_result_with(attrs).model_dump_json())
     assert body["user_attrs_text"] is None
     assert TrialResult.model_validate(body).told_user_attrs() == attrs
+
+
+@pytest.mark.parametrize("text", ["not json", "[1, 2]", "NaN"])
+def test_user_attrs_text_that_is_no_object_makes_no_result(text: str) -> None:
+    """Set aside where the result is read, in one line, never an error where it is told."""
+    body = json.loads(_result_with({}).model_dump_json())
+    with pytest.raises(ValidationError, match="user_attrs_text is not a JSON object"):
+        TrialResult.model_validate({**body, "user_attrs_text": text})

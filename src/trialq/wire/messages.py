@@ -17,7 +17,7 @@ import secrets
 import socket
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, field_validator, model_validator
 
 from trialq.wire.entrypoint import EntrypointRef
 from trialq.wire.frameworks import FrameworkChoice
@@ -60,9 +60,7 @@ def _non_finite_text(attrs: dict[str, Any]) -> str | None:
     try:
         json.dumps(attrs, allow_nan=False)
     except ValueError:
-        return json.dumps(attrs, allow_nan=True)
-    except TypeError:  # not JSON at all: `set_user_attr` refuses such values before here
-        return None
+        return json.dumps(attrs)
     return None
 
 
@@ -343,12 +341,26 @@ class TrialResult(_Message, Measurements):
             user_attrs=user_attrs or {}, user_attrs_text=_non_finite_text(user_attrs or {}),
         )  # fmt: skip
 
+    @field_validator("user_attrs_text")
+    @classmethod
+    def _an_object(cls, text: str | None) -> str | None:
+        """A text that is no JSON object makes the result no result (set aside when read),
+        rather than an error where the driver tells it."""
+        if text is not None:
+            try:
+                parsed = json.loads(text)
+            except ValueError:
+                parsed = None
+            if not isinstance(parsed, dict):
+                raise ValueError("user_attrs_text is not a JSON object")
+        return text
+
     def told_user_attrs(self) -> dict[str, Any]:
         """The user attrs to store on the trial: as the trial set them, non-finite floats too."""
         if self.user_attrs_text is None:
             return dict(self.user_attrs)
-        kept = json.loads(self.user_attrs_text)
-        return kept if isinstance(kept, dict) else dict(self.user_attrs)
+        kept: dict[str, Any] = json.loads(self.user_attrs_text)
+        return kept
 
     @classmethod
     def _for(
