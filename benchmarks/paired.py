@@ -79,16 +79,13 @@ def main(argv: list[str] | None = None) -> int:
             f"{objective:<16}{statistics.median(a):>12.4g} {statistics.median(b):>12.4g}   "
             f"{statistics.median(differences):+.3g} [{low:+.3g}, {high:+.3g}]   {shown}"
         )
-    print(
-        f"{args.a} worse than {args.b} beyond noise on {len(worse)}, better on {len(better)}"
-        + (
-            f"; median shares {statistics.median(s[0] for s in shares_of):.2f}, "
-            f"{statistics.median(s[1] for s in shares_of):.2f} ({len(shares_of)} objectives "
-            "with a gap)"
-            if shares_of
-            else ""
+    counted = f"{args.a} worse than {args.b} beyond noise on {len(worse)}, better on {len(better)}"
+    if shares_of:
+        a_share, b_share = (statistics.median(column) for column in zip(*shares_of, strict=True))
+        counted += (
+            f"; median shares {a_share:.2f}, {b_share:.2f} ({len(shares_of)} objectives with a gap)"
         )
-    )
+    print(counted)
     return 0
 
 

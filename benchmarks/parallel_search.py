@@ -47,7 +47,7 @@ import sys
 import time
 import warnings
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -601,11 +601,23 @@ def _paired(ours: float, theirs: float) -> float:
 
 def worse_beyond_noise(versus: dict[str, dict[str, dict[str, float] | None]]) -> list[str]:
     """`objective k=.. budget=..` of each cell where the sampler's interval is above 0."""
+    return _cells_where(versus, lambda cell: cell["p05"] > 0)
+
+
+def better_beyond_noise(versus: dict[str, dict[str, dict[str, float] | None]]) -> list[str]:
+    """`objective k=.. budget=..` of each cell where the sampler's interval is below 0."""
+    return _cells_where(versus, lambda cell: cell["p95"] < 0)
+
+
+def _cells_where(
+    versus: dict[str, dict[str, dict[str, float] | None]],
+    holds: Callable[[dict[str, float]], bool],
+) -> list[str]:
     return [
         f"{objective} {key}"
         for objective, by_key in versus.items()
         for key, cell in by_key.items()
-        if cell is not None and cell["p05"] > 0
+        if cell is not None and holds(cell)
     ]
 
 
@@ -617,12 +629,7 @@ def noise_floor(versus_redrawn: dict[str, dict[str, dict[str, float] | None]]) -
     return {
         "cells": len(compared),
         "worse": worse_beyond_noise(versus_redrawn),
-        "better": [
-            f"{objective} {key}"
-            for objective, by_key in versus_redrawn.items()
-            for key, cell in by_key.items()
-            if cell is not None and cell["p95"] < 0
-        ],
+        "better": better_beyond_noise(versus_redrawn),
     }
 
 
