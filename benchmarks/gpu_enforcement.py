@@ -48,6 +48,8 @@ NO_GPU = "gpu_enforcement: no NVIDIA GPU here ({why}); nothing measured, nothing
 TRIALS = "benchmarks.gpu_enforcement_trials"
 MiB = 2**20
 WAIT_S = 240.0
+KILL_ROUNDS = 10
+"""Rounds of `_end` at most: each kills what its session holds, then waits for it."""
 
 
 def nvml_or_none() -> str | None:
@@ -256,18 +258,28 @@ def _wait_for_heartbeat(broker: str, name: str, process: subprocess.Popen[bytes]
 
 
 def _end(process: subprocess.Popen[bytes]) -> None:
-    """Kill a process this command started and every process it started (a trial may run in
-    a process group of its own), by their ids: nothing else."""
+    """Kill a process this command started and every process of its session (each started in
+    a session of its own, which a trial's own process group stays in), by their ids: nothing
+    else. Rounds until none is left: the pool forks a new child while the first are killed,
+    and one killed parent's children are found by their session, not as its children."""
     import psutil
 
-    try:
-        family = [psutil.Process(process.pid), *psutil.Process(process.pid).children(True)]
-    except psutil.NoSuchProcess:
-        family = []
-    for member in family:
-        with suppress(psutil.NoSuchProcess):
-            member.send_signal(signal.SIGKILL)
+    for _ in range(KILL_ROUNDS):
+        members = [p for p in psutil.process_iter() if _session_of(p.pid) == process.pid]
+        if not members:
+            break
+        for member in members:
+            with suppress(psutil.NoSuchProcess):
+                member.send_signal(signal.SIGKILL)
+        psutil.wait_procs(members, timeout=5)
     process.wait()
+
+
+def _session_of(pid: int) -> int | None:
+    try:
+        return os.getsid(pid)
+    except OSError:  # gone already
+        return None
 
 
 def _versions() -> dict[str, str | None]:
